@@ -1,0 +1,197 @@
+//! The binary layout of the shared region.
+//!
+//! Every field is an atomic, so the region is read and written through shared
+//! references only; the single `unsafe` step (turning the mapping into a
+//! `&Header`) lives in `region.rs`. The same layout is spelled in C in
+//! `include/vgpu_shm.h`; the const asserts below and `tests/shm_layout.rs`
+//! keep the two in step.
+//!
+//! A region file is: one [`Header`] (which holds the device table), then
+//! [`MAX_SLOTS`] [`ProcSlot`]s. Slots have fixed indices and are never moved.
+#![forbid(unsafe_code)]
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64};
+
+/// `"VGPUSHM\0"` read as a little-endian `u64`.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
+/// Bumped when a field moves or changes meaning; readers refuse other majors.
+pub const VERSION_MAJOR: u32 = 1;
+/// Bumped when fields are added in reserved space; readers accept any minor.
+pub const VERSION_MINOR: u32 = 0;
+pub const MAX_DEVICES: usize = 16;
+pub const MAX_SLOTS: usize = 1024;
+pub const NUM_KINDS: usize = 5;
+
+/// `Header::state` once the creator has finished initialising the file.
+pub const STATE_READY: u32 = 1;
+
+/// What a counted byte is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Kind {
+    /// `cuMemAlloc`, `cuMemAllocPitch`, `cuMemAllocManaged`.
+    Buffer = 0,
+    /// CUDA arrays and mipmapped arrays.
+    Array = 1,
+    /// Physical memory from `cuMemCreate` (expandable segments, NCCL).
+    Vmm = 2,
+    /// Stream-ordered allocations (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
+    Pool = 3,
+    /// Context and library overhead, reconciled against NVML.
+    Context = 4,
+}
+
+impl Kind {
+    pub const ALL: [Kind; NUM_KINDS] = [
+        Kind::Buffer,
+        Kind::Array,
+        Kind::Vmm,
+        Kind::Pool,
+        Kind::Context,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Buffer => "buffer",
+            Kind::Array => "array",
+            Kind::Vmm => "vmm",
+            Kind::Pool => "pool",
+            Kind::Context => "context",
+        }
+    }
+}
+
+/// One physical GPU, keyed by UUID, with its limits and its compute bucket.
+#[repr(C)]
+pub struct DeviceEntry {
+    /// The 16 bytes `cuDeviceGetUuid` returns.
+    pub uuid: [AtomicU8; 16],
+    /// 0: free entry, 1: in use.
+    pub in_use: AtomicU32,
+    /// Percent of the device's compute, 0 = unlimited.
+    pub sm_limit: AtomicU32,
+    /// Bytes, 0 = unlimited.
+    pub mem_limit: AtomicU64,
+    /// Physical memory of the device.
+    pub total_mem: AtomicU64,
+    pub sm_count: AtomicU32,
+    /// `GPU_CORE_UTILIZATION_POLICY`: 0 default, 1 force, 2 disable.
+    pub policy: AtomicU32,
+    /// The compute bucket: a GCRA "theoretical arrival time" on
+    /// `CLOCK_MONOTONIC`, in nanoseconds.
+    pub tat_ns: AtomicU64,
+    /// The controller's multiplier on the refill rate, ×1000 (0 reads as 1000).
+    pub rate_scale_milli: AtomicU32,
+    /// The container's last measured utilisation of this device, ×1000.
+    pub util_milli: AtomicU32,
+    /// The elected watcher: `pid << 32 | heartbeat` (monotonic seconds).
+    pub leader: AtomicU64,
+    /// Launches that had to wait for the bucket (tells the controller the
+    /// limit, not the workload, is what holds utilisation down).
+    pub waits: AtomicU64,
+    pub _reserved: [AtomicU64; 22],
+}
+
+/// One process of the container.
+#[repr(C)]
+pub struct ProcSlot {
+    /// 0 when the slot is free.
+    pub pid: AtomicI32,
+    /// The pid NVML reports for this process, 0 while unknown.
+    pub host_pid: AtomicI32,
+    /// Field 22 of `/proc/<pid>/stat`: tells a reused pid from its owner.
+    pub start_time: AtomicU64,
+    /// Inode of `/proc/<pid>/ns/pid` (only slots of our namespace are checked).
+    pub pidns: AtomicU64,
+    pub claimed_unix_s: AtomicU64,
+    /// Last NVML SM utilisation of this process per device, percent.
+    pub sm_util: [AtomicU32; MAX_DEVICES],
+    /// Bytes held per device and kind.
+    pub usage: [[AtomicU64; NUM_KINDS]; MAX_DEVICES],
+    pub _reserved: [AtomicU64; 36],
+}
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version_major: AtomicU32,
+    pub version_minor: AtomicU32,
+    /// Size of the whole file in bytes.
+    pub size: AtomicU64,
+    pub header_size: AtomicU32,
+    pub slot_size: AtomicU32,
+    pub max_devices: AtomicU32,
+    pub max_slots: AtomicU32,
+    /// [`STATE_READY`] once initialised.
+    pub state: AtomicU32,
+    /// One past the highest slot index ever claimed: bounds every scan.
+    pub slot_hwm: AtomicU32,
+    pub created_unix_s: AtomicU64,
+    /// Slots reclaimed from dead processes since creation.
+    pub reclaims: AtomicU64,
+    pub _reserved: [AtomicU64; 8],
+    pub devices: [DeviceEntry; MAX_DEVICES],
+}
+
+pub const HEADER_SIZE: usize = size_of::<Header>();
+pub const SLOT_SIZE: usize = size_of::<ProcSlot>();
+pub const DEVICE_SIZE: usize = size_of::<DeviceEntry>();
+/// Size of a region file of this layout version.
+pub const REGION_SIZE: usize = HEADER_SIZE + MAX_SLOTS * SLOT_SIZE;
+
+const _: () = {
+    assert!(DEVICE_SIZE == 256);
+    assert!(offset_of!(DeviceEntry, in_use) == 16);
+    assert!(offset_of!(DeviceEntry, mem_limit) == 24);
+    assert!(offset_of!(DeviceEntry, tat_ns) == 48);
+    assert!(offset_of!(DeviceEntry, leader) == 64);
+    assert!(offset_of!(DeviceEntry, waits) == 72);
+    assert!(SLOT_SIZE == 1024);
+    assert!(offset_of!(ProcSlot, start_time) == 8);
+    assert!(offset_of!(ProcSlot, sm_util) == 32);
+    assert!(offset_of!(ProcSlot, usage) == 96);
+    assert!(offset_of!(Header, size) == 16);
+    assert!(offset_of!(Header, state) == 40);
+    assert!(offset_of!(Header, slot_hwm) == 44);
+    assert!(offset_of!(Header, devices) == 128);
+    assert!(HEADER_SIZE == 128 + MAX_DEVICES * 256);
+    assert!(HEADER_SIZE % 8 == 0);
+};
+
+/// The fields a reader checks before it maps a file, parsed from its first
+/// [`PREFIX_LEN`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    pub magic: u64,
+    pub version_major: u32,
+    pub version_minor: u32,
+    pub size: u64,
+    pub header_size: u32,
+    pub slot_size: u32,
+    pub max_devices: u32,
+    pub max_slots: u32,
+    pub state: u32,
+}
+
+pub const PREFIX_LEN: usize = 44;
+
+impl Prefix {
+    /// Reads the prefix; `None` when fewer than [`PREFIX_LEN`] bytes are given.
+    pub fn parse(bytes: &[u8]) -> Option<Prefix> {
+        let b = bytes.get(..PREFIX_LEN)?;
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+        Some(Prefix {
+            magic: u64_at(0),
+            version_major: u32_at(8),
+            version_minor: u32_at(12),
+            size: u64_at(16),
+            header_size: u32_at(24),
+            slot_size: u32_at(28),
+            max_devices: u32_at(32),
+            max_slots: u32_at(36),
+            state: u32_at(40),
+        })
+    }
+}

@@ -1,0 +1,68 @@
+//! The shared accounting region of vgpu.
+//!
+//! One file per container (`CUDA_DEVICE_MEMORY_SHARED_CACHE`), mapped
+//! `MAP_SHARED` by every process of the container. It holds a device table
+//! keyed by UUID (limits, the compute bucket) and a fixed array of process
+//! slots (pid, host pid, start time, bytes per device and kind).
+//!
+//! This crate has no FFI to CUDA or NVML and exports no C symbols, so tools
+//! (`vgpuctl`) and tests use it without interposing on themselves.
+//!
+//! - [`layout`]: the `#[repr(C)]` layout, mirrored by `include/vgpu_shm.h`
+//! - [`region`]: create/attach/validate a file, or a private region
+//! - `lock`: the OFD file lock (dies with its holder)
+//! - `slots`: claim, release, reclaim dead slots
+//! - `devices`: the UUID-keyed device table and limit precedence
+//! - `quota`: reserve-then-check without a lock
+//! - [`procinfo`]: process identity and liveness from /proc
+
+pub mod devices;
+pub mod error;
+pub mod layout;
+mod lock;
+pub mod procinfo;
+pub mod quota;
+pub mod region;
+mod slots;
+
+pub use devices::{DeviceInfo, Limits, Registered};
+pub use error::{Refusal, ShmError, check};
+pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
+pub use lock::RegionGuard;
+pub use procinfo::ProcId;
+pub use quota::{Owners, Reservation};
+pub use region::{OpenMode, Region};
+
+/// Formats a device UUID the way NVML and nvidia-smi print it.
+pub fn format_uuid(uuid: &[u8; 16]) -> String {
+    let h: Vec<String> = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (NVML's form) into bytes.
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex: String = text
+        .trim_end_matches('\0')
+        .strip_prefix("GPU-")?
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests;

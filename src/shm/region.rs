@@ -1,0 +1,194 @@
+//! Mapping a region: create or attach a file under the lock, validate it
+//! before it is mapped, or make a private anonymous one.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use memmap2::{MmapOptions, MmapRaw};
+use parking_lot::Mutex;
+
+use crate::error::{ShmError, check};
+use crate::layout::{
+    DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
+    REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
+};
+use crate::lock::RegionGuard;
+
+/// Whether [`Region::open`] may create the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    CreateIfMissing,
+    ExistingOnly,
+}
+
+/// A mapped region. Everything in it is atomic; see `layout.rs`.
+pub struct Region {
+    map: MmapRaw,
+    file: Option<File>,
+    path: PathBuf,
+    local: Mutex<()>,
+}
+
+impl Region {
+    /// Opens (and with [`OpenMode::CreateIfMissing`], creates) the region at
+    /// `path`. A file that is not a region of this layout is refused with the
+    /// reason; it is never modified.
+    pub fn open(path: &Path, mode: OpenMode) -> Result<Region, ShmError> {
+        let create = mode == OpenMode::CreateIfMissing;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .mode(0o666)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| ShmError::io(path, "open", e))?;
+        let local = Mutex::new(());
+        let guard =
+            RegionGuard::acquire(&local, Some(&file)).map_err(|e| ShmError::io(path, "lock", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ShmError::io(path, "stat", e))?
+            .len();
+        let ready = if len == 0 && create {
+            false
+        } else {
+            let mut head = [0u8; PREFIX_LEN];
+            let n = read_prefix(&file, &mut head).map_err(|e| ShmError::io(path, "read", e))?;
+            check(&head[..n], len).map_err(|why| ShmError::Refused {
+                path: path.to_path_buf(),
+                why,
+            })?
+        };
+        if !ready {
+            // New, or its creator died half-way (we hold the lock, so nobody
+            // can be using it): (re)initialise.
+            // Truncating to zero first zeroes every slot and device entry.
+            file.set_len(0)
+                .and_then(|()| file.set_len(REGION_SIZE as u64))
+                .map_err(|e| ShmError::io(path, "ftruncate", e))?;
+            // Let every user of the container attach, whatever our umask.
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let map = MmapOptions::new()
+            .len(REGION_SIZE)
+            .map_raw(&file)
+            .map_err(|e| ShmError::io(path, "mmap", e))?;
+        if !ready {
+            initialise(header_in(&map));
+        }
+        drop(guard);
+        Ok(Region {
+            map,
+            file: Some(file),
+            path: path.to_path_buf(),
+            local,
+        })
+    }
+
+    /// A region in private anonymous memory: the same accounting, for this
+    /// process alone (used when the shared file cannot be used).
+    pub fn anonymous() -> Result<Region, ShmError> {
+        let path = PathBuf::from("<private>");
+        let map = MmapOptions::new()
+            .len(REGION_SIZE)
+            .map_anon()
+            .map_err(|e| ShmError::io(&path, "mmap", e))?;
+        let map: MmapRaw = map.into();
+        initialise(header_in(&map));
+        Ok(Region {
+            map,
+            file: None,
+            path,
+            local: Mutex::new(()),
+        })
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this region is shared through a file (not private memory).
+    pub fn is_shared(&self) -> bool {
+        self.file.is_some()
+    }
+
+    pub fn header(&self) -> &Header {
+        header_in(&self.map)
+    }
+
+    pub fn device(&self, index: usize) -> &DeviceEntry {
+        &self.header().devices[index]
+    }
+
+    /// The slot at `index` (< MAX_SLOTS).
+    pub fn slot(&self, index: usize) -> &ProcSlot {
+        assert!(index < MAX_SLOTS, "slot index {index} out of range");
+        let offset = HEADER_SIZE + index * SLOT_SIZE;
+        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (index checked above), the
+        // offset is 8-aligned (HEADER_SIZE and SLOT_SIZE are multiples of 8),
+        // and ProcSlot is repr(C) atomics only, valid for any bit pattern.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const ProcSlot) }
+    }
+
+    /// Number of slots worth scanning: one past the highest ever claimed.
+    pub fn slot_hwm(&self) -> usize {
+        (self.header().slot_hwm.load(Ordering::Acquire) as usize).min(MAX_SLOTS)
+    }
+
+    /// Takes the region lock (in-process mutex, then the file's OFD lock).
+    pub fn lock(&self) -> Result<RegionGuard<'_>, ShmError> {
+        RegionGuard::acquire(&self.local, self.file.as_ref())
+            .map_err(|e| ShmError::io(&self.path, "lock", e))
+    }
+
+    /// The in-process half of the lock, for `pthread_atfork` handlers: hold
+    /// it across `fork` so the child never inherits a half-done change.
+    pub fn fork_mutex(&self) -> &Mutex<()> {
+        &self.local
+    }
+}
+
+fn read_prefix(file: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The header at the start of a mapping of REGION_SIZE bytes.
+fn header_in(map: &MmapRaw) -> &Header {
+    debug_assert!(map.len() >= REGION_SIZE);
+    // SAFETY: every mapping made here is REGION_SIZE bytes, page-aligned, and
+    // outlives the returned reference (it borrows `map`); Header is repr(C),
+    // made only of atomics (every bit pattern is valid), and HEADER_SIZE <=
+    // REGION_SIZE.
+    unsafe { &*(map.as_ptr() as *const Header) }
+}
+
+/// Writes a fresh header; `state` goes READY last, with Release ordering.
+fn initialise(h: &Header) {
+    h.version_major.store(VERSION_MAJOR, Ordering::Relaxed);
+    h.version_minor.store(VERSION_MINOR, Ordering::Relaxed);
+    h.size.store(REGION_SIZE as u64, Ordering::Relaxed);
+    h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
+    h.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
+    h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
+    h.max_slots.store(MAX_SLOTS as u32, Ordering::Relaxed);
+    h.slot_hwm.store(0, Ordering::Relaxed);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    h.created_unix_s.store(now, Ordering::Relaxed);
+    h.magic.store(MAGIC, Ordering::Relaxed);
+    h.state.store(STATE_READY, Ordering::Release);
+}
