@@ -70,7 +70,11 @@ impl Region {
     /// Finds or adds the entry for `info.uuid`. Limits already stored in the
     /// region win (a shell that lost its environment must not escape the
     /// quota); limits the region lacks are filled in from `wanted`.
-    pub fn register_device(&self, info: &DeviceInfo, wanted: Limits) -> Result<Registered, ShmError> {
+    pub fn register_device(
+        &self,
+        info: &DeviceInfo,
+        wanted: Limits,
+    ) -> Result<Registered, ShmError> {
         let _guard = self.lock()?;
         let index = match self.find_device(&info.uuid) {
             Some(i) => i,

@@ -113,9 +113,13 @@ pub enum ShmError {
         why: Refusal,
     },
     /// Every process slot is held by a live process.
-    SlotsFull { path: PathBuf },
+    SlotsFull {
+        path: PathBuf,
+    },
     /// Every device entry is taken by another UUID.
-    DevicesFull { path: PathBuf },
+    DevicesFull {
+        path: PathBuf,
+    },
 }
 
 impl ShmError {

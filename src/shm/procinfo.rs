@@ -96,7 +96,8 @@ mod tests {
 
     #[test]
     fn parses_stat_with_hostile_comm() {
-        let line = "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 50";
+        let line =
+            "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 50";
         let s = parse_stat(line).unwrap();
         assert_eq!(s.state, 'S');
         assert_eq!(s.start_time, 987654);

@@ -18,7 +18,11 @@ pub enum Reservation {
     Granted,
     /// Nothing was reserved. `used` is the container's usage without the
     /// request.
-    Denied { limit: u64, used: u64, asked: u64 },
+    Denied {
+        limit: u64,
+        used: u64,
+        asked: u64,
+    },
 }
 
 /// Which slots a sum covers.

@@ -14,7 +14,9 @@ fn temp_path(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn uuid_round_trips_through_nvml_text() {
-    let u = [0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    let u = [
+        0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+    ];
     let text = format_uuid(&u);
     assert_eq!(text, "GPU-deadbeef-0102-0304-0506-0708090a0b0c");
     assert_eq!(parse_uuid(&text), Some(u));
@@ -28,27 +30,75 @@ fn create_then_attach_sees_the_same_counters() {
     let a = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
     let me = ProcId::current();
     let slot = a.claim_slot(&me).unwrap();
-    let info = DeviceInfo { uuid: [7; 16], total_mem: 1 << 30, sm_count: 4 };
-    let reg = a.register_device(&info, Limits { mem: 1000, sm: 0, policy: 0 }).unwrap();
-    assert_eq!(a.reserve(slot, reg.index, Kind::Buffer, 600), Reservation::Granted);
+    let info = DeviceInfo {
+        uuid: [7; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let reg = a
+        .register_device(
+            &info,
+            Limits {
+                mem: 1000,
+                sm: 0,
+                policy: 0,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        a.reserve(slot, reg.index, Kind::Buffer, 600),
+        Reservation::Granted
+    );
     let b = Region::open(&p, OpenMode::ExistingOnly).unwrap();
     assert_eq!(b.device_usage(reg.index, Owners::All), 600);
     assert_eq!(
         b.reserve(slot, reg.index, Kind::Vmm, 500),
-        Reservation::Denied { limit: 1000, used: 600, asked: 500 }
+        Reservation::Denied {
+            limit: 1000,
+            used: 600,
+            asked: 500
+        }
     );
-    assert_eq!(a.device_usage(reg.index, Owners::All), 600, "a denial must take its bytes back");
+    assert_eq!(
+        a.device_usage(reg.index, Owners::All),
+        600,
+        "a denial must take its bytes back"
+    );
 }
 
 #[test]
 fn region_limits_win_over_a_later_environment() {
     let p = temp_path("limits.cache");
     let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
-    let info = DeviceInfo { uuid: [9; 16], total_mem: 1 << 30, sm_count: 4 };
-    r.register_device(&info, Limits { mem: 4096, sm: 30, policy: 0 }).unwrap();
+    let info = DeviceInfo {
+        uuid: [9; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    r.register_device(
+        &info,
+        Limits {
+            mem: 4096,
+            sm: 30,
+            policy: 0,
+        },
+    )
+    .unwrap();
     let none = r.register_device(&info, Limits::default()).unwrap();
-    assert_eq!((none.limits.mem, none.limits.sm, none.conflict), (4096, 30, false));
-    let other = r.register_device(&info, Limits { mem: 8192, sm: 30, policy: 0 }).unwrap();
+    assert_eq!(
+        (none.limits.mem, none.limits.sm, none.conflict),
+        (4096, 30, false)
+    );
+    let other = r
+        .register_device(
+            &info,
+            Limits {
+                mem: 8192,
+                sm: 30,
+                policy: 0,
+            },
+        )
+        .unwrap();
     assert_eq!((other.limits.mem, other.conflict), (4096, true));
 }
 
@@ -57,12 +107,30 @@ fn refuses_foreign_truncated_and_newer_files_without_touching_them() {
     let p = temp_path("foreign.cache");
     std::fs::write(&p, vec![0xabu8; 4096]).unwrap();
     let err = Region::open(&p, OpenMode::CreateIfMissing).err().unwrap();
-    assert!(matches!(err, ShmError::Refused { why: Refusal::BadMagic { .. }, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ShmError::Refused {
+                why: Refusal::BadMagic { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&p).unwrap(), vec![0xabu8; 4096]);
 
     std::fs::write(&p, b"VGPU").unwrap();
     let err = Region::open(&p, OpenMode::ExistingOnly).err().unwrap();
-    assert!(matches!(err, ShmError::Refused { why: Refusal::Truncated { .. }, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ShmError::Refused {
+                why: Refusal::Truncated { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let _ = std::fs::remove_file(&p);
     drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
@@ -70,7 +138,16 @@ fn refuses_foreign_truncated_and_newer_files_without_touching_them() {
     bytes[8..12].copy_from_slice(&(layout::VERSION_MAJOR + 1).to_le_bytes());
     std::fs::write(&p, &bytes).unwrap();
     let err = Region::open(&p, OpenMode::ExistingOnly).err().unwrap();
-    assert!(matches!(err, ShmError::Refused { why: Refusal::NewerLayout { .. }, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ShmError::Refused {
+                why: Refusal::NewerLayout { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("newer"), "{err}");
 }
 
@@ -83,7 +160,10 @@ fn check_rejects_lying_sizes() {
     head[8..12].copy_from_slice(&layout::VERSION_MAJOR.to_le_bytes());
     head[16..24].copy_from_slice(&(layout::REGION_SIZE as u64 * 2).to_le_bytes());
     let len = layout::REGION_SIZE as u64;
-    assert!(matches!(check(&head, len), Err(Refusal::SizeMismatch { .. })));
+    assert!(matches!(
+        check(&head, len),
+        Err(Refusal::SizeMismatch { .. })
+    ));
 }
 
 #[test]
@@ -91,16 +171,40 @@ fn reclaim_frees_slots_of_dead_processes_only() {
     let r = Region::anonymous().unwrap();
     let me = ProcId::current();
     let mine = r.claim_slot(&me).unwrap();
-    let info = DeviceInfo { uuid: [1; 16], total_mem: 1 << 30, sm_count: 4 };
-    let dev = r.register_device(&info, Limits { mem: 1 << 20, sm: 0, policy: 0 }).unwrap().index;
-    assert_eq!(r.reserve(mine, dev, Kind::Buffer, 100), Reservation::Granted);
+    let info = DeviceInfo {
+        uuid: [1; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let dev = r
+        .register_device(
+            &info,
+            Limits {
+                mem: 1 << 20,
+                sm: 0,
+                policy: 0,
+            },
+        )
+        .unwrap()
+        .index;
+    assert_eq!(
+        r.reserve(mine, dev, Kind::Buffer, 100),
+        Reservation::Granted
+    );
     // A child that exits: its slot must come back.
     let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = ProcId { pid: child.id() as i32, start_time: 1, pidns: me.pidns };
+    let dead = ProcId {
+        pid: child.id() as i32,
+        start_time: 1,
+        pidns: me.pidns,
+    };
     child.wait().unwrap();
     let theirs = r.claim_slot(&dead).unwrap();
     assert_ne!(theirs, mine);
-    assert_eq!(r.reserve(theirs, dev, Kind::Buffer, 1000), Reservation::Granted);
+    assert_eq!(
+        r.reserve(theirs, dev, Kind::Buffer, 1000),
+        Reservation::Granted
+    );
     assert_eq!(r.device_usage(dev, Owners::All), 1100);
     assert_eq!(r.reclaim_dead(me.pidns).unwrap(), 1);
     assert_eq!(r.device_usage(dev, Owners::All), 100);
@@ -111,15 +215,41 @@ fn reclaim_frees_slots_of_dead_processes_only() {
 fn racing_threads_never_overcommit() {
     let r = std::sync::Arc::new(Region::anonymous().unwrap());
     let me = ProcId::current();
-    let info = DeviceInfo { uuid: [2; 16], total_mem: 1 << 30, sm_count: 4 };
-    let dev = r.register_device(&info, Limits { mem: 1000, sm: 0, policy: 0 }).unwrap().index;
+    let info = DeviceInfo {
+        uuid: [2; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let dev = r
+        .register_device(
+            &info,
+            Limits {
+                mem: 1000,
+                sm: 0,
+                policy: 0,
+            },
+        )
+        .unwrap()
+        .index;
     // Eight live owners, so no claim reclaims another's slot.
     let mut owners: Vec<_> = (0..8)
-        .map(|_| std::process::Command::new("sleep").arg("30").spawn().unwrap())
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        })
         .collect();
     let slots: Vec<usize> = owners
         .iter()
-        .map(|c| r.claim_slot(&ProcId { pid: c.id() as i32, start_time: 0, pidns: me.pidns }).unwrap())
+        .map(|c| {
+            r.claim_slot(&ProcId {
+                pid: c.id() as i32,
+                start_time: 0,
+                pidns: me.pidns,
+            })
+            .unwrap()
+        })
         .collect();
     // Bytes currently granted: raised after a grant, lowered before the free.
     let granted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -1,0 +1,54 @@
+//! Environment configuration of the simulated GPU.
+
+use std::path::PathBuf;
+
+pub struct Config {
+    pub state: PathBuf,
+    pub count: u32,
+    pub memory: u64,
+    pub sms: u32,
+    pub ctx_overhead: u64,
+    pub block_ns: u64,
+    pub pid_offset: u32,
+}
+
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()?.to_ascii_lowercase() {
+        'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' => (&s[..s.len() - 1], 1 << 20),
+        'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+fn var<T>(name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| parse(&v))
+        .unwrap_or(default)
+}
+
+impl Config {
+    pub fn from_env() -> Config {
+        let uid = unsafe_free_uid();
+        Config {
+            state: std::env::var_os("SIM_GPU_STATE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(format!("/tmp/sim-gpu-{uid}.state"))),
+            count: var("SIM_GPU_COUNT", 1, |v| v.parse().ok())
+                .clamp(1, crate::state::MAX_DEV as u32),
+            memory: var("SIM_GPU_MEMORY", 16 << 30, parse_bytes),
+            sms: var("SIM_GPU_SMS", 132, |v| v.parse().ok()).max(1),
+            ctx_overhead: var("SIM_GPU_CTX_OVERHEAD", 300 << 20, parse_bytes),
+            block_ns: var("SIM_GPU_BLOCK_NS", 10_000, |v| v.parse().ok()),
+            pid_offset: var("SIM_GPU_PID_OFFSET", 0, |v| v.parse().ok()),
+        }
+    }
+}
+
+fn unsafe_free_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or(0, |m| m.uid())
+}

@@ -1,0 +1,158 @@
+//! Per-process handle tables of the simulated driver: contexts, memory,
+//! streams, events, modules, graphs. Handles are small integers cast to
+//! pointers; device addresses come from a bump allocator.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::state::MAX_DEV;
+
+pub const CU_STREAM_LEGACY: usize = 1;
+pub const CU_STREAM_PER_THREAD: usize = 2;
+
+pub struct Ctx {
+    pub dev: usize,
+    pub primary: bool,
+    pub default_stream: usize,
+}
+
+#[derive(Clone, Copy)]
+pub struct Alloc {
+    pub dev: usize,
+    pub bytes: u64,
+    /// The context that owns it: destroying the context frees it.
+    pub ctx: usize,
+}
+
+pub struct Stream {
+    pub ctx: usize,
+    pub last_end: u64,
+    /// The graph being captured into, while a capture is active.
+    pub capture: Option<usize>,
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct Event {
+    pub ts: Option<u64>,
+}
+
+/// A kernel launch as a graph stores it: where it runs and for how long.
+#[derive(Clone)]
+pub struct KernelNode {
+    pub func: usize,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Simulated duration on its device.
+    pub dur: u64,
+}
+
+#[derive(Default)]
+pub struct Local {
+    next_id: usize,
+    next_addr: u64,
+    pub initialized: bool,
+    pub visible: Vec<usize>,
+    pub ctxs: HashMap<usize, Ctx>,
+    /// Primary context and its retain count, per physical device.
+    pub primary: [Option<(usize, u32)>; MAX_DEV],
+    pub allocs: HashMap<u64, Alloc>,
+    pub handles: HashMap<usize, Alloc>,
+    pub reserved: HashMap<u64, u64>,
+    pub streams: HashMap<usize, Stream>,
+    pub events: HashMap<usize, Event>,
+    pub funcs: HashMap<usize, String>,
+    pub modules: HashMap<usize, Vec<usize>>,
+    pub pools: HashMap<usize, usize>,
+    pub graphs: HashMap<usize, Vec<usize>>,
+    pub nodes: HashMap<usize, KernelNode>,
+    pub execs: HashMap<usize, (usize, Vec<KernelNode>)>,
+}
+
+static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
+
+thread_local! {
+    static CTX_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+pub fn local() -> parking_lot::MappedMutexGuard<'static, Local> {
+    MutexGuard::map(LOCAL.lock(), |l| l.get_or_insert_with(Local::default))
+}
+
+impl Local {
+    pub fn new_id(&mut self) -> usize {
+        self.next_id += 16;
+        0x1000 + self.next_id
+    }
+
+    /// A fresh device address range of `bytes`, 512-byte aligned.
+    pub fn new_addr(&mut self, dev: usize, bytes: u64) -> u64 {
+        if self.next_addr == 0 {
+            self.next_addr = 0x7f00_0000_0000;
+        }
+        let base = self.next_addr + ((dev as u64) << 36);
+        self.next_addr += bytes.div_ceil(512).max(1) * 512 + 512;
+        base
+    }
+
+    /// The stream a launch on `stream` really uses, for context `ctx`.
+    pub fn resolve_stream(&self, stream: usize, ctx: usize) -> usize {
+        match stream {
+            0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => {
+                self.ctxs.get(&ctx).map_or(0, |c| c.default_stream)
+            }
+            s => s,
+        }
+    }
+
+    pub fn new_context(&mut self, dev: usize, primary: bool) -> usize {
+        let id = self.new_id();
+        let s = self.new_id();
+        self.streams.insert(
+            s,
+            Stream {
+                ctx: id,
+                last_end: 0,
+                capture: None,
+            },
+        );
+        self.ctxs.insert(
+            id,
+            Ctx {
+                dev,
+                primary,
+                default_stream: s,
+            },
+        );
+        id
+    }
+}
+
+pub fn current_ctx() -> Option<usize> {
+    CTX_STACK.with(|s| s.borrow().last().copied())
+}
+
+pub fn set_current(ctx: Option<usize>) {
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if let Some(c) = ctx {
+            s.push(c);
+        }
+    });
+}
+
+pub fn push_current(ctx: usize) {
+    CTX_STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+pub fn pop_current() -> Option<usize> {
+    CTX_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// Forgets `ctx` in every thread's notion of "current" that this thread can
+/// see (its own stack).
+pub fn drop_from_stack(ctx: usize) {
+    CTX_STACK.with(|s| s.borrow_mut().retain(|&c| c != ctx));
+}
