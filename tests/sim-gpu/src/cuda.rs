@@ -619,6 +619,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) -> CUresult {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     let l = local();
     let (_, dev) = tri!(current(&l));
+    state::reclaim_dead();
     let t = shared().dev[dev].total.load(Ordering::Relaxed);
     put(free, t.saturating_sub(state::phys_used(dev)) as usize);
     put(total, t as usize);

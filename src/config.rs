@@ -1,0 +1,374 @@
+//! The environment, parsed into a typed [`Config`].
+//!
+//! HAMi-core's variables are the contract: `CUDA_DEVICE_MEMORY_LIMIT[_N]`
+//! (bytes with an optional k/m/g suffix, case-insensitive),
+//! `CUDA_DEVICE_SM_LIMIT[_N]` (percent), `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
+//! `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`,
+//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the CUDA ordinal in
+//! the process that reads it.
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+
+use log::LevelFilter;
+
+/// How many `_N` suffixes are read.
+pub const MAX_ORDINALS: usize = vgpu_shm::MAX_DEVICES;
+
+/// `GPU_CORE_UTILIZATION_POLICY`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CorePolicy {
+    /// The SM limit is enforced.
+    #[default]
+    Default = 0,
+    /// The SM limit is enforced (HAMi-core's name for "really enforce it").
+    Force = 1,
+    /// The SM limit is ignored; memory limits still hold.
+    Disable = 2,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub mem_limit: Option<u64>,
+    pub mem_limit_n: [Option<u64>; MAX_ORDINALS],
+    pub sm_limit: Option<u32>,
+    pub sm_limit_n: [Option<u32>; MAX_ORDINALS],
+    pub shared_cache: Option<PathBuf>,
+    pub policy: CorePolicy,
+    pub disable_control: bool,
+    pub oversubscribe: bool,
+    pub log_level: LevelFilter,
+    /// Bad values of variables that cannot weaken a limit (log level,
+    /// switches): reported, and the default used.
+    pub warnings: Vec<ConfigError>,
+}
+
+/// A variable with a value we cannot use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub var: String,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?}: expected {}",
+            self.var, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+const BYTES: &str = "bytes with an optional k/m/g suffix, e.g. 4g, 4096m, 1073741824";
+const PERCENT: &str = "a whole percentage from 0 to 100";
+
+/// Parses a memory limit: plain bytes, or a number with `k`, `m` or `g`
+/// (powers of 1024, any case). `0` means no limit.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (digits, shift) = match t.as_bytes().last()?.to_ascii_lowercase() {
+        b'k' => (&t[..t.len() - 1], 10),
+        b'm' => (&t[..t.len() - 1], 20),
+        b'g' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// Parses an SM limit; 0 and 100 mean no limit (`Some(None)`).
+pub fn parse_percent(text: &str) -> Option<Option<u32>> {
+    let t = text.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match t.parse::<u32>().ok()? {
+        0 | 100 => Some(None),
+        p if p < 100 => Some(Some(p)),
+        _ => None,
+    }
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "" | "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_policy(text: &str) -> Option<CorePolicy> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "default" => Some(CorePolicy::Default),
+        "force" => Some(CorePolicy::Force),
+        "disable" => Some(CorePolicy::Disable),
+        _ => None,
+    }
+}
+
+/// HAMi-core's levels: 0 errors, 1 warnings (our default), 2-3 info, 4 debug.
+fn parse_level(text: &str) -> Option<LevelFilter> {
+    Some(match text.trim().parse::<u32>().ok()? {
+        0 => LevelFilter::Error,
+        1 => LevelFilter::Warn,
+        2 | 3 => LevelFilter::Info,
+        _ => LevelFilter::Debug,
+    })
+}
+
+impl Default for Config {
+    /// No limits, nothing disabled: what an empty environment gives.
+    fn default() -> Config {
+        Config {
+            mem_limit: None,
+            mem_limit_n: [None; MAX_ORDINALS],
+            sm_limit: None,
+            sm_limit_n: [None; MAX_ORDINALS],
+            shared_cache: None,
+            policy: CorePolicy::Default,
+            disable_control: false,
+            oversubscribe: false,
+            log_level: LevelFilter::Warn,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|k| std::env::var_os(k))
+    }
+
+    /// Reads every variable through `get`. A bad limit is an error: a
+    /// quota enforcer must not guess what the limit was meant to be.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<Config, ConfigError> {
+        let text = |var: &str| get(var).map(|v| v.to_string_lossy().into_owned());
+        let mut warnings = Vec::new();
+        let bad = |var: &str, value: String, expected| ConfigError {
+            var: var.to_string(),
+            value,
+            expected,
+        };
+        let bytes = |var: &str| -> Result<Option<u64>, ConfigError> {
+            match text(var) {
+                None => Ok(None),
+                Some(v) => match parse_bytes(&v) {
+                    Some(0) => Ok(None),
+                    Some(b) => Ok(Some(b)),
+                    None => Err(bad(var, v, BYTES)),
+                },
+            }
+        };
+        let percent = |var: &str| -> Result<Option<u32>, ConfigError> {
+            match text(var) {
+                None => Ok(None),
+                Some(v) => parse_percent(&v).ok_or_else(|| bad(var, v, PERCENT)),
+            }
+        };
+        let mut soft = |var: &str, expected, parse: &dyn Fn(&str) -> bool| {
+            if let Some(v) = text(var).filter(|v| !parse(v)) {
+                warnings.push(bad(var, v, expected));
+            }
+        };
+        soft("CUDA_DISABLE_CONTROL", "true or false", &|v| {
+            parse_bool(v).is_some()
+        });
+        soft("CUDA_OVERSUBSCRIBE", "true or false", &|v| {
+            parse_bool(v).is_some()
+        });
+        soft("LIBCUDA_LOG_LEVEL", "a level from 0 to 4", &|v| {
+            parse_level(v).is_some()
+        });
+        let policy = match text("GPU_CORE_UTILIZATION_POLICY") {
+            None => CorePolicy::Default,
+            Some(v) => parse_policy(&v).ok_or_else(|| {
+                bad(
+                    "GPU_CORE_UTILIZATION_POLICY",
+                    v,
+                    "default, force or disable",
+                )
+            })?,
+        };
+
+        let mut mem_limit_n = [None; MAX_ORDINALS];
+        let mut sm_limit_n = [None; MAX_ORDINALS];
+        for n in 0..MAX_ORDINALS {
+            mem_limit_n[n] = bytes(&format!("CUDA_DEVICE_MEMORY_LIMIT_{n}"))?;
+            sm_limit_n[n] = percent(&format!("CUDA_DEVICE_SM_LIMIT_{n}"))?;
+        }
+        Ok(Config {
+            mem_limit: bytes("CUDA_DEVICE_MEMORY_LIMIT")?,
+            mem_limit_n,
+            sm_limit: percent("CUDA_DEVICE_SM_LIMIT")?,
+            sm_limit_n,
+            shared_cache: get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            policy,
+            disable_control: text("CUDA_DISABLE_CONTROL")
+                .and_then(|v| parse_bool(&v))
+                .unwrap_or(false),
+            oversubscribe: text("CUDA_OVERSUBSCRIBE")
+                .and_then(|v| parse_bool(&v))
+                .unwrap_or(false),
+            log_level: text("LIBCUDA_LOG_LEVEL")
+                .and_then(|v| parse_level(&v))
+                .unwrap_or(LevelFilter::Warn),
+            warnings,
+        })
+    }
+
+    /// The memory limit for CUDA ordinal `n` (0 = none): `_N` wins.
+    pub fn mem_limit_for(&self, n: usize) -> u64 {
+        self.mem_limit_n
+            .get(n)
+            .copied()
+            .flatten()
+            .or(self.mem_limit)
+            .unwrap_or(0)
+    }
+
+    /// The SM limit for CUDA ordinal `n` (0 = none): `_N` wins.
+    pub fn sm_limit_for(&self, n: usize) -> u32 {
+        self.sm_limit_n
+            .get(n)
+            .copied()
+            .flatten()
+            .or(self.sm_limit)
+            .unwrap_or(0)
+    }
+
+    /// Whether the environment asks for any limit at all.
+    pub fn has_limits(&self) -> bool {
+        self.mem_limit.is_some()
+            || self.sm_limit.is_some()
+            || self.mem_limit_n.iter().any(Option::is_some)
+            || self.sm_limit_n.iter().any(Option::is_some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| {
+            vars.iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| OsString::from(v))
+        })
+    }
+
+    #[test]
+    fn memory_units_follow_hami_core() {
+        assert_eq!(parse_bytes("1073741824"), Some(1 << 30));
+        assert_eq!(parse_bytes("1048576k"), Some(1 << 30));
+        assert_eq!(parse_bytes("1024M"), Some(1 << 30));
+        assert_eq!(parse_bytes(" 4g "), Some(4 << 30));
+        assert_eq!(parse_bytes("4G"), Some(4 << 30));
+        for bad in [
+            "",
+            "g",
+            "4q",
+            "-1g",
+            "4.5g",
+            "4gb",
+            "99999999999999999999",
+            "18014398509481984g",
+        ] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn per_ordinal_limits_override_the_global_one() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "30"),
+        ])
+        .unwrap();
+        assert_eq!(c.mem_limit_for(0), 4 << 30);
+        assert_eq!(c.mem_limit_for(1), 2 << 30);
+        assert_eq!((c.sm_limit_for(0), c.sm_limit_for(1)), (0, 30));
+        assert!(c.has_limits());
+        assert!(!cfg(&[]).unwrap().has_limits());
+    }
+
+    #[test]
+    fn bad_limits_are_errors_that_name_the_variable() {
+        let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "4q")]).unwrap_err();
+        assert_eq!(e.var, "CUDA_DEVICE_MEMORY_LIMIT_1");
+        assert!(
+            e.to_string()
+                .starts_with("CUDA_DEVICE_MEMORY_LIMIT_1=\"4q\": expected bytes"),
+            "{e}"
+        );
+        assert_eq!(
+            cfg(&[("CUDA_DEVICE_SM_LIMIT", "130")]).unwrap_err().var,
+            "CUDA_DEVICE_SM_LIMIT"
+        );
+        assert_eq!(
+            cfg(&[("CUDA_DEVICE_SM_LIMIT", "3O")]).unwrap_err().var,
+            "CUDA_DEVICE_SM_LIMIT"
+        );
+        assert_eq!(
+            cfg(&[("GPU_CORE_UTILIZATION_POLICY", "strict")])
+                .unwrap_err()
+                .var,
+            "GPU_CORE_UTILIZATION_POLICY"
+        );
+    }
+
+    #[test]
+    fn zero_and_hundred_percent_mean_unlimited() {
+        assert_eq!(
+            cfg(&[("CUDA_DEVICE_SM_LIMIT", "0")]).unwrap().sm_limit,
+            None
+        );
+        assert_eq!(
+            cfg(&[("CUDA_DEVICE_SM_LIMIT", "100")]).unwrap().sm_limit,
+            None
+        );
+        assert_eq!(
+            cfg(&[("CUDA_DEVICE_SM_LIMIT", "30")]).unwrap().sm_limit,
+            Some(30)
+        );
+    }
+
+    #[test]
+    fn soft_variables_warn_and_keep_defaults() {
+        let c = cfg(&[
+            ("LIBCUDA_LOG_LEVEL", "loud"),
+            ("CUDA_DISABLE_CONTROL", "maybe"),
+        ])
+        .unwrap();
+        assert_eq!(c.log_level, LevelFilter::Warn);
+        assert!(!c.disable_control);
+        assert_eq!(c.warnings.len(), 2);
+        assert_eq!(
+            cfg(&[("CUDA_DISABLE_CONTROL", "TRUE")])
+                .unwrap()
+                .disable_control,
+            true
+        );
+        assert_eq!(
+            cfg(&[("GPU_CORE_UTILIZATION_POLICY", "FORCE")])
+                .unwrap()
+                .policy,
+            CorePolicy::Force
+        );
+    }
+}

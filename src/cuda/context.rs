@@ -1,0 +1,191 @@
+//! Contexts: creation registers the device and starts overhead accounting
+//! (and the watcher); destruction and primary-context reset release
+//! everything the context held.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::LazyLock;
+
+use parking_lot::Mutex;
+
+use super::sys::*;
+use super::{device, driver, memory, overhead, tracker};
+use crate::ffi::get;
+use crate::interpose::real::Lib;
+use crate::{hostpid, init, limiter, watcher};
+
+crate::interpose::table::hooks! {
+    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
+    fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => create_v2;
+    fn cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult => create_v3;
+    fn cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult => create_v4;
+    fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => destroy;
+    fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult => primary_retain;
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => primary_release_v2;
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => primary_release_v1;
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => primary_reset_v2;
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => primary_reset_v1;
+}
+
+macro_rules! real_call {
+    ($f:ident ( $($a:expr),* $(,)? )) => {
+        match real::$f() {
+            // SAFETY: the program's arguments pass through unchanged.
+            Some(f) => unsafe { f($($a),*) },
+            None => CUresult::ERROR_NOT_FOUND,
+        }
+    };
+}
+
+#[derive(Clone, Copy)]
+struct Live {
+    /// Region device entry.
+    dev: usize,
+    ordinal: CUdevice,
+    primary: bool,
+}
+
+/// Our contexts, by handle.
+static CONTEXTS: LazyLock<Mutex<HashMap<usize, Live>>> = LazyLock::new(Default::default);
+
+/// Runs a context-creating call and registers what it made.
+fn created(
+    ordinal: CUdevice,
+    primary: bool,
+    out: *mut CUcontext,
+    create: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let entry = init::attach().and_then(|a| Some((a, device::entry(a, ordinal)?)));
+    if let Some((attach, dev)) = entry {
+        hostpid::before_first_context(attach, dev);
+    }
+    let rc = create();
+    let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
+        return rc;
+    };
+    let live = Live {
+        dev,
+        ordinal,
+        primary,
+    };
+    if CONTEXTS.lock().insert(ctx as usize, live).is_none() {
+        overhead::context_created(attach, dev);
+        limiter::device_in_use(attach, dev);
+        watcher::start();
+        watcher::kick();
+    }
+    rc
+}
+
+/// Releases what context `ctx` held, once the driver has destroyed it.
+fn forget(ctx: usize) {
+    let Some(live) = CONTEXTS.lock().remove(&ctx) else {
+        return;
+    };
+    for t in tracker::drain_context(ctx) {
+        memory::release(t);
+    }
+    limiter::context_gone(ctx);
+    if let Some(attach) = init::attach() {
+        overhead::context_destroyed(attach, live.dev);
+    }
+}
+
+fn primary_of(ordinal: CUdevice) -> Option<usize> {
+    CONTEXTS
+        .lock()
+        .iter()
+        .find(|(_, l)| l.primary && l.ordinal == ordinal)
+        .map(|(&c, _)| c)
+}
+
+fn create_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    created(dev, false, ctx, || {
+        real_call!(cuCtxCreate_v2(ctx, flags, dev))
+    })
+}
+
+fn create_v3(
+    ctx: *mut CUcontext,
+    params: *mut c_void,
+    n: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    created(dev, false, ctx, || {
+        real_call!(cuCtxCreate_v3(ctx, params, n, flags, dev))
+    })
+}
+
+fn create_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult {
+    created(dev, false, ctx, || {
+        real_call!(cuCtxCreate_v4(ctx, params, flags, dev))
+    })
+}
+
+fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    created(dev, true, ctx, || {
+        real_call!(cuDevicePrimaryCtxRetain(ctx, dev))
+    })
+}
+
+fn destroy(ctx: CUcontext) -> CUresult {
+    let rc = real_call!(cuCtxDestroy_v2(ctx));
+    if rc.is_ok() {
+        forget(ctx as usize);
+    }
+    rc
+}
+
+/// After a release, the primary context is gone if nobody retains it.
+fn released(dev: CUdevice, rc: CUresult) -> CUresult {
+    if rc.is_ok()
+        && !driver::primary_active(dev)
+        && let Some(ctx) = primary_of(dev)
+    {
+        forget(ctx);
+    }
+    rc
+}
+
+fn primary_release_v2(dev: CUdevice) -> CUresult {
+    released(dev, real_call!(cuDevicePrimaryCtxRelease_v2(dev)))
+}
+
+fn primary_release_v1(dev: CUdevice) -> CUresult {
+    released(dev, real_call!(cuDevicePrimaryCtxRelease(dev)))
+}
+
+/// A reset destroys every allocation of the primary context.
+fn reset(dev: CUdevice, rc: CUresult) -> CUresult {
+    if rc.is_ok()
+        && let Some(ctx) = primary_of(dev)
+    {
+        forget(ctx);
+    }
+    rc
+}
+
+fn primary_reset_v2(dev: CUdevice) -> CUresult {
+    reset(dev, real_call!(cuDevicePrimaryCtxReset_v2(dev)))
+}
+
+fn primary_reset_v1(dev: CUdevice) -> CUresult {
+    reset(dev, real_call!(cuDevicePrimaryCtxReset(dev)))
+}
+
+/// Fork handlers: hold the table across fork; the child starts empty.
+pub fn fork_prepare() {
+    std::mem::forget(CONTEXTS.lock());
+}
+
+pub fn fork_parent() {
+    // SAFETY: fork_prepare() locked it on this thread and forgot the guard.
+    unsafe { CONTEXTS.force_unlock() };
+}
+
+pub fn fork_child() {
+    // SAFETY: as fork_parent().
+    unsafe { CONTEXTS.force_unlock() };
+    CONTEXTS.lock().clear();
+}

@@ -1,0 +1,47 @@
+//! CUDA ordinals to the region's device entries, under any
+//! `CUDA_VISIBLE_DEVICES`: entries are keyed by the UUID the driver reports
+//! for the ordinal.
+
+use vgpu_shm::DeviceInfo;
+
+use super::driver::{self, call};
+use super::sys::*;
+use crate::attach::Attach;
+
+/// What the driver says about ordinal `dev`.
+fn info(dev: CUdevice) -> Option<DeviceInfo> {
+    let mut uuid = [0u8; 16];
+    if !call!(cuDeviceGetUuid_v2(&mut uuid, dev)).is_ok()
+        && !call!(cuDeviceGetUuid(&mut uuid, dev)).is_ok()
+    {
+        return None;
+    }
+    let mut total = 0usize;
+    let total_ok = match super::info::real::cuDeviceTotalMem_v2() {
+        // SAFETY: `total` is a local the driver writes.
+        Some(f) => unsafe { f(&mut total, dev) }.is_ok(),
+        None => false,
+    };
+    let mut sms = 0;
+    let _ = call!(cuDeviceGetAttribute(
+        &mut sms,
+        ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        dev
+    ));
+    Some(DeviceInfo {
+        uuid,
+        total_mem: if total_ok { total as u64 } else { 0 },
+        sm_count: sms.max(0) as u32,
+    })
+}
+
+/// The device entry of ordinal `dev`.
+pub fn entry(attach: &Attach, dev: CUdevice) -> Option<usize> {
+    attach.device(dev, || info(dev))
+}
+
+/// The device entry and ordinal of the current context's device.
+pub fn current_entry(attach: &Attach) -> Option<(usize, CUdevice)> {
+    let dev = driver::current_ordinal()?;
+    Some((entry(attach, dev)?, dev))
+}

@@ -1,0 +1,226 @@
+//! Graphs and stream capture. A graph's first cost estimate is computed
+//! once, when it is instantiated, from its kernel nodes (the learned cost
+//! of each kernel shape, a default for shapes never seen); event timing of
+//! its launches refines it. Launches recorded into a capture are not
+//! charged: the graph's launches are.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::driver::call;
+use super::sys::*;
+use crate::ffi::get;
+use crate::interpose::real::Lib;
+use crate::limiter::{self, estimate};
+
+crate::interpose::table::hooks! {
+    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult => instantiate_with_flags;
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult => instantiate_v2;
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult => instantiate_v1;
+    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult => instantiate_with_params;
+    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult => instantiate_with_params_ptsz;
+    fn cuStreamBeginCapture(stream: CUstream) -> CUresult => begin_v1;
+    fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => begin_v1_ptsz;
+    fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult => begin_v2;
+    fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult => begin_v2_ptsz;
+    fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult => begin_to_graph;
+    fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult => begin_to_graph_ptsz;
+    fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => end;
+    fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => end_ptsz;
+}
+
+macro_rules! real_call {
+    ($f:ident ( $($a:expr),* $(,)? )) => {
+        match real::$f() {
+            // SAFETY: the program's arguments pass through unchanged.
+            Some(f) => unsafe { f($($a),*) },
+            None => CUresult::ERROR_NOT_FOUND,
+        }
+    };
+}
+
+/// Nested child graphs deeper than this are costed as one default kernel.
+const MAX_DEPTH: u32 = 8;
+
+/// Estimated GPU time of one launch of `graph`: the sum over its kernel
+/// nodes (a serial bound; concurrent branches are corrected by the
+/// controller and by timing).
+pub fn cost(graph: CUgraph, depth: u32) -> u64 {
+    if depth > MAX_DEPTH {
+        return estimate::DEFAULT_NS;
+    }
+    let mut n = 0usize;
+    if !call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)).is_ok() || n == 0 {
+        return 0;
+    }
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    if !call!(cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)).is_ok() {
+        return 0;
+    }
+    nodes.truncate(n);
+    nodes
+        .iter()
+        .map(|&node| node_cost(node, depth))
+        .fold(0u64, u64::saturating_add)
+}
+
+fn node_cost(node: CUgraphNode, depth: u32) -> u64 {
+    let mut kind: c_int = -1;
+    if !call!(cuGraphNodeGetType(node, &mut kind)).is_ok() {
+        return 0;
+    }
+    match kind {
+        GRAPH_NODE_TYPE_KERNEL => {
+            let mut p = std::mem::MaybeUninit::<KernelNodeParams>::zeroed();
+            if !call!(cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr())).is_ok() {
+                return estimate::DEFAULT_NS;
+            }
+            // SAFETY: zero-initialised, then filled by the driver on success;
+            // every field is a plain integer or pointer.
+            let p = unsafe { p.assume_init() };
+            let func = if p.func.is_null() { p.kern } else { p.func };
+            limiter::kernel_cost(func as usize, p.grid, p.block).unwrap_or(estimate::DEFAULT_NS)
+        }
+        GRAPH_NODE_TYPE_GRAPH => {
+            let mut child: CUgraph = std::ptr::null_mut();
+            if call!(cuGraphChildGraphNodeGetGraph(node, &mut child)).is_ok() {
+                cost(child, depth + 1)
+            } else {
+                estimate::DEFAULT_NS
+            }
+        }
+        _ => 0,
+    }
+}
+
+fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresult {
+    if rc.is_ok()
+        && let Some(e) = get(exec)
+    {
+        limiter::graph_instantiated(e, cost(graph, 0));
+    }
+    rc
+}
+
+fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
+    instantiated(
+        exec,
+        graph,
+        real_call!(cuGraphInstantiateWithFlags(exec, graph, flags)),
+    )
+}
+
+fn instantiate_v2(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    err: *mut CUgraphNode,
+    log: *mut c_char,
+    size: usize,
+) -> CUresult {
+    instantiated(
+        exec,
+        graph,
+        real_call!(cuGraphInstantiate_v2(exec, graph, err, log, size)),
+    )
+}
+
+fn instantiate_v1(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    err: *mut CUgraphNode,
+    log: *mut c_char,
+    size: usize,
+) -> CUresult {
+    instantiated(
+        exec,
+        graph,
+        real_call!(cuGraphInstantiate(exec, graph, err, log, size)),
+    )
+}
+
+fn instantiate_with_params(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut c_void,
+) -> CUresult {
+    instantiated(
+        exec,
+        graph,
+        real_call!(cuGraphInstantiateWithParams(exec, graph, params)),
+    )
+}
+
+fn instantiate_with_params_ptsz(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut c_void,
+) -> CUresult {
+    instantiated(
+        exec,
+        graph,
+        real_call!(cuGraphInstantiateWithParams_ptsz(exec, graph, params)),
+    )
+}
+
+fn began(rc: CUresult) -> CUresult {
+    if rc.is_ok() {
+        limiter::capture_changed(1);
+    }
+    rc
+}
+
+/// A capture ends with its EndCapture call, whatever that returns.
+fn ended(rc: CUresult) -> CUresult {
+    limiter::capture_changed(-1);
+    rc
+}
+
+fn begin_v1(stream: CUstream) -> CUresult {
+    began(real_call!(cuStreamBeginCapture(stream)))
+}
+
+fn begin_v1_ptsz(stream: CUstream) -> CUresult {
+    began(real_call!(cuStreamBeginCapture_ptsz(stream)))
+}
+
+fn begin_v2(stream: CUstream, mode: c_int) -> CUresult {
+    began(real_call!(cuStreamBeginCapture_v2(stream, mode)))
+}
+
+fn begin_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult {
+    began(real_call!(cuStreamBeginCapture_v2_ptsz(stream, mode)))
+}
+
+fn begin_to_graph(
+    stream: CUstream,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    data: *const c_void,
+    n: usize,
+    mode: c_int,
+) -> CUresult {
+    began(real_call!(cuStreamBeginCaptureToGraph(
+        stream, graph, deps, data, n, mode
+    )))
+}
+
+fn begin_to_graph_ptsz(
+    stream: CUstream,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    data: *const c_void,
+    n: usize,
+    mode: c_int,
+) -> CUresult {
+    began(real_call!(cuStreamBeginCaptureToGraph_ptsz(
+        stream, graph, deps, data, n, mode
+    )))
+}
+
+fn end(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+    ended(real_call!(cuStreamEndCapture(stream, graph)))
+}
+
+fn end_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+    ended(real_call!(cuStreamEndCapture_ptsz(stream, graph)))
+}

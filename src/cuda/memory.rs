@@ -1,0 +1,526 @@
+//! The memory families. Every allocation is reserved against the quota
+//! before the driver sees it (reserve-then-check, `vgpu_shm::quota`), and
+//! released when it is freed. A free of something we never counted goes to
+//! the driver untouched. The device an allocation counts against comes from
+//! the allocation: the current context's device, `location.id` for
+//! `cuMemCreate`, the pool's device for `cuMemAllocFromPoolAsync`.
+
+use std::collections::HashMap;
+use std::ffi::c_uint;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use vgpu_shm::{Kind, Reservation, format_uuid};
+
+use super::sys::*;
+use super::tracker::{self, Key, Tracked};
+use super::{device, driver, overhead};
+use crate::attach::Attach;
+use crate::ffi::get;
+use crate::init;
+use crate::interpose::real::Lib;
+
+crate::interpose::table::hooks! {
+    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult => alloc;
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult => alloc_pitch;
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult => alloc_managed;
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => alloc_async;
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => alloc_async_ptsz;
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => alloc_from_pool;
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => alloc_from_pool_ptsz;
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => free;
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => free_async;
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => free_async_ptsz;
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult => vmm_create;
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => vmm_release;
+    fn cuArrayCreate_v2(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult => array_create;
+    fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult => array3d_create;
+    fn cuArrayDestroy(array: CUarray) -> CUresult => array_destroy;
+    fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const Array3dDescriptor, levels: c_uint) -> CUresult => mipmap_create;
+    fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => mipmap_destroy;
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult => pool_create;
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => pool_destroy;
+}
+
+/// Calls the real function of this family, or reports it missing.
+macro_rules! real_call {
+    ($f:ident ( $($a:expr),* $(,)? )) => {
+        match real::$f() {
+            // SAFETY: the program's arguments pass through unchanged.
+            Some(f) => unsafe { f($($a),*) },
+            None => CUresult::ERROR_NOT_FOUND,
+        }
+    };
+}
+
+/// Which device an allocation lands on.
+#[derive(Clone, Copy)]
+enum On {
+    CurrentContext,
+    Ordinal(CUdevice),
+}
+
+/// Bytes reserved for an allocation in flight.
+struct Charge {
+    attach: &'static Attach,
+    slot: usize,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+}
+
+impl Charge {
+    /// Reserves `bytes` on the device `on` names. `Ok(None)` when nothing
+    /// is enforced there (no region, no context: the driver will answer).
+    fn take(on: On, kind: Kind, bytes: u64) -> Result<Option<Charge>, CUresult> {
+        let Some(attach) = init::attach() else {
+            return Ok(None);
+        };
+        let Some(slot) = attach.slot() else {
+            return Ok(None);
+        };
+        let dev = match on {
+            On::CurrentContext => device::current_entry(attach).map(|(d, _)| d),
+            On::Ordinal(o) => device::entry(attach, o),
+        };
+        let Some(dev) = dev else { return Ok(None) };
+        reserve(attach, slot, dev, kind, bytes)?;
+        Ok(Some(Charge {
+            attach,
+            slot,
+            dev,
+            kind,
+            bytes,
+        }))
+    }
+
+    /// The allocation failed: give the bytes back.
+    fn refund(self) {
+        self.attach
+            .region
+            .unreserve(self.slot, self.dev, self.kind, self.bytes);
+    }
+
+    /// The allocation succeeded: remember what it holds.
+    fn keep(self, key: Key) {
+        let ctx = driver::current_context().map_or(0, |c| c as usize);
+        let t = Tracked {
+            dev: self.dev,
+            kind: self.kind,
+            bytes: self.bytes,
+            ctx,
+        };
+        // The driver handed out this address again, so whatever we had
+        // under it is gone (freed through a path we do not see).
+        if let Some(stale) = tracker::remove(key) {
+            release(stale);
+        }
+        tracker::insert(key, t);
+    }
+}
+
+/// Reserve-then-check, with one retry after making room: dead processes'
+/// slots are reclaimed and our context overhead is re-measured.
+fn reserve(
+    attach: &Attach,
+    slot: usize,
+    dev: usize,
+    kind: Kind,
+    bytes: u64,
+) -> Result<(), CUresult> {
+    let region = &attach.region;
+    if region.reserve(slot, dev, kind, bytes) == Reservation::Granted {
+        return Ok(());
+    }
+    attach.reclaim_dead();
+    overhead::reconcile_now(attach, slot, dev);
+    match region.reserve(slot, dev, kind, bytes) {
+        Reservation::Granted => Ok(()),
+        Reservation::Denied { limit, used, asked } => {
+            report_denial(attach, dev, limit, used, asked);
+            Err(CUresult::ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// One line per denial, at most one a second.
+fn report_denial(attach: &Attach, dev: usize, limit: u64, used: u64, asked: u64) {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = crate::clock::monotonic_ns() / 1_000_000_000;
+    if LAST.swap(now, Ordering::Relaxed) == now {
+        return;
+    }
+    log::warn!(
+        "out of memory on {}: asked {}, the container uses {} of its {} limit; returning CUDA_ERROR_OUT_OF_MEMORY",
+        format_uuid(&attach.region.device(dev).uuid()),
+        fmt_bytes(asked),
+        fmt_bytes(used),
+        fmt_bytes(limit)
+    );
+}
+
+pub fn fmt_bytes(b: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (MIB * 1024.0))
+    } else {
+        format!("{:.1} MiB", b as f64 / MIB)
+    }
+}
+
+/// Releases what a tracked allocation held.
+pub fn release(t: Tracked) {
+    if let Some(attach) = init::attach()
+        && let Some(slot) = attach.slot()
+    {
+        attach.region.unreserve(slot, t.dev, t.kind, t.bytes);
+    }
+}
+
+/// Counts `bytes` of `kind` around `alloc`; `key` names the result.
+fn counted(
+    on: On,
+    kind: Kind,
+    bytes: u64,
+    alloc: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> Option<Key>,
+) -> CUresult {
+    let charge = match Charge::take(on, kind, bytes) {
+        Ok(c) => c,
+        Err(rc) => return rc,
+    };
+    let rc = alloc();
+    if let Some(c) = charge {
+        match key().filter(|_| rc.is_ok()) {
+            Some(k) => c.keep(k),
+            None => c.refund(),
+        }
+    }
+    rc
+}
+
+/// Frees through `free`, then releases what `key` held.
+fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
+    // Taken out first: once the driver frees it, another thread may be
+    // handed the same address and insert its own entry.
+    let held = tracker::remove(key);
+    let rc = free();
+    match held {
+        Some(t) if rc.is_ok() => release(t),
+        Some(t) => tracker::insert(key, t),
+        None => {}
+    }
+    rc
+}
+
+fn ptr_key(p: *mut CUdeviceptr) -> impl FnOnce() -> Option<Key> {
+    move || get(p).map(Key::Ptr)
+}
+
+fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    if dptr.is_null() || bytes == 0 {
+        return real_call!(cuMemAlloc_v2(dptr, bytes));
+    }
+    counted(
+        On::CurrentContext,
+        Kind::Buffer,
+        bytes as u64,
+        || real_call!(cuMemAlloc_v2(dptr, bytes)),
+        ptr_key(dptr),
+    )
+}
+
+fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
+    let call = || real_call!(cuMemAllocManaged(dptr, bytes, flags));
+    if dptr.is_null() || bytes == 0 {
+        return call();
+    }
+    counted(
+        On::CurrentContext,
+        Kind::Buffer,
+        bytes as u64,
+        call,
+        ptr_key(dptr),
+    )
+}
+
+/// The driver pads rows to its texture pitch alignment (512 bytes on every
+/// GPU we know); the real pitch is settled after the call.
+const PITCH_ALIGN: usize = 512;
+
+fn alloc_pitch(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    let call = || real_call!(cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 {
+        return call();
+    }
+    let estimate = (width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN).saturating_mul(height) as u64;
+    let charge = match Charge::take(On::CurrentContext, Kind::Buffer, estimate) {
+        Ok(c) => c,
+        Err(rc) => return rc,
+    };
+    let rc = call();
+    let Some(mut c) = charge else { return rc };
+    let (Some(p), Some(row), true) = (get(dptr), get(pitch), rc.is_ok()) else {
+        c.refund();
+        return rc;
+    };
+    let actual = (row as u64).saturating_mul(height as u64);
+    if actual > estimate {
+        if let Err(deny) = reserve(c.attach, c.slot, c.dev, Kind::Buffer, actual - estimate) {
+            c.refund();
+            let _ = real_call!(cuMemFree_v2(p));
+            return deny;
+        }
+    } else {
+        c.attach
+            .region
+            .unreserve(c.slot, c.dev, Kind::Buffer, estimate - actual);
+    }
+    c.bytes = actual;
+    c.keep(Key::Ptr(p));
+    rc
+}
+
+fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+    counted_async(dptr, bytes, On::CurrentContext, || {
+        real_call!(cuMemAllocAsync(dptr, bytes, stream))
+    })
+}
+
+fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+    counted_async(dptr, bytes, On::CurrentContext, || {
+        real_call!(cuMemAllocAsync_ptsz(dptr, bytes, stream))
+    })
+}
+
+fn alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    let on = pool_device(pool);
+    counted_async(dptr, bytes, on, || {
+        real_call!(cuMemAllocFromPoolAsync(dptr, bytes, pool, stream))
+    })
+}
+
+fn alloc_from_pool_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    let on = pool_device(pool);
+    counted_async(dptr, bytes, on, || {
+        real_call!(cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream))
+    })
+}
+
+fn counted_async(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    on: On,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if dptr.is_null() || bytes == 0 {
+        return call();
+    }
+    counted(on, Kind::Pool, bytes as u64, call, ptr_key(dptr))
+}
+
+fn free(p: CUdeviceptr) -> CUresult {
+    uncounted(Key::Ptr(p), || real_call!(cuMemFree_v2(p)))
+}
+
+fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    uncounted(Key::Ptr(p), || real_call!(cuMemFreeAsync(p, stream)))
+}
+
+fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    uncounted(Key::Ptr(p), || real_call!(cuMemFreeAsync_ptsz(p, stream)))
+}
+
+fn vmm_create(
+    handle: *mut CUmemGenericAllocationHandle,
+    bytes: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let call = || real_call!(cuMemCreate(handle, bytes, prop, flags));
+    let Some(p) = get(prop) else { return call() };
+    if handle.is_null() || bytes == 0 || p.location.kind != MEM_LOCATION_TYPE_DEVICE {
+        return call();
+    }
+    counted(
+        On::Ordinal(p.location.id),
+        Kind::Vmm,
+        bytes as u64,
+        call,
+        move || get(handle).map(Key::Vmm),
+    )
+}
+
+fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
+    uncounted(Key::Vmm(handle), || real_call!(cuMemRelease(handle)))
+}
+
+/// Bytes per element of a `CUarray_format`; formats we do not model (block
+/// compressed, video) are counted at 16 bytes, the widest.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 16,
+    }
+}
+
+/// The size of a `width x height x depth` array (0 dimensions count as 1).
+pub fn array_bytes(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+) -> u64 {
+    [width, height, depth]
+        .iter()
+        .map(|&d| d.max(1) as u64)
+        .chain([format_bytes(format), u64::from(channels.max(1))])
+        .fold(1u64, u64::saturating_mul)
+}
+
+fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
+    move || get(a).map(|h| Key::Array(h as usize))
+}
+
+fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult {
+    let call = || real_call!(cuArrayCreate_v2(array, desc));
+    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+        return call();
+    };
+    let bytes = array_bytes(d.width, d.height, 1, d.format, d.channels);
+    counted(
+        On::CurrentContext,
+        Kind::Array,
+        bytes,
+        call,
+        array_key(array),
+    )
+}
+
+fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult {
+    let call = || real_call!(cuArray3DCreate_v2(array, desc));
+    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+        return call();
+    };
+    let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels);
+    counted(
+        On::CurrentContext,
+        Kind::Array,
+        bytes,
+        call,
+        array_key(array),
+    )
+}
+
+fn array_destroy(array: CUarray) -> CUresult {
+    uncounted(Key::Array(array as usize), || {
+        real_call!(cuArrayDestroy(array))
+    })
+}
+
+fn mipmap_create(
+    array: *mut CUmipmappedArray,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    let call = || real_call!(cuMipmappedArrayCreate(array, desc, levels));
+    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+        return call();
+    };
+    let bytes = (0..levels.clamp(1, 32))
+        .map(|l| {
+            array_bytes(
+                d.width >> l,
+                d.height >> l,
+                d.depth >> l,
+                d.format,
+                d.channels,
+            )
+        })
+        .fold(0u64, u64::saturating_add);
+    counted(
+        On::CurrentContext,
+        Kind::Array,
+        bytes,
+        call,
+        array_key(array),
+    )
+}
+
+fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
+    uncounted(Key::Array(array as usize), || {
+        real_call!(cuMipmappedArrayDestroy(array))
+    })
+}
+
+/// Pools we saw created, with the ordinal of their device.
+static POOLS: LazyLock<Mutex<HashMap<usize, CUdevice>>> = LazyLock::new(Default::default);
+
+fn pool_device(pool: CUmemoryPool) -> On {
+    POOLS
+        .lock()
+        .get(&(pool as usize))
+        .map_or(On::CurrentContext, |&d| On::Ordinal(d))
+}
+
+fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult {
+    let rc = real_call!(cuMemPoolCreate(pool, props));
+    if rc.is_ok()
+        && let (Some(p), Some(h)) = (get(props), get(pool))
+        && p.location.kind == MEM_LOCATION_TYPE_DEVICE
+    {
+        POOLS.lock().insert(h as usize, p.location.id);
+    }
+    rc
+}
+
+fn pool_destroy(pool: CUmemoryPool) -> CUresult {
+    let rc = real_call!(cuMemPoolDestroy(pool));
+    if rc.is_ok() {
+        POOLS.lock().remove(&(pool as usize));
+    }
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes_cover_every_level_and_format() {
+        // 1024 x 1024 float4
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
+        // 1-D arrays have height 0
+        assert_eq!(array_bytes(4096, 0, 0, 0x01, 1), 4096);
+        // unknown formats count at the widest element
+        assert_eq!(array_bytes(10, 10, 10, 0x91, 1), 16_000);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
+    }
+
+    #[test]
+    fn sizes_print_readably() {
+        assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");
+        assert_eq!(fmt_bytes(512 << 20), "512.0 MiB");
+    }
+}

@@ -1,0 +1,137 @@
+//! Hand-written driver API types: only what the hooks read or write.
+//! Layouts checked against cuda.h 13.0 on the GPU machine
+//! (gpu-tests/probe/calibrate.c prints them).
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::fmt;
+use std::mem::{offset_of, size_of};
+
+/// `CUresult`: a transparent code, so unknown values pass through intact.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CUresult(pub c_int);
+
+impl CUresult {
+    pub const SUCCESS: Self = Self(0);
+    pub const ERROR_INVALID_VALUE: Self = Self(1);
+    pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
+    pub const ERROR_NOT_FOUND: Self = Self(500);
+    pub const ERROR_NOT_READY: Self = Self(600);
+
+    pub fn is_ok(self) -> bool {
+        self == Self::SUCCESS
+    }
+}
+
+impl fmt::Display for CUresult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CUresult {}", self.0)
+    }
+}
+
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUmemGenericAllocationHandle = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream as a handle.
+pub const STREAM_PER_THREAD: CUstream = 2 as CUstream;
+pub const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const GRAPH_NODE_TYPE_KERNEL: c_int = 0;
+pub const GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocationProp {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32: *mut c_void,
+    pub flags: [u8; 8],
+}
+
+/// `CUmemPoolProps`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS` (v2).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParams {
+    pub func: CUfunction,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: *mut c_void,
+    pub ctx: CUcontext,
+}
+
+const _: () = {
+    assert!(size_of::<ArrayDescriptor>() == 24);
+    assert!(size_of::<Array3dDescriptor>() == 40);
+    assert!(size_of::<MemAllocationProp>() == 32 && offset_of!(MemAllocationProp, location) == 8);
+    assert!(size_of::<MemPoolProps>() == 88 && offset_of!(MemPoolProps, location) == 8);
+    assert!(size_of::<LaunchConfig>() == 56 && offset_of!(LaunchConfig, stream) == 32);
+    assert!(size_of::<KernelNodeParams>() == 72 && offset_of!(KernelNodeParams, params) == 40);
+};

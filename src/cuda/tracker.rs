@@ -1,0 +1,93 @@
+//! What was counted for each live allocation, so that a free releases
+//! exactly that, a free of something we never saw passes through untouched,
+//! and destroying a context releases everything it held.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use parking_lot::Mutex;
+use vgpu_shm::Kind;
+
+/// An allocation's identity: device pointers, VMM handles and array
+/// handles live in different name spaces.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Key {
+    Ptr(u64),
+    Vmm(u64),
+    Array(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    pub dev: usize,
+    pub kind: Kind,
+    pub bytes: u64,
+    /// The context current when it was made (0 if none).
+    pub ctx: usize,
+}
+
+const SHARDS: usize = 16;
+
+type Shard = Mutex<HashMap<Key, Tracked>>;
+
+static TABLE: LazyLock<[Shard; SHARDS]> =
+    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(HashMap::new())));
+
+fn shard(key: &Key) -> &'static Shard {
+    let bits = match *key {
+        Key::Ptr(p) | Key::Vmm(p) => p,
+        Key::Array(a) => a as u64,
+    };
+    // Allocations are at least 512-byte aligned: mix in higher bits.
+    &TABLE[((bits >> 9) ^ (bits >> 21)) as usize % SHARDS]
+}
+
+pub fn insert(key: Key, t: Tracked) {
+    shard(&key).lock().insert(key, t);
+}
+
+pub fn remove(key: Key) -> Option<Tracked> {
+    shard(&key).lock().remove(&key)
+}
+
+/// Removes and returns everything made in context `ctx`.
+pub fn drain_context(ctx: usize) -> Vec<Tracked> {
+    let mut out = Vec::new();
+    for s in TABLE.iter() {
+        s.lock().retain(|_, t| {
+            if t.ctx == ctx {
+                out.push(*t);
+                false
+            } else {
+                true
+            }
+        });
+    }
+    out
+}
+
+/// Before `fork`: hold every shard so the child never inherits one
+/// mid-update.
+pub fn lock_all() {
+    for s in TABLE.iter() {
+        std::mem::forget(s.lock());
+    }
+}
+
+/// After `fork`, in the parent.
+pub fn unlock_all() {
+    for s in TABLE.iter() {
+        // SAFETY: lock_all() locked every shard on this thread just before
+        // fork and forgot the guards.
+        unsafe { s.force_unlock() };
+    }
+}
+
+/// After `fork`, in the child: its device memory is not the parent's.
+pub fn reset_in_child() {
+    for s in TABLE.iter() {
+        // SAFETY: as unlock_all(): locked by lock_all() before fork.
+        unsafe { s.force_unlock() };
+        s.lock().clear();
+    }
+}

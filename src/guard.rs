@@ -1,0 +1,88 @@
+//! Reentrancy and the `extern "C"` boundary.
+//!
+//! A thread-local depth marks code of ours that calls out (our NVML client,
+//! initialisation): hooks and `dlsym` seen from inside it pass straight
+//! through. `ffi_boundary` wraps every hook body: a panic never unwinds
+//! into the host program; it is logged once and the call falls back to the
+//! real function.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+thread_local! {
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is inside our own code right now.
+pub fn is_internal() -> bool {
+    // During thread teardown the TLS may be gone: treat that as internal so
+    // nothing of ours runs.
+    DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)
+}
+
+/// Marks the current thread as running our own code until dropped.
+pub struct Guard {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Guard {
+    pub fn enter() -> Guard {
+        let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
+        Guard {
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+/// Runs a hook body; on a panic, logs once and runs `fallback` (the real
+/// function) instead. Inside our own code, runs `fallback` directly.
+pub fn ffi_boundary<R>(
+    hook: &'static str,
+    body: impl FnOnce() -> R,
+    fallback: impl FnOnce() -> R,
+) -> R {
+    if is_internal() {
+        return fallback();
+    }
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            static REPORTED: AtomicBool = AtomicBool::new(false);
+            if !REPORTED.swap(true, Ordering::Relaxed) {
+                log::error!(
+                    "internal error in {hook}; passing this and later failures through to the driver"
+                );
+            }
+            fallback()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_body_falls_back() {
+        let r = ffi_boundary("test", || -> i32 { panic!("boom") }, || 7);
+        assert_eq!(r, 7);
+    }
+
+    #[test]
+    fn inside_a_guard_hooks_pass_through() {
+        assert!(!is_internal());
+        let g = Guard::enter();
+        assert!(is_internal());
+        assert_eq!(ffi_boundary("test", || 1, || 2), 2);
+        drop(g);
+        assert_eq!(ffi_boundary("test", || 1, || 2), 1);
+    }
+}

@@ -1,0 +1,158 @@
+//! The pid NVML reports for this process. Inside a container `getpid()`
+//! differs from it, so it is found without a lock and without an extra
+//! context:
+//! - in the initial pid namespace, it is `getpid()`;
+//! - otherwise, the pids that appear in NVML's process list for a device
+//!   between just before our first context on it and just after, less the
+//!   pids other processes of the container already claimed.
+//!
+//! Nothing on the allocation or launch path waits for it; the watcher
+//! resolves it in the background.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+use vgpu_shm::procinfo::INIT_PIDNS;
+use vgpu_shm::{ProcId, Region};
+
+use crate::attach::Attach;
+use crate::nvml::client;
+
+static HOST_PID: AtomicU32 = AtomicU32::new(0);
+/// NVML pids on a device (region entry) just before our first context there.
+static BEFORE: Mutex<Option<(usize, Vec<u32>)>> = Mutex::new(None);
+
+pub fn get() -> Option<u32> {
+    Some(HOST_PID.load(Ordering::Acquire)).filter(|&p| p != 0)
+}
+
+pub fn after_fork_child() {
+    HOST_PID.store(0, Ordering::Release);
+    if BEFORE.is_locked() {
+        // SAFETY: a forked child runs one thread; the lock's holder was a
+        // parent thread that does not exist here.
+        unsafe { BEFORE.force_unlock() };
+    }
+    *BEFORE.lock() = None;
+}
+
+fn in_initial_namespace() -> bool {
+    ProcId::current().pidns == INIT_PIDNS
+}
+
+/// Records NVML's pids on `dev` before our first context is created there.
+/// Costs one NVML query; skipped when NVML is not up within 50 ms.
+pub fn before_first_context(attach: &Attach, dev: usize) {
+    if get().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
+        return;
+    }
+    if !client::wait_ready(std::time::Duration::from_millis(50)) {
+        return;
+    }
+    let uuid = attach.region.device(dev).uuid();
+    let Some(nd) = client::device(&uuid) else {
+        return;
+    };
+    if let Ok(list) = client::processes(nd) {
+        *BEFORE.lock() = Some((dev, list.into_iter().map(|(p, _)| p).collect()));
+    }
+}
+
+/// Pids other live processes of the container already own.
+fn claimed_by_others(region: &Region, my_slot: Option<usize>) -> Vec<u32> {
+    region
+        .occupied_slots()
+        .filter(|&i| Some(i) != my_slot)
+        .map(|i| region.slot(i).host_pid.load(Ordering::Acquire))
+        .filter(|&p| p > 0)
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// Picks our pid out of NVML's list for device `dev`; pure, for tests.
+pub fn choose(
+    me: u32,
+    initial_ns: bool,
+    now: &[u32],
+    before: Option<&[u32]>,
+    others: &[u32],
+) -> Option<u32> {
+    if initial_ns {
+        return now.contains(&me).then_some(me);
+    }
+    let before = before?;
+    let mut new = now
+        .iter()
+        .filter(|p| !before.contains(p) && !others.contains(p));
+    match (new.next(), new.next()) {
+        (Some(&p), None) => Some(p),
+        _ => None,
+    }
+}
+
+/// Finds our host pid through device `dev`; stores it in our slot.
+pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
+    if let Some(p) = get() {
+        return Some(p);
+    }
+    let uuid = attach.region.device(dev).uuid();
+    let nd = client::device(&uuid)?;
+    let now: Vec<u32> = client::processes(nd)
+        .ok()?
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    let slot = attach.slot();
+    let before = BEFORE
+        .lock()
+        .clone()
+        .filter(|(d, _)| *d == dev)
+        .map(|(_, l)| l);
+    let pid = choose(
+        std::process::id(),
+        in_initial_namespace(),
+        &now,
+        before.as_deref(),
+        &claimed_by_others(&attach.region, slot),
+    )?;
+    if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
+        log::debug!("host pid {pid}");
+    }
+    if let Some(s) = slot {
+        attach
+            .region
+            .slot(s)
+            .host_pid
+            .store(pid as i32, Ordering::Release);
+    }
+    Some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose;
+
+    #[test]
+    fn initial_namespace_uses_getpid_only_when_nvml_lists_it() {
+        assert_eq!(choose(42, true, &[7, 42], None, &[]), Some(42));
+        assert_eq!(choose(42, true, &[7], None, &[]), None);
+    }
+
+    #[test]
+    fn containers_take_the_one_new_pid() {
+        assert_eq!(
+            choose(5, false, &[100, 200, 300], Some(&[100, 200]), &[]),
+            Some(300)
+        );
+        // A sibling of the container started at the same time and already
+        // claimed its pid.
+        assert_eq!(
+            choose(5, false, &[100, 300, 400], Some(&[100]), &[400]),
+            Some(300)
+        );
+        // Two unknown newcomers: ambiguous, wait.
+        assert_eq!(choose(5, false, &[100, 300, 400], Some(&[100]), &[]), None);
+        // No snapshot: cannot tell.
+        assert_eq!(choose(5, false, &[100], None, &[]), None);
+    }
+}

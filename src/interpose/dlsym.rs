@@ -1,0 +1,171 @@
+//! Our exported `dlsym` and `dlvsym`.
+//!
+//! Both are small trampolines: they ask [`decide`] whether the name is one
+//! we hook. If not, they *jump* (not call) to libc's function, so libc sees
+//! the original caller's return address and `RTLD_NEXT` keeps its meaning
+//! for everyone else. If it is, the answer is our wrapper, chosen by the
+//! real pointer the library would have returned.
+//!
+//! - explicit handle: look the name up for real; if it is the driver's
+//!   function we track, hand back our wrapper, else the real result;
+//! - `RTLD_NEXT`: our wrapper (otherwise `dlsym(RTLD_NEXT, "cuMemAlloc_v2")`
+//!   would be a one-line bypass);
+//! - `RTLD_DEFAULT`: libc decides; our exports are in the global scope.
+//!
+//! Internal lookups (our NVML client, std) run inside a [`Guard`] and are
+//! never handed our hooks.
+//!
+//! [`Guard`]: crate::guard::Guard
+
+use std::ffi::{CStr, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::{real, table};
+use crate::guard;
+
+/// Tells the trampoline to tail-jump to libc.
+const PASS: *mut c_void = 1 as *mut c_void;
+
+/// Decides for `dlsym`: [`PASS`], or the pointer to return.
+pub(crate) extern "C" fn decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    real::ensure_libc_resolved();
+    if symbol.is_null() || guard::is_internal() {
+        return PASS;
+    }
+    // SAFETY: dlsym's contract: `symbol` is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
+        return PASS;
+    }
+    catch_unwind(AssertUnwindSafe(|| decide_hooked(handle, name))).unwrap_or(PASS)
+}
+
+/// Decides for `dlvsym`: our driver libraries carry no symbol versions, so
+/// the version cannot change the answer.
+pub(crate) extern "C" fn decide_versioned(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    _version: *const c_char,
+) -> *mut c_void {
+    decide(handle, symbol)
+}
+
+fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
+    let Some(hook) = table::by_name(name) else {
+        return PASS;
+    };
+    if crate::init::control_disabled() {
+        return PASS;
+    }
+    if handle == libc::RTLD_DEFAULT {
+        return PASS;
+    }
+    if handle == libc::RTLD_NEXT {
+        return hook.wrapper as *mut c_void;
+    }
+    let found = real::dlsym(handle, hook.real.name());
+    if found.is_null() {
+        return found;
+    }
+    match hook.real.get() {
+        Some(ours) if ours.as_ptr() == found => hook.wrapper as *mut c_void,
+        _ => {
+            crate::warn_once!(
+                "dlsym({}) came from a driver library instance vgpu does not track: not interposed",
+                String::from_utf8_lossy(name)
+            );
+            found
+        }
+    }
+}
+
+#[cfg(all(feature = "interpose", not(test), target_arch = "x86_64"))]
+mod exports {
+    use std::ffi::{c_char, c_void};
+
+    /// `void *dlsym(void *handle, const char *symbol)`
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "sub rsp, 8",
+            "call {decide}",
+            "add rsp, 8",
+            "pop rsi",
+            "pop rdi",
+            "cmp rax, 1",
+            "je 2f",
+            "ret",
+            "2:",
+            "jmp qword ptr [rip + {real}]",
+            decide = sym super::decide,
+            real = sym super::real::REAL_DLSYM,
+        )
+    }
+
+    /// `void *dlvsym(void *handle, const char *symbol, const char *version)`
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlvsym(
+        _handle: *mut c_void,
+        _symbol: *const c_char,
+        _version: *const c_char,
+    ) -> *mut c_void {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "push rdx",
+            "call {decide}",
+            "pop rdx",
+            "pop rsi",
+            "pop rdi",
+            "cmp rax, 1",
+            "je 2f",
+            "ret",
+            "2:",
+            "jmp qword ptr [rip + {real}]",
+            decide = sym super::decide_versioned,
+            real = sym super::real::REAL_DLVSYM,
+        )
+    }
+}
+
+/// Elsewhere the hook calls libc's function from our own frame: names we
+/// don't hook then resolve `RTLD_NEXT` relative to this library.
+#[cfg(all(feature = "interpose", not(test), not(target_arch = "x86_64")))]
+mod exports {
+    use std::ffi::{c_char, c_void};
+    use std::sync::atomic::Ordering;
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+        let r = super::decide(handle, symbol);
+        if r != super::PASS {
+            return r;
+        }
+        let f = super::real::REAL_DLSYM.load(Ordering::Acquire);
+        // SAFETY: decide() resolved REAL_DLSYM to libc's dlsym (or a stub).
+        let f: super::real::DlsymFn = unsafe { std::mem::transmute(f) };
+        // SAFETY: arguments pass through unchanged.
+        unsafe { f(handle, symbol) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn dlvsym(
+        handle: *mut c_void,
+        symbol: *const c_char,
+        version: *const c_char,
+    ) -> *mut c_void {
+        let r = super::decide_versioned(handle, symbol, version);
+        if r != super::PASS {
+            return r;
+        }
+        let f = super::real::REAL_DLVSYM.load(Ordering::Acquire);
+        // SAFETY: decide() resolved REAL_DLVSYM to libc's dlvsym (or a stub).
+        let f: super::real::DlvsymFn = unsafe { std::mem::transmute(f) };
+        // SAFETY: arguments pass through unchanged.
+        unsafe { f(handle, symbol, version) }
+    }
+}

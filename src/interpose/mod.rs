@@ -1,0 +1,15 @@
+//! How the three entry paths meet one table.
+//!
+//! A program reaches the driver by linking `-lcuda` (our exported symbols
+//! interpose on libcuda's), by `dlopen` + `dlsym` (our exported `dlsym`
+//! hands back our wrapper for the real pointer), or, as cudart and PyTorch
+//! do, through `cuGetProcAddress(_v2)` (we call the real one, then swap the
+//! pointer it returned for our wrapper). All three consult the table that
+//! the `hooks!` macro builds (`table.rs`), and every wrapper calls the real
+//! function through a slot resolved with libc's own `dlsym` (`real.rs`),
+//! found without calling `dlsym` at all (`elf.rs`).
+
+mod dlsym;
+pub mod elf;
+pub mod real;
+pub mod table;

@@ -1,0 +1,157 @@
+//! What a launch costs, in GPU nanoseconds: per kernel shape (function,
+//! grid, block) and per executable graph, learned from event timing and
+//! kept in a lock-free table of this process.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The cost of a launch nobody has timed yet. The first launch of a shape
+/// is timed, and the second waits for that measurement, so at most one
+/// launch per shape runs on this guess.
+pub const DEFAULT_NS: u64 = 200_000;
+/// How often a known shape is re-timed.
+pub const RESAMPLE_NS: u64 = 20_000_000;
+
+const SLOTS: usize = 4096;
+const PROBES: usize = 16;
+
+pub struct Slot {
+    key: AtomicU64,
+    cost_ns: AtomicU64,
+    last_sample_ns: AtomicU64,
+    /// A timing of this shape is in flight.
+    pub pending: AtomicBool,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            key: AtomicU64::new(0),
+            cost_ns: AtomicU64::new(0),
+            last_sample_ns: AtomicU64::new(0),
+            pending: AtomicBool::new(false),
+        }
+    }
+
+    /// The learned cost, 0 while unknown.
+    pub fn cost_ns(&self) -> u64 {
+        self.cost_ns.load(Ordering::Relaxed)
+    }
+
+    /// Folds in one measurement (an average over the last few).
+    pub fn record(&self, ns: u64) {
+        let ns = ns.max(1);
+        let _ = self
+            .cost_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 { ns } else { (3 * old + ns) / 4 })
+            });
+    }
+
+    /// Sets a first estimate (a graph's, from its kernel nodes) if there
+    /// is none.
+    pub fn seed(&self, ns: u64) {
+        let _ = self
+            .cost_ns
+            .compare_exchange(0, ns.max(1), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether this launch should be timed; claims the sample if so.
+    pub fn claim_sample(&self, now: u64) -> bool {
+        if self.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        let last = self.last_sample_ns.load(Ordering::Relaxed);
+        let due = self.cost_ns() == 0 || now.saturating_sub(last) >= RESAMPLE_NS;
+        due && self
+            .last_sample_ns
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            && !self.pending.swap(true, Ordering::AcqRel)
+    }
+}
+
+static TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+/// Shared by every shape once the table is full.
+static OVERFLOW: Slot = Slot::new();
+
+/// A key for a kernel shape or a graph (never 0).
+pub fn key(parts: &[u64]) -> u64 {
+    // FNV-1a over the words, then a final mix.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &p in parts {
+        h = (h ^ p).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 29;
+    h.max(1)
+}
+
+pub fn kernel_key(func: usize, grid: [u32; 3], block: [u32; 3]) -> u64 {
+    let g = u64::from(grid[0]) | u64::from(grid[1]) << 21 | u64::from(grid[2]) << 42;
+    let b = u64::from(block[0]) | u64::from(block[1]) << 21 | u64::from(block[2]) << 42;
+    key(&[func as u64, g, b])
+}
+
+pub fn graph_key(exec: usize) -> u64 {
+    key(&[exec as u64, 0x6772_6170_6800])
+}
+
+/// The slot for `key`, claimed on first use.
+pub fn slot(key: u64) -> &'static Slot {
+    let start = (key as usize) % SLOTS;
+    for i in 0..PROBES {
+        let s = &TABLE[(start + i) % SLOTS];
+        match s
+            .key
+            .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return s,
+            Err(k) if k == key => return s,
+            Err(_) => {}
+        }
+    }
+    &OVERFLOW
+}
+
+/// The slot for `key` if it exists, without claiming one.
+pub fn find(key: u64) -> Option<&'static Slot> {
+    let start = (key as usize) % SLOTS;
+    (0..PROBES)
+        .map(|i| &TABLE[(start + i) % SLOTS])
+        .find(|s| s.key.load(Ordering::Acquire) == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_get_their_own_slots() {
+        let a = slot(kernel_key(0x1000, [132, 1, 1], [128, 1, 1]));
+        let b = slot(kernel_key(0x1000, [264, 1, 1], [128, 1, 1]));
+        assert!(!std::ptr::eq(a, b));
+        assert!(std::ptr::eq(
+            a,
+            slot(kernel_key(0x1000, [132, 1, 1], [128, 1, 1]))
+        ));
+        assert!(find(kernel_key(0x2000, [1, 1, 1], [1, 1, 1])).is_none());
+    }
+
+    #[test]
+    fn measurements_average_and_seeds_do_not_override() {
+        let s = slot(key(&[42]));
+        assert!(s.claim_sample(1));
+        assert!(!s.claim_sample(2), "one timing in flight per shape");
+        s.pending.store(false, Ordering::Release);
+        s.seed(500);
+        s.record(1000);
+        assert_eq!(s.cost_ns(), 500 * 3 / 4 + 250);
+        s.seed(7);
+        assert_eq!(s.cost_ns(), 625);
+        assert!(
+            !s.claim_sample(3),
+            "known shapes are re-timed only every RESAMPLE_NS"
+        );
+        assert!(s.claim_sample(3 + RESAMPLE_NS));
+    }
+}

@@ -1,0 +1,204 @@
+//! The compute quota. [`around`] is the one call a launch hook makes:
+//! with no SM limit anywhere in this process it costs one atomic load;
+//! with a limit and tokens available, one CAS on the device's bucket.
+//!
+//! - `bucket`: the GCRA bucket in the shared region (pure)
+//! - `estimate`: per-shape launch costs, learned (pure)
+//! - `timing`: event timing of sampled launches
+//! - `controller`: refill scale from NVML utilisation (pure)
+//! - `leader`: the elected per-device controller, run by the watcher
+
+pub mod bucket;
+pub mod controller;
+pub mod estimate;
+pub mod leader;
+pub mod timing;
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
+
+use bucket::Admit;
+use vgpu_shm::layout::DeviceEntry;
+
+use crate::attach::Attach;
+use crate::config::CorePolicy;
+use crate::cuda::driver::{self, call};
+use crate::cuda::{device, sys::*};
+use crate::{clock, init};
+
+/// Some device this process uses has an SM limit in force.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Stream captures in progress in this process.
+static CAPTURES: AtomicI32 = AtomicI32::new(0);
+
+/// What a launch is, for the bucket.
+#[derive(Clone, Copy)]
+pub struct Launch {
+    pub key: u64,
+    /// The stream as the event API names it (`CU_STREAM_PER_THREAD` for a
+    /// `_ptsz` launch on the default stream).
+    pub stream: CUstream,
+}
+
+impl Launch {
+    pub fn kernel(
+        func: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        stream: CUstream,
+        per_thread: bool,
+    ) -> Launch {
+        Launch {
+            key: estimate::kernel_key(func as usize, grid, block),
+            stream: event_stream(stream, per_thread),
+        }
+    }
+
+    pub fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
+        Launch {
+            key: estimate::graph_key(exec as usize),
+            stream: event_stream(stream, per_thread),
+        }
+    }
+}
+
+fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
+    if per_thread && stream.is_null() {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    }
+}
+
+fn enforced(entry: &DeviceEntry) -> bool {
+    entry.sm_limit.load(Ordering::Relaxed) != 0
+        && entry.policy.load(Ordering::Relaxed) != CorePolicy::Disable as u32
+}
+
+/// Notes that this process uses device entry `dev`.
+pub fn device_in_use(attach: &Attach, dev: usize) {
+    if enforced(attach.region.device(dev)) {
+        ACTIVE.store(true, Ordering::Release);
+    }
+}
+
+/// Runs a launch through the bucket of its device.
+#[inline]
+pub fn around(launch: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) -> CUresult {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return go();
+    }
+    limited(launch(), go)
+}
+
+thread_local! {
+    /// (context, device entry) of this thread's last launch.
+    static LAST: Cell<(usize, usize)> = const { Cell::new((0, usize::MAX)) };
+}
+
+fn current_device() -> Option<(&'static Attach, usize)> {
+    let attach = init::attach()?;
+    let ctx = driver::current_context()? as usize;
+    let (c, d) = LAST.with(Cell::get);
+    if c == ctx && d != usize::MAX {
+        return Some((attach, d));
+    }
+    let (dev, _) = device::current_entry(attach)?;
+    LAST.with(|l| l.set((ctx, dev)));
+    Some((attach, dev))
+}
+
+fn capturing(stream: CUstream) -> bool {
+    let mut status: c_int = 0;
+    call!(cuStreamIsCapturing(stream, &mut status)).is_ok() && status != 0
+}
+
+fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
+    let capture = CAPTURES.load(Ordering::Acquire) > 0;
+    if capture && capturing(l.stream) {
+        // Recorded into a graph, not run: the graph's launches pay.
+        return go();
+    }
+    let Some((attach, dev)) = current_device() else {
+        return go();
+    };
+    let entry = attach.region.device(dev);
+    if !enforced(entry) {
+        return go();
+    }
+    let slot = estimate::slot(l.key);
+    if slot.cost_ns() == 0 && !capture {
+        timing::wait_for(slot);
+    }
+    let cost = match slot.cost_ns() {
+        0 => estimate::DEFAULT_NS,
+        c => c,
+    };
+    let mut now = clock::monotonic_ns();
+    while let Admit::Wait(ns) = bucket::admit(entry, cost, now) {
+        entry.waits.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_nanos(ns));
+        now = clock::monotonic_ns();
+    }
+    let sample = if capture {
+        None
+    } else {
+        timing::begin(slot, l.stream, now)
+    };
+    let rc = go();
+    if let Some(s) = sample {
+        timing::end(s, rc);
+    }
+    rc
+}
+
+/// A stream capture began (`delta` 1) or ended (-1).
+pub fn capture_changed(delta: i32) {
+    let _ = CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some((n + delta).max(0))
+    });
+}
+
+/// Sets a graph's first cost estimate, computed once at instantiation.
+pub fn graph_instantiated(exec: CUgraphExec, cost_ns: u64) {
+    estimate::slot(estimate::graph_key(exec as usize)).seed(cost_ns);
+}
+
+/// The learned cost of a kernel shape, if any.
+pub fn kernel_cost(func: usize, grid: [u32; 3], block: [u32; 3]) -> Option<u64> {
+    estimate::find(estimate::kernel_key(func, grid, block))
+        .map(estimate::Slot::cost_ns)
+        .filter(|&c| c != 0)
+}
+
+/// A context is gone: forget its events.
+pub fn context_gone(ctx: usize) {
+    timing::forget_context(ctx);
+    LAST.with(|l| {
+        if l.get().0 == ctx {
+            l.set((0, usize::MAX));
+        }
+    });
+}
+
+/// The watcher re-checks whether limits appeared in the region.
+pub fn refresh(attach: &Attach, devices: impl Iterator<Item = usize>) {
+    for dev in devices {
+        device_in_use(attach, dev);
+    }
+}
+
+pub fn fork_prepare() {
+    timing::fork_prepare();
+}
+
+pub fn fork_parent() {
+    timing::fork_parent();
+}
+
+pub fn fork_child() {
+    timing::fork_child();
+    CAPTURES.store(0, Ordering::Release);
+}

@@ -1,0 +1,190 @@
+//! Times launches with CUDA events, a sample at a time: the first launch of
+//! a shape, then one every `RESAMPLE_NS`. Events come from a per-context
+//! pool; finished timings are collected without blocking at later samples.
+//! No lock is held across a driver call, and nothing here runs while a
+//! stream capture is in progress (an event query could invalidate it).
+
+use std::ffi::c_int;
+use std::sync::LazyLock;
+
+use parking_lot::Mutex;
+
+use super::estimate::Slot;
+use crate::cuda::driver::{self, call};
+use crate::cuda::sys::*;
+
+/// A timing in flight.
+struct Pending {
+    slot: &'static Slot,
+    ctx: usize,
+    start: usize,
+    end: usize,
+}
+
+/// An event pair waiting for its launch.
+pub struct Sample {
+    slot: &'static Slot,
+    ctx: usize,
+    start: CUevent,
+    end: CUevent,
+    stream: CUstream,
+}
+
+static PENDING: LazyLock<Mutex<Vec<Pending>>> = LazyLock::new(Default::default);
+/// Idle events: (context, event).
+static POOL: LazyLock<Mutex<Vec<(usize, usize)>>> = LazyLock::new(Default::default);
+
+const EVENT_DEFAULT: c_int = 0;
+
+fn take_event(ctx: usize) -> Option<CUevent> {
+    let pooled = {
+        let mut pool = POOL.lock();
+        pool.iter()
+            .position(|&(c, _)| c == ctx)
+            .map(|i| pool.swap_remove(i).1)
+    };
+    if let Some(e) = pooled {
+        return Some(e as CUevent);
+    }
+    let mut e: CUevent = std::ptr::null_mut();
+    call!(cuEventCreate(&mut e, EVENT_DEFAULT as u32))
+        .is_ok()
+        .then_some(e)
+}
+
+fn give_back(ctx: usize, events: &[usize]) {
+    POOL.lock().extend(events.iter().map(|&e| (ctx, e)));
+}
+
+/// Starts timing a launch on `stream` if `slot` wants a sample now.
+pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> {
+    if !slot.claim_sample(now) {
+        return None;
+    }
+    poll();
+    let started = (|| {
+        let ctx = driver::current_context()? as usize;
+        let start = take_event(ctx)?;
+        let Some(end) = take_event(ctx) else {
+            give_back(ctx, &[start as usize]);
+            return None;
+        };
+        if !call!(cuEventRecord(start, stream)).is_ok() {
+            give_back(ctx, &[start as usize, end as usize]);
+            return None;
+        }
+        Some(Sample {
+            slot,
+            ctx,
+            start,
+            end,
+            stream,
+        })
+    })();
+    if started.is_none() {
+        slot.pending
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+    started
+}
+
+/// Finishes a timing after the launch returned `rc`.
+pub fn end(s: Sample, rc: CUresult) {
+    if rc.is_ok() && call!(cuEventRecord(s.end, s.stream)).is_ok() {
+        PENDING.lock().push(Pending {
+            slot: s.slot,
+            ctx: s.ctx,
+            start: s.start as usize,
+            end: s.end as usize,
+        });
+    } else {
+        give_back(s.ctx, &[s.start as usize, s.end as usize]);
+        s.slot
+            .pending
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Collects finished timings. With `wait_for`, first blocks until that
+/// slot's timing (if any) is done: the second launch of a new shape must
+/// not run on a guess.
+fn collect(wait_for: Option<&'static Slot>) {
+    let mut todo = std::mem::take(&mut *PENDING.lock());
+    if let Some(target) = wait_for
+        && let Some(p) = todo.iter().find(|p| std::ptr::eq(p.slot, target))
+    {
+        let _ = call!(cuEventSynchronize(p.end as CUevent));
+    }
+    todo.retain(|p| {
+        let rc = call!(cuEventQuery(p.end as CUevent));
+        if rc == CUresult::ERROR_NOT_READY {
+            return true;
+        }
+        let mut ms = 0f32;
+        if rc.is_ok()
+            && call!(cuEventElapsedTime(
+                &mut ms,
+                p.start as CUevent,
+                p.end as CUevent
+            ))
+            .is_ok()
+        {
+            p.slot.record((f64::from(ms) * 1e6) as u64);
+        }
+        p.slot
+            .pending
+            .store(false, std::sync::atomic::Ordering::Release);
+        give_back(p.ctx, &[p.start, p.end]);
+        false
+    });
+    PENDING.lock().extend(todo);
+}
+
+/// Collects finished timings without waiting.
+pub fn poll() {
+    collect(None);
+}
+
+/// Waits for the in-flight timing of `slot`, if there is one.
+pub fn wait_for(slot: &'static Slot) {
+    if slot.pending.load(std::sync::atomic::Ordering::Acquire) {
+        collect(Some(slot));
+    }
+}
+
+/// A context was destroyed: its events went with it.
+pub fn forget_context(ctx: usize) {
+    POOL.lock().retain(|&(c, _)| c != ctx);
+    PENDING.lock().retain(|p| {
+        if p.ctx == ctx {
+            p.slot
+                .pending
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+        p.ctx != ctx
+    });
+}
+
+pub fn fork_prepare() {
+    std::mem::forget(PENDING.lock());
+    std::mem::forget(POOL.lock());
+}
+
+pub fn fork_parent() {
+    // SAFETY: fork_prepare() locked both on this thread and forgot the guards.
+    unsafe {
+        PENDING.force_unlock();
+        POOL.force_unlock();
+    }
+}
+
+/// In the child the parent's contexts and events are unusable.
+pub fn fork_child() {
+    fork_parent();
+    for p in PENDING.lock().drain(..) {
+        p.slot
+            .pending
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+    POOL.lock().clear();
+}

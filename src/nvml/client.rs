@@ -1,0 +1,181 @@
+//! vgpu's own NVML calls: per-process used memory (context overhead) and
+//! per-process SM utilisation (the compute controller). Every call runs
+//! inside a [`Guard`], through real slots only, so NVML never sees our
+//! hooks, and never while we hold a lock.
+//!
+//! [`Guard`]: crate::guard::Guard
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_char, c_uint};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::sys::*;
+use crate::guard::Guard;
+use crate::interpose::real::Lib;
+
+crate::interpose::table::reals! {
+    lib: Lib::Nvml;
+    fn nvmlInit_v2() -> NvmlReturn;
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn;
+    fn nvmlDeviceGetComputeRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
+    fn nvmlDeviceGetComputeRunningProcesses_v2(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
+    fn nvmlDeviceGetComputeRunningProcesses(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NvmlReturn;
+    fn nvmlDeviceGetProcessUtilization(device: NvmlDevice, samples: *mut UtilSample, count: *mut c_uint, since: u64) -> NvmlReturn;
+}
+
+macro_rules! nvml {
+    ($f:ident ( $($a:expr),* $(,)? )) => {
+        match $f() {
+            // SAFETY: arguments follow the declared C signature of $f.
+            Some(f) => unsafe { f($($a),*) },
+            None => NvmlReturn::ERROR_FUNCTION_NOT_FOUND,
+        }
+    };
+}
+
+const IDLE: u8 = 0;
+const STARTING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(IDLE);
+
+/// Initialises NVML once; true when it is usable. Concurrent callers wait
+/// for the first (at most 2 s).
+pub fn init() -> bool {
+    match STATE.compare_exchange(IDLE, STARTING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            let rc = {
+                let _internal = Guard::enter();
+                nvml!(nvmlInit_v2())
+            };
+            let ok = rc.is_ok();
+            if !ok {
+                crate::warn_once!(
+                    "NVML unavailable ({rc}): context overhead is not reconciled and the SM limit runs open-loop"
+                );
+            }
+            STATE.store(if ok { READY } else { FAILED }, Ordering::Release);
+            ok
+        }
+        Err(_) => wait_ready(Duration::from_secs(2)),
+    }
+}
+
+/// Waits up to `timeout` for a running [`init`] to finish.
+pub fn wait_ready(timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        match STATE.load(Ordering::Acquire) {
+            READY => return true,
+            STARTING if Instant::now() < until => std::thread::sleep(Duration::from_micros(200)),
+            _ => return false,
+        }
+    }
+}
+
+/// In a forked child: initialise again before use.
+pub fn after_fork_child() {
+    STATE.store(IDLE, Ordering::Release);
+    DEVICES.lock().clear();
+}
+
+static DEVICES: LazyLock<Mutex<HashMap<[u8; 16], usize>>> = LazyLock::new(Default::default);
+
+/// NVML's handle for the GPU with this UUID.
+pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
+    if let Some(&d) = DEVICES.lock().get(uuid) {
+        return Some(d as NvmlDevice);
+    }
+    let text = CString::new(vgpu_shm::format_uuid(uuid)).ok()?;
+    let mut dev: NvmlDevice = std::ptr::null_mut();
+    let rc = {
+        let _internal = Guard::enter();
+        nvml!(nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev))
+    };
+    if !rc.is_ok() || dev.is_null() {
+        return None;
+    }
+    DEVICES.lock().insert(*uuid, dev as usize);
+    Some(dev)
+}
+
+/// (pid, used bytes) of every compute process on `dev`.
+pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
+    let _internal = Guard::enter();
+    let mut cap: c_uint = 64;
+    loop {
+        let mut buf = vec![ProcessInfo::default(); cap as usize];
+        let mut n = cap;
+        let mut rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v3(
+            dev,
+            &mut n,
+            buf.as_mut_ptr()
+        ));
+        if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
+            n = cap;
+            rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v2(
+                dev,
+                &mut n,
+                buf.as_mut_ptr()
+            ));
+        }
+        if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
+            let mut v1 = vec![ProcessInfoV1::default(); cap as usize];
+            n = cap;
+            rc = nvml!(nvmlDeviceGetComputeRunningProcesses(
+                dev,
+                &mut n,
+                v1.as_mut_ptr()
+            ));
+            buf = v1
+                .iter()
+                .map(|p| ProcessInfo {
+                    pid: p.pid,
+                    used: p.used,
+                    ..Default::default()
+                })
+                .collect();
+        }
+        match rc {
+            NvmlReturn::SUCCESS => {
+                return Ok(buf
+                    .iter()
+                    .take(n as usize)
+                    .map(|p| (p.pid, p.used))
+                    .collect());
+            }
+            NvmlReturn::ERROR_INSUFFICIENT_SIZE if cap < 65_536 => cap = (n + 16).max(cap * 2),
+            rc => return Err(rc),
+        }
+    }
+}
+
+/// Per-process utilisation samples on `dev` newer than `since` (µs since
+/// the epoch). No samples is `Ok(empty)`.
+pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlReturn> {
+    let _internal = Guard::enter();
+    let mut cap: c_uint = 256;
+    loop {
+        let mut buf = vec![UtilSample::default(); cap as usize];
+        let mut n = cap;
+        match nvml!(nvmlDeviceGetProcessUtilization(
+            dev,
+            buf.as_mut_ptr(),
+            &mut n,
+            since
+        )) {
+            NvmlReturn::SUCCESS => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
+            NvmlReturn::ERROR_NOT_FOUND => return Ok(Vec::new()),
+            NvmlReturn::ERROR_INSUFFICIENT_SIZE if cap < 65_536 => cap = (n + 64).max(cap * 2),
+            rc => return Err(rc),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The per-process background thread, started with the first context (or
+//! at `cuInit` when limits are set, so NVML comes up while the driver
+//! does). Every 100 ms, and at once when kicked, it:
+//! - resolves this process's host pid (`hostpid`);
+//! - measures context overhead on the devices this process uses;
+//! - picks up SM limits that appeared in the region;
+//! - leads the compute bucket of each limited device it is elected for.
+//!
+//! It holds no lock of ours across a driver call, runs every NVML call
+//! inside a `Guard`, and is restarted lazily in a forked child.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::Thread;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::cuda::overhead;
+use crate::guard::Guard;
+use crate::limiter::{self, leader::Leader};
+use crate::nvml::client;
+use crate::{hostpid, init};
+
+const TICK: Duration = Duration::from_millis(100);
+/// Overhead is re-measured at least this often.
+const RECONCILE_NS: u64 = 1_000_000_000;
+
+/// The pid that started the thread (a forked child sees another pid).
+static STARTED_BY: AtomicU32 = AtomicU32::new(0);
+static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
+
+/// Starts the watcher of this process, once.
+pub fn start() {
+    let me = std::process::id();
+    if STARTED_BY.swap(me, Ordering::AcqRel) == me {
+        return;
+    }
+    match std::thread::Builder::new()
+        .name("vgpu-watcher".into())
+        .spawn(run)
+    {
+        Ok(h) => *THREAD.lock() = Some(h.thread().clone()),
+        Err(e) => {
+            crate::warn_once!("cannot start the watcher thread ({e}): overhead is not reconciled")
+        }
+    }
+}
+
+/// Asks for a tick now (a context appeared).
+pub fn kick() {
+    if let Some(t) = THREAD.lock().as_ref() {
+        t.unpark();
+    }
+}
+
+pub fn after_fork_child() {
+    if THREAD.is_locked() {
+        // SAFETY: a forked child runs one thread; the lock's holder was a
+        // parent thread that does not exist here.
+        unsafe { THREAD.force_unlock() };
+    }
+    *THREAD.lock() = None;
+}
+
+fn run() {
+    let _internal = Guard::enter();
+    client::init();
+    let mut leader = Leader::default();
+    let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
+    loop {
+        std::thread::park_timeout(TICK);
+        let Some(attach) = init::attach() else {
+            continue;
+        };
+        let now = crate::clock::monotonic_ns();
+        for dev in overhead::devices_in_use() {
+            if hostpid::resolve(attach, dev).is_none() {
+                continue;
+            }
+            if let Some(slot) = attach.slot()
+                && now.saturating_sub(last_reconcile[dev]) >= RECONCILE_NS / 4
+                && overhead::reconcile_now(attach, slot, dev)
+            {
+                last_reconcile[dev] = now;
+            }
+        }
+        limiter::refresh(attach, overhead::devices_in_use());
+        for dev in overhead::devices_in_use() {
+            leader.tick(attach, dev);
+        }
+    }
+}

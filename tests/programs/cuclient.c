@@ -1,0 +1,531 @@
+/* A driver-API client for vgpu's tests and GPU benchmarks. Built three
+ * ways (see cuda_api.h); runs against the simulated GPU in CI and the real
+ * one on the GPU machine. Every scenario prints key=value lines.
+ *
+ *   cuclient info
+ *   cuclient alloc FAMILY BYTES            one allocation, then its free
+ *   cuclient fill FAMILY CHUNK             allocate until refused, free, again
+ *   cuclient hold BYTES SECONDS            allocate and hold
+ *   cuclient ctx BYTES                     own context: allocate, destroy
+ *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
+ *   cuclient launchcost N                  empty-kernel launch cost
+ *   cuclient pairs ROUNDS BYTES            two processes race at the limit
+ *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
+ *   cuclient nulls                         NULL out-parameters
+ *   cuclient badfree                       frees of things never allocated
+ *   cuclient bypass BYTES                  dlsym(RTLD_NEXT)/dlvsym routes
+ *
+ * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
+ * MODE:   kernel (default) ex coop graph
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "spin_ptx.h"
+
+static struct cu cu;
+static CUdevice g_dev;
+static CUcontext g_ctx;
+
+#define CHECK(call)                                                                 \
+    do {                                                                            \
+        CUresult rc_ = (call);                                                      \
+        if (rc_) {                                                                  \
+            printf("error=%d call=%s line=%d\n", rc_, #call, __LINE__);             \
+            fflush(stdout);                                                         \
+            exit(3);                                                                \
+        }                                                                           \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void setup(void) {
+    int missing = cu_load(&cu);
+    if (missing) {
+        printf("error=load missing=%d\n", missing);
+        exit(2);
+    }
+    CHECK(cu.cuInit(0));
+    CHECK(cu.cuDeviceGet(&g_dev, 0));
+    CHECK(cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+    CHECK(cu.cuCtxSetCurrent(g_ctx));
+}
+
+static void print_meminfo(const char *tag) {
+    size_t free = 0, total = 0;
+    CUresult rc = cu.cuMemGetInfo_v2(&free, &total);
+    printf("%s_rc=%d %s_free=%zu %s_total=%zu\n", tag, rc, tag, free, tag, total);
+}
+
+/* ---- allocation families ------------------------------------------------ */
+
+struct held {
+    int family;
+    CUdeviceptr ptr;
+    CUmemGenericAllocationHandle handle;
+    CUarray array;
+    size_t bytes;
+};
+
+static const char *FAMILIES[] = {"buffer", "pitch", "managed", "async", "pool",
+                                 "vmm", "array", "array3d", "mipmap"};
+#define NFAMILIES (sizeof FAMILIES / sizeof *FAMILIES)
+
+static int family_of(const char *name) {
+    for (size_t i = 0; i < NFAMILIES; i++)
+        if (!strcmp(FAMILIES[i], name)) return (int)i;
+    printf("error=unknown-family name=%s\n", name);
+    exit(2);
+}
+
+static size_t granularity(void) {
+    CUmemAllocationProp prop = {1, 0, {1, g_dev}, NULL, {0}};
+    size_t g = 0;
+    if (cu.cuMemGetAllocationGranularity(&g, &prop, 0) || !g) g = 2 << 20;
+    return g;
+}
+
+/* Allocates about `bytes` of `family`; fills `h`; returns the CUresult. */
+static CUresult allocate(int family, size_t bytes, struct held *h) {
+    memset(h, 0, sizeof *h);
+    h->family = family;
+    h->bytes = bytes;
+    CUmemoryPool pool;
+    switch (family) {
+    case 0:
+        return cu.cuMemAlloc_v2(&h->ptr, bytes);
+    case 1: { /* rows of 64 KiB */
+        size_t pitch = 0, width = 65536, height = bytes / width ? bytes / width : 1;
+        return cu.cuMemAllocPitch_v2(&h->ptr, &pitch, width, height, 16);
+    }
+    case 2:
+        return cu.cuMemAllocManaged(&h->ptr, bytes, 1);
+    case 3: {
+        CUresult rc = cu.cuMemAllocAsync(&h->ptr, bytes, 0);
+        if (!rc) rc = cu.cuCtxSynchronize();
+        return rc;
+    }
+    case 4: {
+        CUresult rc = cu.cuDeviceGetDefaultMemPool(&pool, g_dev);
+        if (!rc) rc = cu.cuMemAllocFromPoolAsync(&h->ptr, bytes, pool, 0);
+        if (!rc) rc = cu.cuCtxSynchronize();
+        return rc;
+    }
+    case 5: {
+        size_t g = granularity();
+        bytes = (bytes + g - 1) / g * g;
+        h->bytes = bytes;
+        CUmemAllocationProp prop = {1, 0, {1, g_dev}, NULL, {0}};
+        CUresult rc = cu.cuMemCreate(&h->handle, bytes, &prop, 0);
+        if (rc) return rc;
+        rc = cu.cuMemAddressReserve(&h->ptr, bytes, 0, 0, 0);
+        if (!rc) rc = cu.cuMemMap(h->ptr, bytes, 0, h->handle, 0);
+        CUmemAccessDesc access = {{1, g_dev}, 3};
+        if (!rc) rc = cu.cuMemSetAccess(h->ptr, bytes, &access, 1);
+        return rc;
+    }
+    case 6: { /* float4 rows of 4096 */
+        CUDA_ARRAY_DESCRIPTOR d = {4096, bytes / (4096 * 16) ? bytes / (4096 * 16) : 1, 0x20, 4};
+        return cu.cuArrayCreate_v2(&h->array, &d);
+    }
+    case 7: {
+        CUDA_ARRAY3D_DESCRIPTOR d = {1024, 256, bytes / (1024 * 256 * 16) ? bytes / (1024 * 256 * 16) : 1,
+                                     0x20, 4, 0};
+        return cu.cuArray3DCreate_v2(&h->array, &d);
+    }
+    case 8: {
+        size_t side = 1024;
+        while (side * side * 16 * 2 < bytes) side *= 2;
+        CUDA_ARRAY3D_DESCRIPTOR d = {side, side, 0, 0x20, 4, 0};
+        return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&h->array, &d, 4);
+    }
+    }
+    return 1;
+}
+
+static CUresult release(struct held *h) {
+    switch (h->family) {
+    case 3:
+    case 4: {
+        CUresult rc = cu.cuMemFreeAsync(h->ptr, 0);
+        if (!rc) rc = cu.cuCtxSynchronize();
+        return rc;
+    }
+    case 5: {
+        cu.cuMemUnmap(h->ptr, h->bytes);
+        cu.cuMemAddressFree(h->ptr, h->bytes);
+        return cu.cuMemRelease(h->handle);
+    }
+    case 6:
+    case 7:
+        return cu.cuArrayDestroy(h->array);
+    case 8:
+        return cu.cuMipmappedArrayDestroy((CUmipmappedArray)h->array);
+    default:
+        return cu.cuMemFree_v2(h->ptr);
+    }
+}
+
+static int cmd_alloc(const char *family, size_t bytes) {
+    setup();
+    struct held h;
+    CUresult rc = allocate(family_of(family), bytes, &h);
+    printf("alloc_rc=%d\n", rc);
+    print_meminfo("during");
+    if (!rc) printf("free_rc=%d\n", release(&h));
+    print_meminfo("after");
+    return 0;
+}
+
+static int cmd_fill(const char *family, size_t chunk) {
+    setup();
+    int f = family_of(family);
+    static struct held held[4096];
+    size_t n = 0, total = 0;
+    CUresult rc = 0;
+    while (n < 4096 && !(rc = allocate(f, chunk, &held[n]))) total += held[n++].bytes;
+    printf("filled_chunks=%zu filled_bytes=%zu stop_rc=%d\n", n, total, rc);
+    print_meminfo("full");
+    for (size_t i = 0; i < n; i++) release(&held[i]);
+    print_meminfo("emptied");
+    struct held again;
+    rc = allocate(f, chunk, &again);
+    printf("refill_rc=%d\n", rc);
+    if (!rc) release(&again);
+    return 0;
+}
+
+static int cmd_hold(size_t bytes, double secs) {
+    setup();
+    struct held h;
+    CUresult rc = allocate(0, bytes, &h);
+    printf("hold_rc=%d\n", rc);
+    print_meminfo("holding");
+    fflush(stdout);
+    double end = now_s() + secs;
+    while (now_s() < end) usleep(10000);
+    return 0;
+}
+
+static int cmd_ctx(size_t bytes) {
+    setup();
+    CUcontext own;
+    CHECK(cu.cuCtxCreate_v4(&own, NULL, 0, g_dev));
+    CHECK(cu.cuCtxSetCurrent(own));
+    CUdeviceptr p;
+    printf("ctx_alloc_rc=%d\n", cu.cuMemAlloc_v2(&p, bytes));
+    print_meminfo("in_ctx");
+    CHECK(cu.cuCtxSetCurrent(g_ctx));
+    printf("destroy_rc=%d\n", cu.cuCtxDestroy_v2(own));
+    print_meminfo("after_destroy");
+    /* The primary context: reset releases what it held. */
+    printf("primary_alloc_rc=%d\n", cu.cuMemAlloc_v2(&p, bytes));
+    print_meminfo("primary");
+    printf("reset_rc=%d\n", cu.cuDevicePrimaryCtxReset_v2(g_dev));
+    CHECK(cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+    CHECK(cu.cuCtxSetCurrent(g_ctx));
+    print_meminfo("after_reset");
+    return 0;
+}
+
+/* ---- kernels ---------------------------------------------------------------- */
+
+static CUfunction g_spin, g_empty;
+
+static void load_kernels(void) {
+    CUmodule mod;
+    CHECK(cu.cuModuleLoadData(&mod, VGPU_SPIN_PTX));
+    CHECK(cu.cuModuleGetFunction(&g_spin, mod, "vgpu_spin"));
+    CHECK(cu.cuModuleGetFunction(&g_empty, mod, "vgpu_empty"));
+}
+
+#define RING 4096
+static CUevent g_ring[RING];
+static volatile long g_recorded, g_done;
+static volatile int g_stop_poll;
+static double g_t0;
+static long g_per_sec[3600];
+static int g_batch;
+
+/* Counts completions in order, attributing each batch to the second it
+ * finished in. */
+static void *poller(void *arg) {
+    (void)arg;
+    cu.cuCtxSetCurrent(g_ctx);
+    while (!g_stop_poll || g_done < g_recorded) {
+        if (g_done < g_recorded) {
+            CUresult rc = cu.cuEventQuery(g_ring[g_done % RING]);
+            if (rc == CUDA_SUCCESS) {
+                int sec = (int)(now_s() - g_t0);
+                if (sec >= 0 && sec < 3600) g_per_sec[sec] += g_batch;
+                __atomic_add_fetch(&g_done, 1, __ATOMIC_RELEASE);
+                continue;
+            }
+        }
+        usleep(200);
+    }
+    return NULL;
+}
+
+static CUresult launch_one(const char *mode, unsigned long long ns, unsigned grid, CUgraphExec exec) {
+    unsigned long long zero = 0;
+    void *args[] = {&ns, &zero};
+    if (!strcmp(mode, "ex")) {
+        CUlaunchConfig c = {grid, 1, 1, 128, 1, 1, 0, 0, NULL, 0};
+        return cu.cuLaunchKernelEx(&c, g_spin, args, NULL);
+    }
+    if (!strcmp(mode, "coop")) return cu.cuLaunchCooperativeKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args);
+    if (!strcmp(mode, "graph")) return cu.cuGraphLaunch(exec, 0);
+    return cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL);
+}
+
+/* A graph of `nodes` spin kernels in a chain. */
+static CUgraphExec build_graph(unsigned long long ns, unsigned grid, int nodes) {
+    CUgraph g;
+    CHECK(cu.cuGraphCreate(&g, 0));
+    static unsigned long long ns_arg, zero;
+    ns_arg = ns;
+    static void *args[] = {&ns_arg, &zero};
+    CUgraphNode prev = NULL;
+    for (int i = 0; i < nodes; i++) {
+        CUDA_KERNEL_NODE_PARAMS p = {g_spin, grid, 1, 1, 128, 1, 1, 0, args, NULL, NULL, NULL};
+        CUgraphNode node;
+        CHECK(cu.cuGraphAddKernelNode_v2(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &p));
+        prev = node;
+    }
+    CUgraphExec exec;
+    CHECK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
+    return exec;
+}
+
+static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const char *mode) {
+    setup();
+    load_kernels();
+    int nodes = 4;
+    CUgraphExec exec = NULL;
+    if (!strcmp(mode, "graph")) exec = build_graph(ns, grid, nodes);
+    int per_launch = exec ? nodes : 1;
+    /* An event every batch of about 1 ms of work, and at most ~20 ms or 64
+     * launches queued, so the tail after the deadline stays short. */
+    int every = (int)(1000000ULL / (ns * per_launch)) ? (int)(1000000ULL / (ns * per_launch)) : 1;
+    g_batch = every * per_launch;
+    long max_queued = (long)(20000000ULL / (ns * per_launch * every));
+    if (max_queued < 2) max_queued = 2;
+    if (max_queued > 64) max_queued = 64;
+    for (int i = 0; i < RING; i++) CHECK(cu.cuEventCreate(&g_ring[i], 0));
+    /* warm-up */
+    CHECK(launch_one(mode, ns, grid, exec));
+    CHECK(cu.cuCtxSynchronize());
+    pthread_t th;
+    g_t0 = now_s();
+    pthread_create(&th, NULL, poller, NULL);
+    long launched = 0;
+    double end = g_t0 + secs;
+    while (now_s() < end) {
+        while (g_recorded - __atomic_load_n(&g_done, __ATOMIC_ACQUIRE) >= max_queued && now_s() < end)
+            usleep(100);
+        for (int k = 0; k < every; k++) {
+            CHECK(launch_one(mode, ns, grid, exec));
+            launched++;
+        }
+        CHECK(cu.cuEventRecord(g_ring[g_recorded % RING], 0));
+        g_recorded++;
+    }
+    g_stop_poll = 1;
+    pthread_join(th, NULL);
+    int whole = (int)secs;
+    long in_window = 0;
+    printf("per_sec=");
+    for (int i = 0; i < whole; i++) {
+        printf("%s%ld", i ? "," : "", g_per_sec[i]);
+        in_window += g_per_sec[i];
+    }
+    printf("\nlaunched=%ld kernels_per_launch=%d rate=%.3f\n", launched, per_launch,
+           in_window / (double)whole);
+    return 0;
+}
+
+static int cmd_launchcost(long n) {
+    setup();
+    load_kernels();
+    for (int i = 0; i < 2000; i++) CHECK(cu.cuLaunchKernel(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
+    CHECK(cu.cuCtxSynchronize());
+    double best = 1e9;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = now_s();
+        for (long i = 0; i < n; i++) CHECK(cu.cuLaunchKernel(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
+        double us = (now_s() - t) * 1e6 / n;
+        CHECK(cu.cuCtxSynchronize());
+        printf("rep=%d launch_us=%.4f\n", rep, us);
+        if (us < best) best = us;
+    }
+    printf("launch_us_best=%.4f\n", best);
+    return 0;
+}
+
+/* ---- races, storms ---------------------------------------------------------- */
+
+struct shared_pairs {
+    pthread_barrier_t barrier;
+    int granted[2];
+    long overcommits, both_refused, one_granted;
+};
+
+static int cmd_pairs(long rounds, size_t bytes) {
+    struct shared_pairs *sp = mmap(NULL, sizeof *sp, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pthread_barrierattr_t a;
+    pthread_barrierattr_init(&a);
+    pthread_barrierattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sp->barrier, &a, 2);
+    pid_t child = fork();
+    int me = child == 0;
+    setup();
+    pthread_barrier_wait(&sp->barrier);
+    for (long r = 0; r < rounds; r++) {
+        CUdeviceptr p = 0;
+        int ok = cu.cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS;
+        sp->granted[me] = ok;
+        pthread_barrier_wait(&sp->barrier);
+        if (!me) {
+            int both = sp->granted[0] && sp->granted[1];
+            sp->overcommits += both;
+            sp->both_refused += !sp->granted[0] && !sp->granted[1];
+            sp->one_granted += sp->granted[0] != sp->granted[1];
+        }
+        if (ok) cu.cuMemFree_v2(p);
+        pthread_barrier_wait(&sp->barrier);
+    }
+    if (me) _exit(0);
+    waitpid(child, NULL, 0);
+    printf("rounds=%ld overcommits=%ld one_granted=%ld both_refused=%ld\n", rounds, sp->overcommits,
+           sp->one_granted, sp->both_refused);
+    return 0;
+}
+
+static volatile sig_atomic_t g_term;
+static void on_term(int sig) {
+    (void)sig;
+    g_term = 1;
+}
+
+/* Allocates and frees at random until SIGTERM; then reports what it holds
+ * and waits, holding it, until killed. */
+static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
+    signal(SIGTERM, on_term);
+    setup();
+    static CUdeviceptr ptrs[256];
+    static size_t sizes[256];
+    size_t held = 0;
+    srand(seed);
+    double end = now_s() + secs;
+    while (!g_term && now_s() < end) {
+        int i = rand() % 256;
+        if (ptrs[i]) {
+            if (cu.cuMemFree_v2(ptrs[i]) == 0) {
+                held -= sizes[i];
+                ptrs[i] = 0;
+            }
+        } else {
+            size_t b = ((size_t)rand() % (max_bytes >> 20) + 1) << 20;
+            if (cu.cuMemAlloc_v2(&ptrs[i], b) == 0) {
+                sizes[i] = b;
+                held += b;
+            } else {
+                ptrs[i] = 0;
+            }
+        }
+    }
+    printf("holding=%zu\n", held);
+    fflush(stdout);
+    for (;;) pause();
+    return 0;
+}
+
+/* ---- edge cases ------------------------------------------------------------- */
+
+static int cmd_nulls(void) {
+    setup();
+    size_t v = 0;
+    printf("meminfo_null_free_rc=%d\n", cu.cuMemGetInfo_v2(NULL, &v));
+    printf("meminfo_null_total_rc=%d\n", cu.cuMemGetInfo_v2(&v, NULL));
+    printf("meminfo_null_both_rc=%d\n", cu.cuMemGetInfo_v2(NULL, NULL));
+    printf("totalmem_null_rc=%d\n", cu.cuDeviceTotalMem_v2(NULL, g_dev));
+    printf("alloc_null_rc=%d\n", cu.cuMemAlloc_v2(NULL, 1 << 20));
+    printf("launchex_null_rc=%d\n", cu.cuLaunchKernelEx(NULL, NULL, NULL, NULL));
+    return 0;
+}
+
+static int cmd_badfree(void) {
+    setup();
+    printf("free_unknown_rc=%d\n", cu.cuMemFree_v2(0xdead000ULL));
+    printf("freeasync_unknown_rc=%d\n", cu.cuMemFreeAsync(0xbeef000ULL, 0));
+    printf("release_unknown_rc=%d\n", cu.cuMemRelease(0x1234ULL));
+    print_meminfo("after");
+    return 0;
+}
+
+/* Reaches cuMemAlloc_v2 around the table: dlsym(RTLD_NEXT) and dlvsym. */
+static int cmd_bypass(size_t bytes) {
+    setup();
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CUresult (*next)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+    CUresult (*vers)(CUdeviceptr *, size_t) =
+        (CUresult(*)(CUdeviceptr *, size_t))dlvsym(lib, "cuMemAlloc_v2", "libcuda.so.1");
+    CUdeviceptr p;
+    printf("rtld_next_found=%d rtld_next_rc=%d\n", next != NULL, next ? next(&p, bytes) : -1);
+    printf("dlvsym_found=%d dlvsym_rc=%d\n", vers != NULL, vers ? vers(&p, bytes) : -1);
+    return 0;
+}
+
+static int cmd_info(void) {
+    setup();
+    int n = 0, ver = 0;
+    CHECK(cu.cuDeviceGetCount(&n));
+    CHECK(cu.cuDriverGetVersion(&ver));
+    printf("devices=%d driver=%d\n", n, ver);
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        char name[128];
+        size_t total;
+        CHECK(cu.cuDeviceGet(&d, i));
+        CHECK(cu.cuDeviceGetName(name, sizeof name, d));
+        CHECK(cu.cuDeviceTotalMem_v2(&total, d));
+        printf("device=%d name=\"%s\" total=%zu\n", i, name, total);
+    }
+    print_meminfo("ctx");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *cmd = argc > 1 ? argv[1] : "info";
+#define ARG(i, dflt) (argc > (i) ? argv[i] : (dflt))
+    if (!strcmp(cmd, "info")) return cmd_info();
+    if (!strcmp(cmd, "alloc")) return cmd_alloc(ARG(2, "buffer"), strtoull(ARG(3, "1048576"), 0, 0));
+    if (!strcmp(cmd, "fill")) return cmd_fill(ARG(2, "buffer"), strtoull(ARG(3, "67108864"), 0, 0));
+    if (!strcmp(cmd, "hold")) return cmd_hold(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "1")));
+    if (!strcmp(cmd, "ctx")) return cmd_ctx(strtoull(ARG(2, "1048576"), 0, 0));
+    if (!strcmp(cmd, "spin"))
+        return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
+                        ARG(5, "kernel"));
+    if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
+    if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));
+    if (!strcmp(cmd, "storm"))
+        return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
+    if (!strcmp(cmd, "nulls")) return cmd_nulls();
+    if (!strcmp(cmd, "badfree")) return cmd_badfree();
+    if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0));
+    printf("error=unknown-command\n");
+    return 2;
+}
