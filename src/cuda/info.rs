@@ -6,7 +6,7 @@ use std::ffi::c_uint;
 
 use super::device;
 use super::sys::*;
-use crate::ffi::put;
+use crate::ffi::{get, put};
 use crate::interpose::real::Lib;
 use crate::{init, view, watcher};
 
@@ -35,43 +35,46 @@ fn cu_init(flags: c_uint) -> CUresult {
 }
 
 fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
-    let Some(f) = real::cuMemGetInfo_v2() else {
-        return CUresult::ERROR_NOT_FOUND;
-    };
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: both out-pointers are our locals.
-    let rc = unsafe { f(&mut free, &mut total) };
-    if rc.is_ok() {
-        if let Some(attach) = init::attach()
-            && let Some((dev, _)) = device::current_entry(attach)
-            && let Some(v) = view::of(attach, dev, free as u64)
-        {
-            free = v.free as usize;
-            total = v.total as usize;
+    let Some(f) = real::cuMemGetInfo_v2() else { return CUresult::ERROR_NOT_FOUND };
+    // SAFETY: the program's pointers pass through unchanged, NULLs included:
+    // the driver's answer to them is the answer.
+    let rc = unsafe { f(free_out, total_out) };
+    if !rc.is_ok() || (free_out.is_null() && total_out.is_null()) {
+        return rc;
+    }
+    let Some(attach) = init::attach() else { return rc };
+    let Some((dev, _)) = device::current_entry(attach) else { return rc };
+    let physical_free = match get(free_out) {
+        Some(free) => free,
+        None => {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: both out-pointers are our locals.
+            if !unsafe { f(&mut free, &mut total) }.is_ok() {
+                return rc;
+            }
+            free
         }
-        put(free_out, free);
-        put(total_out, total);
+    };
+    if let Some(v) = view::of(attach, dev, physical_free as u64) {
+        put(free_out, v.free as usize);
+        put(total_out, v.total as usize);
     }
     rc
 }
 
 fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let Some(f) = real::cuDeviceTotalMem_v2() else {
-        return CUresult::ERROR_NOT_FOUND;
-    };
-    let mut total = 0usize;
-    // SAFETY: the out-pointer is our local.
-    let rc = unsafe { f(&mut total, dev) };
-    if rc.is_ok() {
-        if let Some(attach) = init::attach()
-            && let Some(entry) = device::entry(attach, dev)
-        {
-            let limit = attach.region.device(entry).limits().mem;
-            if limit != 0 {
-                total = limit as usize;
-            }
+    let Some(f) = real::cuDeviceTotalMem_v2() else { return CUresult::ERROR_NOT_FOUND };
+    // SAFETY: the program's arguments pass through unchanged.
+    let rc = unsafe { f(bytes, dev) };
+    if rc.is_ok()
+        && !bytes.is_null()
+        && let Some(attach) = init::attach()
+        && let Some(entry) = device::entry(attach, dev)
+    {
+        let limit = attach.region.device(entry).limits().mem;
+        if limit != 0 {
+            put(bytes, limit as usize);
         }
-        put(bytes, total);
     }
     rc
 }

@@ -1,1 +1,111 @@
-fn main() {}
+//! `vgpuctl`: inspect a vgpu shared region.
+//!
+//! ```text
+//! vgpuctl status  [REGION]     devices, limits, usage, processes
+//! vgpuctl usage   REGION DEV   the container's bytes on device entry DEV
+//! vgpuctl reclaim [REGION]     free the slots of dead processes
+//! ```
+//!
+//! REGION defaults to `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, then
+//! `/tmp/cudevshr.cache`. Output is `key=value` lines, for people and tests.
+//! Built on `vgpu-shm` alone: this binary exports no CUDA or NVML symbol.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use vgpu_shm::{Kind, OpenMode, Owners, ProcId, Region, format_uuid, procinfo};
+
+fn region_path(arg: Option<&String>) -> PathBuf {
+    arg.map(PathBuf::from)
+        .or_else(|| std::env::var_os("CUDA_DEVICE_MEMORY_SHARED_CACHE").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/tmp/cudevshr.cache"))
+}
+
+fn open(path: &PathBuf) -> Result<(Region, f64), String> {
+    let t = Instant::now();
+    let r = Region::open(path, OpenMode::ExistingOnly).map_err(|e| e.to_string())?;
+    Ok((r, t.elapsed().as_secs_f64() * 1e3))
+}
+
+fn status(r: &Region, open_ms: f64) {
+    let h = r.header();
+    println!(
+        "region={} version={}.{} open_ms={open_ms:.3} slot_hwm={} reclaims={}",
+        r.path().display(),
+        h.version_major.load(Ordering::Relaxed),
+        h.version_minor.load(Ordering::Relaxed),
+        r.slot_hwm(),
+        h.reclaims.load(Ordering::Relaxed),
+    );
+    for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.device(d).is_used()) {
+        let d = r.device(dev);
+        let l = d.limits();
+        let leader = d.leader.load(Ordering::Relaxed) >> 32;
+        println!(
+            "device={dev} uuid={} mem_limit={} sm_limit={} policy={} total={} used={} used_all={} scale={:.3} util={:.3} leader={leader}",
+            format_uuid(&d.uuid()),
+            l.mem,
+            l.sm,
+            l.policy,
+            d.total_mem.load(Ordering::Relaxed),
+            r.device_usage(dev, Owners::Live),
+            r.device_usage(dev, Owners::All),
+            f64::from(d.rate_scale_milli.load(Ordering::Relaxed)) / 1000.0,
+            f64::from(d.util_milli.load(Ordering::Relaxed)) / 1000.0,
+        );
+    }
+    for i in r.occupied_slots() {
+        let s = r.slot(i);
+        let pid = s.pid.load(Ordering::Relaxed);
+        let mut line = format!(
+            "slot={i} pid={pid} host_pid={} alive={}",
+            s.host_pid.load(Ordering::Relaxed),
+            u8::from(procinfo::pid_exists(pid))
+        );
+        for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.slot_total(i, d) > 0) {
+            line += &format!(" dev{dev}_total={}", r.slot_total(i, dev));
+            for k in Kind::ALL {
+                line += &format!(" dev{dev}_{}={}", k.name(), r.slot_usage(i, dev, k));
+            }
+            line += &format!(" dev{dev}_sm_util={}", s.sm_util[dev].load(Ordering::Relaxed));
+        }
+        println!("{line}");
+    }
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("status") | None => {
+            let (r, ms) = open(&region_path(args.get(1)))?;
+            status(&r, ms);
+        }
+        Some("usage") => {
+            let (r, _) = open(&region_path(args.get(1)))?;
+            let dev: usize = args.get(2).and_then(|d| d.parse().ok()).ok_or("usage REGION DEV")?;
+            if dev >= vgpu_shm::MAX_DEVICES {
+                return Err(format!("device entry {dev} out of range"));
+            }
+            println!("used={}", r.device_usage(dev, Owners::Live));
+        }
+        Some("reclaim") => {
+            let (r, _) = open(&region_path(args.get(1)))?;
+            let n = r.reclaim_dead(ProcId::current().pidns).map_err(|e| e.to_string())?;
+            println!("reclaimed={n}");
+        }
+        Some(other) => return Err(format!("unknown command {other:?}: status, usage or reclaim")),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpuctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

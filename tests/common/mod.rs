@@ -1,0 +1,282 @@
+//! The integration-test rig: builds libvgpu.so, the simulated GPU and the
+//! C test programs once, then runs real processes against a simulated
+//! machine in a temp dir, with or without `LD_PRELOAD=libvgpu.so`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use vgpu_shm;
+
+/// How a test program reaches the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path3 {
+    Link,
+    Dlsym,
+    ProcAddr,
+}
+
+pub const PATHS: [Path3; 3] = [Path3::Link, Path3::Dlsym, Path3::ProcAddr];
+
+impl Path3 {
+    fn define(self) -> &'static str {
+        match self {
+            Path3::Link => "VIA_LINK",
+            Path3::Dlsym => "VIA_DLSYM",
+            Path3::ProcAddr => "VIA_PROCADDR",
+        }
+    }
+}
+
+pub struct Artifacts {
+    pub target: PathBuf,
+    pub libvgpu: PathBuf,
+    pub libsim: PathBuf,
+    pub vgpuctl: PathBuf,
+    pub bin: PathBuf,
+    /// A directory holding the simulator under the driver's file names,
+    /// used to link the -lcuda build.
+    pub link_dir: PathBuf,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds everything the tests run, once per test binary.
+pub fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test exe");
+        let target = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+        run_ok(
+            Command::new(env!("CARGO"))
+                .current_dir(repo())
+                .args(["build", "--quiet", "-p", "vgpu", "-p", "sim-gpu", "-p", "vgpuctl"]),
+        );
+        let bin = target.join("vgpu-test-programs");
+        std::fs::create_dir_all(&bin).unwrap();
+        let link_dir = bin.join("driver");
+        std::fs::create_dir_all(&link_dir).unwrap();
+        let libsim = target.join("libsim_gpu.so");
+        for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+            let l = link_dir.join(name);
+            let _ = std::fs::remove_file(&l);
+            std::os::unix::fs::symlink(&libsim, &l).unwrap();
+        }
+        let programs = repo().join("tests/programs");
+        // Each test binary builds into its own dir: they may run at once.
+        let own = bin.join(exe.file_name().unwrap());
+        std::fs::create_dir_all(&own).unwrap();
+        for p in PATHS {
+            let out = own.join(format!("cuclient-{}", p.define().to_lowercase()));
+            let mut cc = Command::new("cc");
+            cc.args(["-O1", "-Wall", "-D", p.define(), "-o"])
+                .arg(&out)
+                .arg(programs.join("cuclient.c"))
+                .args(["-ldl", "-lpthread"]);
+            if p == Path3::Link {
+                cc.arg("-L").arg(&link_dir).arg("-l:libcuda.so.1");
+            }
+            run_ok(&mut cc);
+        }
+        for prog in ["proc_address", "smi"] {
+            run_ok(
+                Command::new("cc")
+                    .args(["-O1", "-Wall", "-o"])
+                    .arg(own.join(prog))
+                    .arg(programs.join(format!("{prog}.c")))
+                    .args(["-ldl", "-lpthread"]),
+            );
+        }
+        Artifacts {
+            libvgpu: target.join("libvgpu.so"),
+            libsim,
+            vgpuctl: target.join("vgpuctl"),
+            bin: own,
+            link_dir,
+            target,
+        }
+    })
+}
+
+/// One simulated machine: its state file, its drivers, its region.
+pub struct Sim {
+    pub dir: tempfile::TempDir,
+    pub env: Vec<(String, String)>,
+}
+
+impl Sim {
+    /// A machine with `gpus` devices of `memory` (e.g. "8g").
+    pub fn new(gpus: u32, memory: &str) -> Sim {
+        let a = artifacts();
+        let dir = tempfile::Builder::new().prefix("vgpu-sim-").tempdir().unwrap();
+        let drivers = dir.path().join("drivers");
+        std::fs::create_dir_all(&drivers).unwrap();
+        for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+            std::os::unix::fs::symlink(&a.libsim, drivers.join(name)).unwrap();
+        }
+        let env = vec![
+            ("LD_LIBRARY_PATH".into(), drivers.display().to_string()),
+            ("SIM_GPU_STATE".into(), dir.path().join("sim.state").display().to_string()),
+            ("SIM_GPU_COUNT".into(), gpus.to_string()),
+            ("SIM_GPU_MEMORY".into(), memory.into()),
+            ("SIM_GPU_CTX_OVERHEAD".into(), "256m".into()),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE".into(), dir.path().join("region.cache").display().to_string()),
+        ];
+        Sim { dir, env }
+    }
+
+    /// Sets (or replaces) an environment variable for every process.
+    pub fn set(&mut self, k: &str, v: &str) -> &mut Sim {
+        self.env.retain(|(n, _)| n != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn region(&self) -> PathBuf {
+        self.dir.path().join("region.cache")
+    }
+
+    /// A command for `program` (a test program name or a path).
+    pub fn cmd(&self, program: impl AsRef<std::ffi::OsStr>, preload: bool) -> Command {
+        let p = Path::new(program.as_ref());
+        let path = if p.is_absolute() { p.to_path_buf() } else { artifacts().bin.join(p) };
+        let mut c = Command::new(path);
+        c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        if preload {
+            c.env("LD_PRELOAD", &artifacts().libvgpu);
+        }
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Runs cuclient built for `path` with `args`.
+    pub fn client(&self, path: Path3, preload: bool, args: &[&str]) -> Run {
+        let out = self.client_cmd(path, preload, args).output().expect("run cuclient");
+        Run::from(out)
+    }
+
+    pub fn client_cmd(&self, path: Path3, preload: bool, args: &[&str]) -> Command {
+        let mut c = self.cmd(format!("cuclient-{}", path.define().to_lowercase()), preload);
+        c.args(args);
+        c
+    }
+
+    pub fn spawn_client(&self, path: Path3, preload: bool, args: &[&str]) -> Child {
+        self.client_cmd(path, preload, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cuclient")
+    }
+
+    /// `vgpuctl` on this machine's region.
+    pub fn ctl(&self, args: &[&str]) -> Run {
+        let mut c = Command::new(&artifacts().vgpuctl);
+        c.args(args);
+        Run::from(c.output().expect("run vgpuctl"))
+    }
+
+    /// The container's live usage of device entry `dev`.
+    pub fn region_used(&self, dev: usize) -> u64 {
+        let r = self.ctl(&["usage", self.region().to_str().unwrap(), &dev.to_string()]);
+        r.u64("used")
+    }
+
+    /// What the simulated NVML reports, without vgpu: (total, used).
+    pub fn physical(&self, dev: usize) -> (u64, u64) {
+        let r = Run::from(self.cmd("smi", false).output().expect("run smi"));
+        (r.u64(&format!("gpu{dev}_v1_total")), r.u64(&format!("gpu{dev}_v1_used")))
+    }
+}
+
+/// A finished process with its `key=value` output.
+pub struct Run {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub kv: HashMap<String, String>,
+}
+
+impl From<Output> for Run {
+    fn from(out: Output) -> Run {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut kv = HashMap::new();
+        for line in stdout.lines() {
+            for tok in line.split_whitespace() {
+                if let Some((k, v)) = tok.split_once('=') {
+                    kv.insert(k.to_string(), v.trim_matches('"').to_string());
+                }
+            }
+        }
+        Run {
+            status: out.status,
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            kv,
+        }
+    }
+}
+
+impl Run {
+    pub fn get(&self, k: &str) -> &str {
+        self.kv
+            .get(k)
+            .unwrap_or_else(|| panic!("no {k} in output:\n{}\nstderr:\n{}", self.stdout, self.stderr))
+    }
+
+    pub fn u64(&self, k: &str) -> u64 {
+        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+    }
+
+    pub fn i64(&self, k: &str) -> i64 {
+        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+    }
+
+    pub fn f64(&self, k: &str) -> f64 {
+        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+    }
+
+    /// Asserts a clean exit and returns self.
+    pub fn ok(self) -> Run {
+        assert!(self.status.success(), "exit {:?}\nstdout:\n{}\nstderr:\n{}", self.status, self.stdout, self.stderr);
+        self
+    }
+}
+
+/// Reads a child's output after it exits (or after `kill`).
+pub fn finish(child: Child) -> Run {
+    Run::from(child.wait_with_output().expect("wait child"))
+}
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// Waits until `cond` holds (up to `secs`).
+pub fn wait_until(secs: f64, mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
