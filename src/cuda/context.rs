@@ -130,9 +130,17 @@ fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
 }
 
 fn destroy(ctx: CUcontext) -> CUresult {
+    let held = tracker::context_bytes(ctx as usize);
+    for &(dev, bytes) in &held {
+        overhead::freeing(dev, bytes);
+    }
     let rc = real_call!(cuCtxDestroy_v2(ctx));
     if rc.is_ok() {
         forget(ctx as usize);
+    } else {
+        for &(dev, bytes) in &held {
+            overhead::allocated(dev, bytes);
+        }
     }
     rc
 }
@@ -157,9 +165,20 @@ fn primary_release_v1(dev: CUdevice) -> CUresult {
 }
 
 /// A reset destroys every allocation of the primary context.
-fn reset(dev: CUdevice, rc: CUresult) -> CUresult {
+fn reset(dev: CUdevice, reset: impl FnOnce() -> CUresult) -> CUresult {
+    let ctx = primary_of(dev);
+    let held = ctx.map(tracker::context_bytes).unwrap_or_default();
+    for &(d, bytes) in &held {
+        overhead::freeing(d, bytes);
+    }
+    let rc = reset();
+    if !rc.is_ok() {
+        for &(d, bytes) in &held {
+            overhead::allocated(d, bytes);
+        }
+    }
     if rc.is_ok()
-        && let Some(ctx) = primary_of(dev)
+        && let Some(ctx) = ctx
     {
         forget(ctx);
     }
@@ -167,11 +186,11 @@ fn reset(dev: CUdevice, rc: CUresult) -> CUresult {
 }
 
 fn primary_reset_v2(dev: CUdevice) -> CUresult {
-    reset(dev, real_call!(cuDevicePrimaryCtxReset_v2(dev)))
+    reset(dev, || real_call!(cuDevicePrimaryCtxReset_v2(dev)))
 }
 
 fn primary_reset_v1(dev: CUdevice) -> CUresult {
-    reset(dev, real_call!(cuDevicePrimaryCtxReset(dev)))
+    reset(dev, || real_call!(cuDevicePrimaryCtxReset(dev)))
 }
 
 /// Fork handlers: hold the table across fork; the child starts empty.

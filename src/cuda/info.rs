@@ -35,15 +35,21 @@ fn cu_init(flags: c_uint) -> CUresult {
 }
 
 fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
-    let Some(f) = real::cuMemGetInfo_v2() else { return CUresult::ERROR_NOT_FOUND };
+    let Some(f) = real::cuMemGetInfo_v2() else {
+        return CUresult::ERROR_NOT_FOUND;
+    };
     // SAFETY: the program's pointers pass through unchanged, NULLs included:
     // the driver's answer to them is the answer.
     let rc = unsafe { f(free_out, total_out) };
     if !rc.is_ok() || (free_out.is_null() && total_out.is_null()) {
         return rc;
     }
-    let Some(attach) = init::attach() else { return rc };
-    let Some((dev, _)) = device::current_entry(attach) else { return rc };
+    let Some(attach) = init::attach() else {
+        return rc;
+    };
+    let Some((dev, _)) = device::current_entry(attach) else {
+        return rc;
+    };
     let physical_free = match get(free_out) {
         Some(free) => free,
         None => {
@@ -63,7 +69,9 @@ fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
 }
 
 fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let Some(f) = real::cuDeviceTotalMem_v2() else { return CUresult::ERROR_NOT_FOUND };
+    let Some(f) = real::cuDeviceTotalMem_v2() else {
+        return CUresult::ERROR_NOT_FOUND;
+    };
     // SAFETY: the program's arguments pass through unchanged.
     let rc = unsafe { f(bytes, dev) };
     if rc.is_ok()

@@ -117,6 +117,7 @@ impl Charge {
         if let Some(stale) = tracker::remove(key) {
             release(stale);
         }
+        overhead::allocated(self.dev, self.bytes);
         tracker::insert(key, t);
     }
 }
@@ -170,7 +171,7 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
-/// Releases what a tracked allocation held.
+/// Releases what a tracked allocation held (the driver has freed it).
 pub fn release(t: Tracked) {
     if let Some(attach) = init::attach()
         && let Some(slot) = attach.slot()
@@ -206,10 +207,16 @@ fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
     // Taken out first: once the driver frees it, another thread may be
     // handed the same address and insert its own entry.
     let held = tracker::remove(key);
+    if let Some(t) = held {
+        overhead::freeing(t.dev, t.bytes);
+    }
     let rc = free();
     match held {
         Some(t) if rc.is_ok() => release(t),
-        Some(t) => tracker::insert(key, t),
+        Some(t) => {
+            overhead::allocated(t.dev, t.bytes);
+            tracker::insert(key, t);
+        }
         None => {}
     }
     rc

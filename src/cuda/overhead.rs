@@ -23,16 +23,38 @@ const MIN_INTERVAL_NS: u64 = 20_000_000;
 
 static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 static LAST_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Bytes of allocations that completed, and of frees that started, per
+/// device, ever (monotonic; a failed free adds its bytes back on the
+/// allocated side). A measurement brackets NVML's reading with
+/// them, so an allocation or free racing with it can only make the
+/// overhead look larger, never smaller.
+static ALLOCATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static FREED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
-/// A context of ours now lives on device `dev`.
+/// An allocation of `bytes` on `dev` completed.
+pub fn allocated(dev: usize, bytes: u64) {
+    ALLOCATED[dev].fetch_add(bytes, Ordering::AcqRel);
+}
+
+/// A free of `bytes` on `dev` is about to start. (Counted before the
+/// driver frees it: once it has, NVML no longer sees the bytes.)
+pub fn freeing(dev: usize, bytes: u64) {
+    FREED[dev].fetch_add(bytes, Ordering::AcqRel);
+}
+
+/// A context of ours now lives on device `dev`: measured at once when
+/// NVML is already up, provisional otherwise.
 pub fn context_created(attach: &Attach, dev: usize) {
-    if CONTEXTS[dev].fetch_add(1, Ordering::AcqRel) == 0
-        && let Some(slot) = attach.slot()
-        && attach.region.slot_usage(slot, dev, Kind::Context) == 0
-    {
+    CONTEXTS[dev].fetch_add(1, Ordering::AcqRel);
+    let Some(slot) = attach.slot() else { return };
+    if attach.region.slot_usage(slot, dev, Kind::Context) == 0 {
         attach
             .region
             .set_usage(slot, dev, Kind::Context, PROVISIONAL);
+    }
+    if client::is_ready() {
+        LAST_NS[dev].store(0, Ordering::Release);
+        reconcile_now(attach, slot, dev);
     }
 }
 
@@ -57,6 +79,9 @@ pub fn devices_in_use() -> impl Iterator<Item = usize> {
 
 pub fn after_fork_child() {
     for c in &CONTEXTS {
+        c.store(0, Ordering::Release);
+    }
+    for c in ALLOCATED.iter().chain(&FREED) {
         c.store(0, Ordering::Release);
     }
 }
@@ -86,14 +111,18 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     let Some(nd) = client::device(&attach.region.device(dev).uuid()) else {
         return false;
     };
+    let allocated_before = ALLOCATED[dev].load(Ordering::Acquire);
     let Ok(list) = client::processes(nd) else {
         return false;
     };
+    let freed_after = FREED[dev].load(Ordering::Acquire);
     let Some(&(_, used)) = list.iter().find(|(p, _)| *p == pid) else {
         return false;
     };
-    let region = &attach.region;
-    let counted = region.slot_total(slot, dev) - region.slot_usage(slot, dev, Kind::Context);
-    region.set_usage(slot, dev, Kind::Context, used.saturating_sub(counted));
+    // A lower bound of what our allocations held when NVML looked.
+    let held = allocated_before.saturating_sub(freed_after);
+    attach
+        .region
+        .set_usage(slot, dev, Kind::Context, used.saturating_sub(held));
     true
 }

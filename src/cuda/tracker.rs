@@ -50,6 +50,20 @@ pub fn remove(key: Key) -> Option<Tracked> {
     shard(&key).lock().remove(&key)
 }
 
+/// Bytes held in context `ctx`, per device entry.
+pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
+    let mut per_dev: Vec<(usize, u64)> = Vec::new();
+    for s in TABLE.iter() {
+        for t in s.lock().values().filter(|t| t.ctx == ctx) {
+            match per_dev.iter_mut().find(|(d, _)| *d == t.dev) {
+                Some((_, b)) => *b += t.bytes,
+                None => per_dev.push((t.dev, t.bytes)),
+            }
+        }
+    }
+    per_dev
+}
+
 /// Removes and returns everything made in context `ctx`.
 pub fn drain_context(ctx: usize) -> Vec<Tracked> {
     let mut out = Vec::new();

@@ -66,6 +66,11 @@ pub fn init() -> bool {
     }
 }
 
+/// Whether NVML is initialised (never waits).
+pub fn is_ready() -> bool {
+    STATE.load(Ordering::Acquire) == READY
+}
+
 /// Waits up to `timeout` for a running [`init`] to finish.
 pub fn wait_ready(timeout: Duration) -> bool {
     let until = Instant::now() + timeout;

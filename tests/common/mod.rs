@@ -61,12 +61,14 @@ pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
         let exe = std::env::current_exe().expect("test exe");
-        let target = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
-        run_ok(
-            Command::new(env!("CARGO"))
-                .current_dir(repo())
-                .args(["build", "--quiet", "-p", "vgpu", "-p", "sim-gpu", "-p", "vgpuctl"]),
-        );
+        let target = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        run_ok(Command::new(env!("CARGO")).current_dir(repo()).args([
+            "build", "--quiet", "-p", "vgpu", "-p", "sim-gpu", "-p", "vgpuctl",
+        ]));
         let bin = target.join("vgpu-test-programs");
         std::fs::create_dir_all(&bin).unwrap();
         let link_dir = bin.join("driver");
@@ -123,7 +125,10 @@ impl Sim {
     /// A machine with `gpus` devices of `memory` (e.g. "8g").
     pub fn new(gpus: u32, memory: &str) -> Sim {
         let a = artifacts();
-        let dir = tempfile::Builder::new().prefix("vgpu-sim-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-sim-")
+            .tempdir()
+            .unwrap();
         let drivers = dir.path().join("drivers");
         std::fs::create_dir_all(&drivers).unwrap();
         for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
@@ -131,11 +136,17 @@ impl Sim {
         }
         let env = vec![
             ("LD_LIBRARY_PATH".into(), drivers.display().to_string()),
-            ("SIM_GPU_STATE".into(), dir.path().join("sim.state").display().to_string()),
+            (
+                "SIM_GPU_STATE".into(),
+                dir.path().join("sim.state").display().to_string(),
+            ),
             ("SIM_GPU_COUNT".into(), gpus.to_string()),
             ("SIM_GPU_MEMORY".into(), memory.into()),
             ("SIM_GPU_CTX_OVERHEAD".into(), "256m".into()),
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE".into(), dir.path().join("region.cache").display().to_string()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                dir.path().join("region.cache").display().to_string(),
+            ),
         ];
         Sim { dir, env }
     }
@@ -154,9 +165,14 @@ impl Sim {
     /// A command for `program` (a test program name or a path).
     pub fn cmd(&self, program: impl AsRef<std::ffi::OsStr>, preload: bool) -> Command {
         let p = Path::new(program.as_ref());
-        let path = if p.is_absolute() { p.to_path_buf() } else { artifacts().bin.join(p) };
+        let path = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            artifacts().bin.join(p)
+        };
         let mut c = Command::new(path);
-        c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         for (k, v) in &self.env {
             c.env(k, v);
         }
@@ -169,12 +185,18 @@ impl Sim {
 
     /// Runs cuclient built for `path` with `args`.
     pub fn client(&self, path: Path3, preload: bool, args: &[&str]) -> Run {
-        let out = self.client_cmd(path, preload, args).output().expect("run cuclient");
+        let out = self
+            .client_cmd(path, preload, args)
+            .output()
+            .expect("run cuclient");
         Run::from(out)
     }
 
     pub fn client_cmd(&self, path: Path3, preload: bool, args: &[&str]) -> Command {
-        let mut c = self.cmd(format!("cuclient-{}", path.define().to_lowercase()), preload);
+        let mut c = self.cmd(
+            format!("cuclient-{}", path.define().to_lowercase()),
+            preload,
+        );
         c.args(args);
         c
     }
@@ -197,13 +219,16 @@ impl Sim {
     /// The container's live usage of device entry `dev`.
     pub fn region_used(&self, dev: usize) -> u64 {
         let r = self.ctl(&["usage", self.region().to_str().unwrap(), &dev.to_string()]);
-        r.u64("used")
+        r.kv.get("used").and_then(|v| v.parse().ok()).unwrap_or(0)
     }
 
     /// What the simulated NVML reports, without vgpu: (total, used).
     pub fn physical(&self, dev: usize) -> (u64, u64) {
         let r = Run::from(self.cmd("smi", false).output().expect("run smi"));
-        (r.u64(&format!("gpu{dev}_v1_total")), r.u64(&format!("gpu{dev}_v1_used")))
+        (
+            r.u64(&format!("gpu{dev}_v1_total")),
+            r.u64(&format!("gpu{dev}_v1_used")),
+        )
     }
 }
 
@@ -237,26 +262,41 @@ impl From<Output> for Run {
 
 impl Run {
     pub fn get(&self, k: &str) -> &str {
-        self.kv
-            .get(k)
-            .unwrap_or_else(|| panic!("no {k} in output:\n{}\nstderr:\n{}", self.stdout, self.stderr))
+        self.kv.get(k).unwrap_or_else(|| {
+            panic!(
+                "no {k} in output:\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
     }
 
     pub fn u64(&self, k: &str) -> u64 {
-        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+        self.get(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
     }
 
     pub fn i64(&self, k: &str) -> i64 {
-        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+        self.get(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
     }
 
     pub fn f64(&self, k: &str) -> f64 {
-        self.get(k).parse().unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
+        self.get(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("{k}={} is not a number", self.get(k)))
     }
 
     /// Asserts a clean exit and returns self.
     pub fn ok(self) -> Run {
-        assert!(self.status.success(), "exit {:?}\nstdout:\n{}\nstderr:\n{}", self.status, self.stdout, self.stderr);
+        assert!(
+            self.status.success(),
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
         self
     }
 }

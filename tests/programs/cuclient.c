@@ -9,6 +9,7 @@
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
+ *   cuclient race THREADS SECONDS BYTES    threads allocate and free at once
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
  *   cuclient nulls                         NULL out-parameters
@@ -376,6 +377,48 @@ static int cmd_launchcost(long n) {
 
 /* ---- races, storms ---------------------------------------------------------- */
 
+struct racer {
+    size_t bytes;
+    double end;
+    long granted, denied;
+};
+
+static void *race_thread(void *arg) {
+    struct racer *r = arg;
+    cu.cuCtxSetCurrent(g_ctx);
+    while (now_s() < r->end) {
+        CUdeviceptr p;
+        if (cu.cuMemAlloc_v2(&p, r->bytes) == CUDA_SUCCESS) {
+            r->granted++;
+            cu.cuMemFree_v2(p);
+        } else {
+            r->denied++;
+        }
+    }
+    return NULL;
+}
+
+/* THREADS threads allocate and free BYTES for SECONDS. */
+static int cmd_race(int threads, double secs, size_t bytes) {
+    setup();
+    struct racer r[64];
+    pthread_t th[64];
+    if (threads > 64) threads = 64;
+    double end = now_s() + secs;
+    for (int i = 0; i < threads; i++) {
+        r[i] = (struct racer){bytes, end, 0, 0};
+        pthread_create(&th[i], NULL, race_thread, &r[i]);
+    }
+    long g = 0, d = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        g += r[i].granted;
+        d += r[i].denied;
+    }
+    printf("granted=%ld denied=%ld\n", g, d);
+    return 0;
+}
+
 struct shared_pairs {
     pthread_barrier_t barrier;
     int granted[2];
@@ -520,6 +563,8 @@ int main(int argc, char **argv) {
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
+    if (!strcmp(cmd, "race"))
+        return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0));
     if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));

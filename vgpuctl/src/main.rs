@@ -69,7 +69,10 @@ fn status(r: &Region, open_ms: f64) {
             for k in Kind::ALL {
                 line += &format!(" dev{dev}_{}={}", k.name(), r.slot_usage(i, dev, k));
             }
-            line += &format!(" dev{dev}_sm_util={}", s.sm_util[dev].load(Ordering::Relaxed));
+            line += &format!(
+                " dev{dev}_sm_util={}",
+                s.sm_util[dev].load(Ordering::Relaxed)
+            );
         }
         println!("{line}");
     }
@@ -83,7 +86,10 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         Some("usage") => {
             let (r, _) = open(&region_path(args.get(1)))?;
-            let dev: usize = args.get(2).and_then(|d| d.parse().ok()).ok_or("usage REGION DEV")?;
+            let dev: usize = args
+                .get(2)
+                .and_then(|d| d.parse().ok())
+                .ok_or("usage REGION DEV")?;
             if dev >= vgpu_shm::MAX_DEVICES {
                 return Err(format!("device entry {dev} out of range"));
             }
@@ -91,10 +97,16 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         Some("reclaim") => {
             let (r, _) = open(&region_path(args.get(1)))?;
-            let n = r.reclaim_dead(ProcId::current().pidns).map_err(|e| e.to_string())?;
+            let n = r
+                .reclaim_dead(ProcId::current().pidns)
+                .map_err(|e| e.to_string())?;
             println!("reclaimed={n}");
         }
-        Some(other) => return Err(format!("unknown command {other:?}: status, usage or reclaim")),
+        Some(other) => {
+            return Err(format!(
+                "unknown command {other:?}: status, usage or reclaim"
+            ));
+        }
     }
     Ok(())
 }

@@ -198,6 +198,7 @@ fn create_context(l: &mut Local, dev: usize, primary: bool) -> Result<usize, CUr
     if !phys_alloc(dev, overhead) {
         return Err(OUT_OF_MEMORY);
     }
+    state::me().contexts[dev].fetch_add(1, Ordering::AcqRel);
     Ok(l.new_context(dev, primary))
 }
 
@@ -205,6 +206,9 @@ fn destroy_context(l: &mut Local, ctx: usize) {
     let Some(c) = l.ctxs.remove(&ctx) else { return };
     let overhead = shared().dev[c.dev].ctx_overhead.load(Ordering::Relaxed);
     phys_free(c.dev, overhead);
+    let _ = state::me().contexts[c.dev].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_sub(1))
+    });
     let owned = |a: &Alloc| a.ctx == ctx;
     for a in l.allocs.values().filter(|a| owned(a)) {
         phys_free(a.dev, a.bytes);

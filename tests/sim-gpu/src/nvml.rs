@@ -257,7 +257,7 @@ pub struct ProcessInfo {
     pub compute_instance: c_uint,
 }
 
-/// (reported pid, bytes) of every process holding memory on `dev`.
+/// (reported pid, bytes) of every process with a context or memory on `dev`.
 fn processes(dev: usize) -> Vec<(c_uint, u64)> {
     reclaim_dead();
     let off = state::pid_offset();
@@ -267,7 +267,8 @@ fn processes(dev: usize) -> Vec<(c_uint, u64)> {
         .filter_map(|p| {
             let pid = p.pid.load(Ordering::Acquire);
             let used = p.used[dev].load(Ordering::Acquire);
-            (pid > 0 && used > 0).then(|| ((pid as c_uint).wrapping_add(off), used))
+            let ctxs = p.contexts[dev].load(Ordering::Acquire);
+            (pid > 0 && (used > 0 || ctxs > 0)).then(|| ((pid as c_uint).wrapping_add(off), used))
         })
         .collect()
 }

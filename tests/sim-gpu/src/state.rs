@@ -44,6 +44,8 @@ pub struct Proc {
     pub pidns: AtomicU64,
     /// Device memory this process holds, context overhead included.
     pub used: [AtomicU64; MAX_DEV],
+    /// Live contexts per device: NVML lists a process that has one.
+    pub contexts: [AtomicU32; MAX_DEV],
     pub head: [AtomicU64; MAX_DEV],
     pub ring: [[Interval; RING]; MAX_DEV],
 }
@@ -173,6 +175,9 @@ pub fn me() -> &'static Proc {
                 p.pidns.store(id.pidns, Ordering::Release);
                 for u in &p.used {
                     u.store(0, Ordering::Release);
+                }
+                for c in &p.contexts {
+                    c.store(0, Ordering::Release);
                 }
                 for h in &p.head {
                     h.store(0, Ordering::Release);
