@@ -1,8 +1,8 @@
 //! Graphs and stream capture. A graph's first cost estimate is computed
 //! once, when it is instantiated, from its kernel nodes (the learned cost
-//! of each kernel shape, a default for shapes never seen); event timing of
-//! its launches refines it. Launches recorded into a capture are not
-//! charged: the graph's launches are.
+//! of each kernel shape); event timing of its launches refines it, and
+//! times it first when some shape was never seen. Launches recorded into a
+//! capture are not charged: the graph's launches are.
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -10,7 +10,7 @@ use super::driver::call;
 use super::sys::*;
 use crate::ffi::get;
 use crate::interpose::real::Lib;
-use crate::limiter::{self, estimate};
+use crate::limiter;
 
 crate::interpose::table::hooks! {
     lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
@@ -39,65 +39,67 @@ macro_rules! real_call {
     };
 }
 
-/// Nested child graphs deeper than this are costed as one default kernel.
+/// Nested child graphs deeper than this are timed rather than costed.
 const MAX_DEPTH: u32 = 8;
 
 /// Estimated GPU time of one launch of `graph`: the sum over its kernel
-/// nodes (a serial bound; concurrent branches are corrected by the
-/// controller and by timing).
-pub fn cost(graph: CUgraph, depth: u32) -> u64 {
+/// nodes of their learned costs (a serial bound; concurrent branches are
+/// corrected by the controller and by timing). None when some kernel shape
+/// was never timed: the graph is then timed before it runs on a guess.
+pub fn cost(graph: CUgraph, depth: u32) -> Option<u64> {
     if depth > MAX_DEPTH {
-        return estimate::DEFAULT_NS;
+        return None;
     }
     let mut n = 0usize;
-    if !call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)).is_ok() || n == 0 {
-        return 0;
+    if !call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)).is_ok() {
+        return None;
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
-    if !call!(cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)).is_ok() {
-        return 0;
+    if n > 0 && !call!(cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)).is_ok() {
+        return None;
     }
     nodes.truncate(n);
     nodes
         .iter()
         .map(|&node| node_cost(node, depth))
-        .fold(0u64, u64::saturating_add)
+        .try_fold(0u64, |acc, c| Some(acc.saturating_add(c?)))
 }
 
-fn node_cost(node: CUgraphNode, depth: u32) -> u64 {
+fn node_cost(node: CUgraphNode, depth: u32) -> Option<u64> {
     let mut kind: c_int = -1;
     if !call!(cuGraphNodeGetType(node, &mut kind)).is_ok() {
-        return 0;
+        return None;
     }
     match kind {
         GRAPH_NODE_TYPE_KERNEL => {
             let mut p = std::mem::MaybeUninit::<KernelNodeParams>::zeroed();
             if !call!(cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr())).is_ok() {
-                return estimate::DEFAULT_NS;
+                return None;
             }
             // SAFETY: zero-initialised, then filled by the driver on success;
             // every field is a plain integer or pointer.
             let p = unsafe { p.assume_init() };
             let func = if p.func.is_null() { p.kern } else { p.func };
-            limiter::kernel_cost(func as usize, p.grid, p.block).unwrap_or(estimate::DEFAULT_NS)
+            limiter::kernel_cost(func as usize, p.grid, p.block)
         }
         GRAPH_NODE_TYPE_GRAPH => {
             let mut child: CUgraph = std::ptr::null_mut();
             if call!(cuGraphChildGraphNodeGetGraph(node, &mut child)).is_ok() {
                 cost(child, depth + 1)
             } else {
-                estimate::DEFAULT_NS
+                None
             }
         }
-        _ => 0,
+        _ => Some(0),
     }
 }
 
 fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresult {
     if rc.is_ok()
         && let Some(e) = get(exec)
+        && let Some(c) = cost(graph, 0).filter(|&c| c > 0)
     {
-        limiter::graph_instantiated(e, cost(graph, 0));
+        limiter::graph_instantiated(e, c);
     }
     rc
 }

@@ -6,6 +6,7 @@
 
 use std::ffi::c_int;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -56,9 +57,23 @@ fn give_back(ctx: usize, events: &[usize]) {
     POOL.lock().extend(events.iter().map(|&e| (ctx, e)));
 }
 
+/// Finished timings are collected at most this often outside samples.
+const POLL_EVERY_NS: u64 = 2_000_000;
+static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
+
 /// Starts timing a launch on `stream` if `slot` wants a sample now.
 pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> {
     if !slot.claim_sample(now) {
+        // A timing of this shape may be waiting to be collected.
+        let last = LAST_POLL_NS.load(Ordering::Relaxed);
+        if slot.pending.load(Ordering::Acquire)
+            && now.saturating_sub(last) >= POLL_EVERY_NS
+            && LAST_POLL_NS
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            poll();
+        }
         return None;
     }
     poll();
@@ -82,8 +97,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
         })
     })();
     if started.is_none() {
-        slot.pending
-            .store(false, std::sync::atomic::Ordering::Release);
+        slot.pending.store(false, Ordering::Release);
     }
     started
 }
@@ -99,9 +113,7 @@ pub fn end(s: Sample, rc: CUresult) {
         });
     } else {
         give_back(s.ctx, &[s.start as usize, s.end as usize]);
-        s.slot
-            .pending
-            .store(false, std::sync::atomic::Ordering::Release);
+        s.slot.pending.store(false, Ordering::Release);
     }
 }
 
@@ -131,9 +143,7 @@ fn collect(wait_for: Option<&'static Slot>) {
         {
             p.slot.record((f64::from(ms) * 1e6) as u64);
         }
-        p.slot
-            .pending
-            .store(false, std::sync::atomic::Ordering::Release);
+        p.slot.pending.store(false, Ordering::Release);
         give_back(p.ctx, &[p.start, p.end]);
         false
     });
@@ -147,7 +157,7 @@ pub fn poll() {
 
 /// Waits for the in-flight timing of `slot`, if there is one.
 pub fn wait_for(slot: &'static Slot) {
-    if slot.pending.load(std::sync::atomic::Ordering::Acquire) {
+    if slot.pending.load(Ordering::Acquire) {
         collect(Some(slot));
     }
 }
@@ -157,9 +167,7 @@ pub fn forget_context(ctx: usize) {
     POOL.lock().retain(|&(c, _)| c != ctx);
     PENDING.lock().retain(|p| {
         if p.ctx == ctx {
-            p.slot
-                .pending
-                .store(false, std::sync::atomic::Ordering::Release);
+            p.slot.pending.store(false, Ordering::Release);
         }
         p.ctx != ctx
     });
@@ -182,9 +190,7 @@ pub fn fork_parent() {
 pub fn fork_child() {
     fork_parent();
     for p in PENDING.lock().drain(..) {
-        p.slot
-            .pending
-            .store(false, std::sync::atomic::Ordering::Release);
+        p.slot.pending.store(false, Ordering::Release);
     }
     POOL.lock().clear();
 }

@@ -1,0 +1,152 @@
+//! The compute quota on the simulated GPU: the limit holds, is shared by
+//! the container's processes, throttles graphs, and survives the death of
+//! the process that leads the bucket.
+
+mod common;
+
+use common::*;
+
+/// Per-second completions of a spin run.
+fn per_sec(r: &Run) -> Vec<f64> {
+    r.get("per_sec")
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+fn spin_args(ns: u64, secs: u32, mode: &str) -> Vec<String> {
+    vec![
+        "spin".into(),
+        ns.to_string(),
+        "132".into(),
+        secs.to_string(),
+        mode.into(),
+    ]
+}
+
+fn run_spin(sim: &Sim, path: Path3, ns: u64, secs: u32, mode: &str) -> Run {
+    let args = spin_args(ns, secs, mode);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sim.client(path, true, &args).ok()
+}
+
+fn spawn_spin(sim: &Sim, path: Path3, ns: u64, secs: u32, mode: &str) -> std::process::Child {
+    let args = spin_args(ns, secs, mode);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sim.spawn_client(path, true, &args)
+}
+
+fn with_limit(percent: &str) -> Sim {
+    let mut s = Sim::new(1, "8g");
+    s.set("CUDA_DEVICE_SM_LIMIT", percent);
+    s
+}
+
+#[test]
+fn a_30_percent_limit_holds_over_10_seconds() {
+    let free = run_spin(&Sim::new(1, "8g"), Path3::ProcAddr, 1_000_000, 3, "kernel");
+    let sim = with_limit("30");
+    let mut watch = sim.cmd("smi", false);
+    let limited = spawn_spin(&sim, Path3::ProcAddr, 1_000_000, 10, "kernel");
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let smi = Run::from(watch.output().unwrap()).ok();
+    let limited = finish(limited).ok();
+    let fraction = limited.f64("rate") / free.f64("rate");
+    assert!(
+        (0.27..=0.33).contains(&fraction),
+        "achieved {fraction:.3} of unlimited"
+    );
+    // The simulated NVML agrees (device utilisation over the last second).
+    let util = smi.u64("gpu0_util");
+    assert!((25..=35).contains(&util), "NVML utilisation {util}%");
+    for (i, s) in per_sec(&limited).iter().enumerate().skip(2) {
+        let f = s / free.f64("rate");
+        assert!((0.22..=0.38).contains(&f), "second {i}: {f:.3}");
+    }
+}
+
+#[test]
+fn two_processes_share_one_limit() {
+    let free = run_spin(&Sim::new(1, "8g"), Path3::Link, 1_000_000, 3, "kernel");
+    let sim = with_limit("30");
+    let a = spawn_spin(&sim, Path3::Link, 1_000_000, 8, "kernel");
+    let b = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 8, "kernel");
+    let (a, b) = (finish(a).ok(), finish(b).ok());
+    let sum = (a.f64("rate") + b.f64("rate")) / free.f64("rate");
+    assert!((0.27..=0.33).contains(&sum), "together {sum:.3}");
+    // Neither starves.
+    assert!(a.f64("rate") > 0.3 * b.f64("rate") && b.f64("rate") > 0.3 * a.f64("rate"));
+}
+
+#[test]
+fn graph_launches_are_throttled() {
+    let free = run_spin(&Sim::new(1, "8g"), Path3::ProcAddr, 500_000, 3, "graph");
+    let limited = run_spin(&with_limit("30"), Path3::ProcAddr, 500_000, 6, "graph");
+    let fraction = limited.f64("rate") / free.f64("rate");
+    assert!(
+        (0.25..=0.35).contains(&fraction),
+        "graphs ran at {fraction:.3} of unlimited"
+    );
+}
+
+#[test]
+fn every_launch_family_is_throttled() {
+    for mode in ["ex", "coop"] {
+        let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, mode);
+        let limited = run_spin(&with_limit("30"), Path3::Dlsym, 1_000_000, 4, mode);
+        let fraction = limited.f64("rate") / free.f64("rate");
+        assert!((0.25..=0.35).contains(&fraction), "{mode}: {fraction:.3}");
+    }
+    let mut sim = with_limit("30");
+    sim.set("CU_PTDS", "1");
+    let free = run_spin(&Sim::new(1, "8g"), Path3::ProcAddr, 1_000_000, 2, "kernel");
+    let limited = run_spin(&sim, Path3::ProcAddr, 1_000_000, 4, "kernel");
+    let fraction = limited.f64("rate") / free.f64("rate");
+    assert!((0.25..=0.35).contains(&fraction), "_ptsz: {fraction:.3}");
+}
+
+#[test]
+fn killing_the_leader_stops_neither_throttling_nor_launches() {
+    let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, "kernel");
+    let sim = with_limit("30");
+    let mut first = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 30, "kernel");
+    // Wait until the first process leads the bucket.
+    assert!(wait_until(10.0, || {
+        let s = sim.ctl(&["status", sim.region().to_str().unwrap()]);
+        s.kv.get("leader")
+            .is_some_and(|l| l == &first.id().to_string())
+    }));
+    let second = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 8, "kernel");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let second = finish(second).ok();
+    let rates = per_sec(&second);
+    // After the kill (second 2 on), the survivor alone gets the whole 30%.
+    let after: f64 = rates[4..].iter().sum::<f64>() / (rates.len() - 4) as f64 / free.f64("rate");
+    assert!(
+        (0.25..=0.35).contains(&after),
+        "survivor ran at {after:.3}: {rates:?}"
+    );
+    let s = sim.ctl(&["status", sim.region().to_str().unwrap()]);
+    assert_ne!(
+        s.get("leader"),
+        first.id().to_string(),
+        "a new leader took over"
+    );
+}
+
+#[test]
+fn policy_disable_and_unlimited_values_do_not_throttle() {
+    let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, "kernel");
+    for (k, v) in [
+        ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+        ("CUDA_DEVICE_SM_LIMIT", "100"),
+    ] {
+        let mut sim = with_limit("30");
+        sim.set(k, v);
+        let r = run_spin(&sim, Path3::Dlsym, 1_000_000, 2, "kernel");
+        let fraction = r.f64("rate") / free.f64("rate");
+        assert!(fraction > 0.9, "{k}={v}: {fraction:.3}");
+    }
+}
