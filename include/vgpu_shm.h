@@ -1,0 +1,80 @@
+/* The layout of a vgpu shared region (src/shm/layout.rs), for tools that
+ * read it from C. Every field is accessed atomically by vgpu: read with
+ * __atomic_load_n(&field, __ATOMIC_ACQUIRE), never write.
+ *
+ * A region file is one vgpu_shm_header (which holds the device table)
+ * followed by VGPU_SHM_MAX_SLOTS process slots; its size is
+ * VGPU_SHM_REGION_SIZE. Check magic, version_major and size before use:
+ * a reader must refuse a major version it does not know.
+ */
+#ifndef VGPU_SHM_H
+#define VGPU_SHM_H
+
+#include <stdint.h>
+
+#define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
+#define VGPU_SHM_VERSION_MAJOR 1u
+#define VGPU_SHM_VERSION_MINOR 0u
+#define VGPU_SHM_MAX_DEVICES 16
+#define VGPU_SHM_MAX_SLOTS 1024
+#define VGPU_SHM_NUM_KINDS 5
+#define VGPU_SHM_STATE_READY 1u
+
+/* Index into vgpu_shm_slot.usage[dev][kind]. */
+enum vgpu_shm_kind {
+    VGPU_SHM_KIND_BUFFER = 0,  /* cuMemAlloc, pitch, managed */
+    VGPU_SHM_KIND_ARRAY = 1,   /* CUDA arrays, mipmapped arrays */
+    VGPU_SHM_KIND_VMM = 2,     /* cuMemCreate */
+    VGPU_SHM_KIND_POOL = 3,    /* stream-ordered allocations */
+    VGPU_SHM_KIND_CONTEXT = 4, /* context and library overhead (NVML) */
+};
+
+/* One physical GPU, keyed by UUID. */
+typedef struct vgpu_shm_device {
+    uint8_t uuid[16];           /* as cuDeviceGetUuid returns it */
+    uint32_t in_use;            /* 0: free entry */
+    uint32_t sm_limit;          /* percent, 0 = unlimited */
+    uint64_t mem_limit;         /* bytes, 0 = unlimited */
+    uint64_t total_mem;         /* physical bytes */
+    uint32_t sm_count;
+    uint32_t policy;            /* 0 default, 1 force, 2 disable */
+    uint64_t tat_ns;            /* compute bucket: GCRA time, CLOCK_MONOTONIC */
+    uint32_t rate_scale_milli;  /* controller's refill scale x1000 */
+    uint32_t util_milli;        /* container utilisation x1000 */
+    uint64_t leader;            /* pid << 32 | heartbeat seconds */
+    uint64_t waits;             /* launches that waited on the bucket */
+    uint64_t reserved[22];
+} vgpu_shm_device;
+
+/* One process of the container; pid 0 marks a free slot. */
+typedef struct vgpu_shm_slot {
+    int32_t pid;
+    int32_t host_pid;           /* the pid NVML reports; 0 while unknown */
+    uint64_t start_time;        /* field 22 of /proc/<pid>/stat */
+    uint64_t pidns;             /* inode of /proc/<pid>/ns/pid */
+    uint64_t claimed_unix_s;
+    uint32_t sm_util[VGPU_SHM_MAX_DEVICES];
+    uint64_t usage[VGPU_SHM_MAX_DEVICES][VGPU_SHM_NUM_KINDS]; /* bytes */
+    uint64_t reserved[36];
+} vgpu_shm_slot;
+
+typedef struct vgpu_shm_header {
+    uint64_t magic;
+    uint32_t version_major;
+    uint32_t version_minor;
+    uint64_t size;              /* bytes of the whole file */
+    uint32_t header_size;
+    uint32_t slot_size;
+    uint32_t max_devices;
+    uint32_t max_slots;
+    uint32_t state;             /* VGPU_SHM_STATE_READY once initialised */
+    uint32_t slot_hwm;          /* one past the highest slot ever claimed */
+    uint64_t created_unix_s;
+    uint64_t reclaims;
+    uint64_t reserved[8];
+    vgpu_shm_device devices[VGPU_SHM_MAX_DEVICES];
+} vgpu_shm_header;
+
+#define VGPU_SHM_REGION_SIZE (sizeof(vgpu_shm_header) + VGPU_SHM_MAX_SLOTS * sizeof(vgpu_shm_slot))
+
+#endif
