@@ -162,7 +162,7 @@ fn region_in(dir: &Path) -> Option<Region> {
         .filter(|p| p.extension().is_some_and(|x| x == "cache"))
         .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
         .collect();
-    candidates.sort_by(|a, b| b.0.cmp(&a.0));
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
     candidates
         .into_iter()
         .find_map(|(_, p)| match Region::open(&p, OpenMode::ExistingOnly) {

@@ -44,6 +44,7 @@ fn with_limit(percent: &str) -> Sim {
 
 #[test]
 fn a_30_percent_limit_holds_over_10_seconds() {
+    let _serial = serial();
     let free = run_spin(&Sim::new(1, "8g"), Path3::ProcAddr, 1_000_000, 3, "kernel");
     let sim = with_limit("30");
     let mut watch = sim.cmd("smi", false);
@@ -67,6 +68,7 @@ fn a_30_percent_limit_holds_over_10_seconds() {
 
 #[test]
 fn two_processes_share_one_limit() {
+    let _serial = serial();
     let free = run_spin(&Sim::new(1, "8g"), Path3::Link, 1_000_000, 3, "kernel");
     let sim = with_limit("30");
     let a = spawn_spin(&sim, Path3::Link, 1_000_000, 8, "kernel");
@@ -80,6 +82,7 @@ fn two_processes_share_one_limit() {
 
 #[test]
 fn graph_launches_are_throttled() {
+    let _serial = serial();
     let free = run_spin(&Sim::new(1, "8g"), Path3::ProcAddr, 500_000, 3, "graph");
     let limited = run_spin(&with_limit("30"), Path3::ProcAddr, 500_000, 6, "graph");
     let fraction = limited.f64("rate") / free.f64("rate");
@@ -91,6 +94,7 @@ fn graph_launches_are_throttled() {
 
 #[test]
 fn every_launch_family_is_throttled() {
+    let _serial = serial();
     for mode in ["ex", "coop"] {
         let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, mode);
         let limited = run_spin(&with_limit("30"), Path3::Dlsym, 1_000_000, 4, mode);
@@ -107,6 +111,7 @@ fn every_launch_family_is_throttled() {
 
 #[test]
 fn killing_the_leader_stops_neither_throttling_nor_launches() {
+    let _serial = serial();
     let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, "kernel");
     let sim = with_limit("30");
     let mut first = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 30, "kernel");
@@ -138,6 +143,7 @@ fn killing_the_leader_stops_neither_throttling_nor_launches() {
 
 #[test]
 fn policy_disable_and_unlimited_values_do_not_throttle() {
+    let _serial = serial();
     let free = run_spin(&Sim::new(1, "8g"), Path3::Dlsym, 1_000_000, 2, "kernel");
     for (k, v) in [
         ("GPU_CORE_UTILIZATION_POLICY", "disable"),

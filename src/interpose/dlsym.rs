@@ -23,7 +23,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::{real, table};
 use crate::guard;
 
-/// Tells the trampoline to tail-jump to libc.
+/// Tells the trampoline to tail-jump to libc (the assembly tests for 1).
+#[allow(clippy::manual_dangling_ptr)]
 const PASS: *mut c_void = 1 as *mut c_void;
 
 /// Decides for `dlsym`: [`PASS`], or the pointer to return.

@@ -89,7 +89,7 @@ unsafe extern "C" fn visit(
 /// # Safety
 /// `info` must describe a loaded ELF64 object that stays mapped.
 unsafe fn lookup(info: &libc::dl_phdr_info, name: &[u8]) -> Option<*mut c_void> {
-    let base = info.dlpi_addr as u64;
+    let base = info.dlpi_addr;
     // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
     let dynamic = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC)?;
@@ -235,9 +235,9 @@ mod tests {
         // In the unit-test binary nothing interposes, so libc's own
         // addresses are what the linker bound.
         let getpid = libc_symbol(c"getpid").expect("getpid in libc");
-        assert_eq!(getpid as usize, libc::getpid as usize);
+        assert_eq!(getpid as usize, libc::getpid as *const () as usize);
         let dlsym = libc_symbol(c"dlsym").expect("dlsym in libc");
-        assert_eq!(dlsym as usize, libc::dlsym as usize);
+        assert_eq!(dlsym as usize, libc::dlsym as *const () as usize);
         assert!(libc_symbol(c"vgpu_no_such_symbol").is_none());
     }
 }

@@ -7,9 +7,8 @@
 //! When utilisation samples cannot be had (NVML missing, unsupported, or a
 //! process of the container whose host pid is unknown) it says so once and
 //! leaves the scale at 1.0: the bucket then runs open-loop on event-timed
-//! costs, which held 0.30 +- 0.003 for 1 ms and 10 ms kernels on an H200
-//! and under-delivers short kernels (0.28 for 50 µs ones). It never runs
-//! unlimited.
+//! costs (0.30 +- 0.003 for 1 ms and 10 ms kernels in a prototype on an
+//! H200). It never runs unlimited.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

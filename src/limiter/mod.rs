@@ -16,7 +16,7 @@ pub mod timing;
 
 use std::cell::Cell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bucket::Admit;
@@ -30,6 +30,12 @@ use crate::{clock, init};
 
 /// Some device this process uses has an SM limit in force.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The device entry this process uses, while it uses exactly one
+/// (`NONE` before the first, `MANY` after a second): spares the launch
+/// path a driver call to find the current context.
+static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
+const NONE: usize = usize::MAX;
+const MANY: usize = usize::MAX - 1;
 /// Stream captures in progress in this process.
 static CAPTURES: AtomicI32 = AtomicI32::new(0);
 
@@ -79,6 +85,11 @@ fn enforced(entry: &DeviceEntry) -> bool {
 
 /// Notes that this process uses device entry `dev`.
 pub fn device_in_use(attach: &Attach, dev: usize) {
+    let _ = ONLY_DEVICE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| match d {
+        NONE => Some(dev),
+        d if d == dev || d == MANY => None,
+        _ => Some(MANY),
+    });
     if enforced(attach.region.device(dev)) {
         ACTIVE.store(true, Ordering::Release);
     }
@@ -100,6 +111,10 @@ thread_local! {
 
 fn current_device() -> Option<(&'static Attach, usize)> {
     let attach = init::attach()?;
+    let only = ONLY_DEVICE.load(Ordering::Relaxed);
+    if only < MANY {
+        return Some((attach, only));
+    }
     let ctx = driver::current_context()? as usize;
     let (c, d) = LAST.with(Cell::get);
     if c == ctx && d != usize::MAX {
@@ -201,4 +216,5 @@ pub fn fork_parent() {
 pub fn fork_child() {
     timing::fork_child();
     CAPTURES.store(0, Ordering::Release);
+    ONLY_DEVICE.store(NONE, Ordering::Release);
 }

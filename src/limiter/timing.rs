@@ -29,7 +29,14 @@ pub struct Sample {
     start: CUevent,
     end: CUevent,
     stream: CUstream,
+    /// When the start event was recorded (CLOCK_MONOTONIC ns).
+    recorded_ns: u64,
 }
+
+/// A sample whose launch call returned this long after its start event
+/// was recorded is discarded: on an idle stream the GPU would have timed
+/// the host's delay (a preemption, a full launch queue) as kernel time.
+const MAX_HOST_GAP_NS: u64 = 100_000;
 
 static PENDING: LazyLock<Mutex<Vec<Pending>>> = LazyLock::new(Default::default);
 /// Idle events: (context, event).
@@ -94,6 +101,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
             start,
             end,
             stream,
+            recorded_ns: crate::clock::monotonic_ns(),
         })
     })();
     if started.is_none() {
@@ -104,7 +112,8 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
 
 /// Finishes a timing after the launch returned `rc`.
 pub fn end(s: Sample, rc: CUresult) {
-    if rc.is_ok() && call!(cuEventRecord(s.end, s.stream)).is_ok() {
+    let prompt = crate::clock::monotonic_ns().saturating_sub(s.recorded_ns) <= MAX_HOST_GAP_NS;
+    if rc.is_ok() && prompt && call!(cuEventRecord(s.end, s.stream)).is_ok() {
         PENDING.lock().push(Pending {
             slot: s.slot,
             ctx: s.ctx,
@@ -141,7 +150,7 @@ fn collect(wait_for: Option<&'static Slot>) {
             ))
             .is_ok()
         {
-            p.slot.record((f64::from(ms) * 1e6) as u64);
+            p.slot.record_timing((f64::from(ms) * 1e6) as u64);
         }
         p.slot.pending.store(false, Ordering::Release);
         give_back(p.ctx, &[p.start, p.end]);

@@ -156,7 +156,7 @@ const _: () = {
     assert!(offset_of!(Header, slot_hwm) == 44);
     assert!(offset_of!(Header, devices) == 128);
     assert!(HEADER_SIZE == 128 + MAX_DEVICES * 256);
-    assert!(HEADER_SIZE % 8 == 0);
+    assert!(HEADER_SIZE.is_multiple_of(8));
 };
 
 /// The fields a reader checks before it maps a file, parsed from its first

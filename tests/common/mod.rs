@@ -9,8 +9,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use vgpu_shm;
-
 /// How a test program reaches the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path3 {
@@ -308,6 +306,13 @@ pub fn finish(child: Child) -> Run {
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
+
+/// Held by tests whose results depend on timing, so that they do not run
+/// at the same time as each other (the CI machine has two cores).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Waits until `cond` holds (up to `secs`).
 pub fn wait_until(secs: f64, mut cond: impl FnMut() -> bool) -> bool {

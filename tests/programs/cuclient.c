@@ -145,10 +145,11 @@ static CUresult allocate(int family, size_t bytes, struct held *h) {
                                      0x20, 4, 0};
         return cu.cuArray3DCreate_v2(&h->array, &d);
     }
-    case 8: {
-        size_t side = 1024;
-        while (side * side * 16 * 2 < bytes) side *= 2;
-        CUDA_ARRAY3D_DESCRIPTOR d = {side, side, 0, 0x20, 4, 0};
+    case 8: { /* four levels of a 4096-wide float4 image: about `bytes` in all */
+        size_t height = bytes * 64 / (4096 * 16 * 85);
+        if (height < 8) height = 8;
+        h->bytes = 4096 * height * 16 * 85 / 64;
+        CUDA_ARRAY3D_DESCRIPTOR d = {4096, height, 0, 0x20, 4, 0};
         return cu.cuMipmappedArrayCreate((CUmipmappedArray *)&h->array, &d, 4);
     }
     }

@@ -10,7 +10,7 @@
 //! `/tmp/cudevshr.cache`. Output is `key=value` lines, for people and tests.
 //! Built on `vgpu-shm` alone: this binary exports no CUDA or NVML symbol.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -23,7 +23,7 @@ fn region_path(arg: Option<&String>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/tmp/cudevshr.cache"))
 }
 
-fn open(path: &PathBuf) -> Result<(Region, f64), String> {
+fn open(path: &Path) -> Result<(Region, f64), String> {
     let t = Instant::now();
     let r = Region::open(path, OpenMode::ExistingOnly).map_err(|e| e.to_string())?;
     Ok((r, t.elapsed().as_secs_f64() * 1e3))

@@ -14,9 +14,9 @@ use vgpu_shm::procinfo::{Liveness, ProcId, liveness};
 
 use crate::config::Config;
 
-pub const MAX_DEV: usize = 4;
-pub const MAX_PROC: usize = 64;
-pub const RING: usize = 4096;
+pub const MAX_DEV: usize = 2;
+pub const MAX_PROC: usize = 48;
+pub const RING: usize = 16384;
 const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU02");
 
 #[repr(C)]

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the GPU test programs and runs every GPU scenario of vgpu; prints a
+# table of checks last. Needs target/release/libvgpu.so and vgpuctl (build
+# them with `cargo build --release` and carry them to the GPU machine).
+#
+#   gpu-tests/run.sh [SECTION...]           on the real GPU
+#   gpu-tests/run.sh --sim DIR [SECTION...] driver-API sections on the simulator
+#
+# Full logs go to $OUT/logs (default /tmp/vgpu-gpu-out); the table also
+# goes to $OUT/results.tsv.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export OUT=${OUT:-/tmp/vgpu-gpu-out}
+export VGPU_BIN=${VGPU_BIN:-/tmp/vgpu-bin}
+mkdir -p "$OUT/logs" "$VGPU_BIN"
+: > "$OUT/results.tsv"
+P=$ROOT/tests/programs
+SIM_DIR=""
+[ "${1:-}" = "--sim" ] && SIM_DIR=$2
+
+for lib in "$ROOT/target/release/libvgpu.so" "$ROOT/target/release/vgpuctl"; do
+  [ -e "$lib" ] || { echo "missing $lib: run cargo build --release first" >&2; exit 2; }
+done
+
+build() { "$@" 2>>"$OUT/logs/build.log" || { echo "build failed: $*" >&2; cat "$OUT/logs/build.log" >&2; exit 2; }; }
+if [ -n "$SIM_DIR" ]; then
+  LINK=(-L "$SIM_DIR" -l:libcuda.so.1)
+else
+  LINK=(-L /usr/local/cuda/lib64/stubs -lcuda)
+  build gcc -O2 -I/usr/local/cuda/include -o "$VGPU_BIN/malloc_bench" "$ROOT/gpu-tests/malloc_bench.c" \
+    -L/usr/local/cuda/lib64 -lcudart
+fi
+build cc -O2 -D VIA_LINK -o "$VGPU_BIN/cuclient-link" "$P/cuclient.c" -ldl -lpthread "${LINK[@]}"
+build cc -O2 -D VIA_DLSYM -o "$VGPU_BIN/cuclient-dlsym" "$P/cuclient.c" -ldl -lpthread
+build cc -O2 -D VIA_PROCADDR -o "$VGPU_BIN/cuclient-procaddr" "$P/cuclient.c" -ldl -lpthread
+build cc -O2 -o "$VGPU_BIN/smi" "$P/smi.c" -ldl
+if [ -z "$SIM_DIR" ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/logs/gpu.txt"
+fi
+python3 "$ROOT/gpu-tests/scenarios.py" "$@"
+rc=$?
+tar -C "$OUT" -czf "$OUT/logs.tgz" logs 2>/dev/null && rm -rf "$OUT/logs"
+exit $rc

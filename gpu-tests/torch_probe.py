@@ -1,0 +1,188 @@
+"""PyTorch scenarios for gpu-tests/scenarios.py. Each prints key=value lines.
+
+    torch_probe.py transparent          deterministic work; prints results
+    torch_probe.py fill CHUNK_MIB       fill until OOM, watching NVML; free; again
+    torch_probe.py hold GIB SECONDS     allocate and hold
+    torch_probe.py second GIB           ask for GIB while another process holds memory
+    torch_probe.py graph SECONDS        CUDA-graph replays per second
+    torch_probe.py startup              time import + first allocation
+    torch_probe.py storm SECONDS SEED   random allocate/free until killed
+"""
+import os
+import sys
+import time
+
+
+def nvml_used_by_me():
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    me = os.getpid()
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+        if p.pid == me:
+            return p.usedGpuMemory or 0
+    return 0
+
+
+def transparent():
+    import torch
+
+    torch.manual_seed(0)
+    a = torch.randn(1024, 1024, device="cuda")
+    b = torch.randn(1024, 1024, device="cuda")
+    c = (a @ b).relu().sum().item()
+    print(f"matmul_sum={c:.3f}")
+    free, total = torch.cuda.mem_get_info()
+    print(f"total={total} device={torch.cuda.get_device_name(0).replace(' ', '_')}")
+    x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    print(f"alloc_ok={x.numel()}")
+    del x
+    torch.cuda.synchronize()
+    print("done=1")
+
+
+def fill(chunk_mib):
+    import torch
+
+    ctx_start = nvml_used_by_me()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    ctx = nvml_used_by_me()
+    held, max_phys, err = [], 0, "none"
+    try:
+        while True:
+            held.append(torch.empty(chunk_mib << 20, dtype=torch.uint8, device="cuda"))
+            max_phys = max(max_phys, nvml_used_by_me())
+            if len(held) > 100000:
+                break
+    except torch.OutOfMemoryError as e:
+        err = "OutOfMemoryError"
+        msg = str(e).splitlines()[0][:120].replace(" ", "_")
+        print(f"oom_message={msg}")
+    except Exception as e:  # any other failure is a bug
+        err = type(e).__name__
+    max_phys = max(max_phys, nvml_used_by_me())
+    filled = sum(t.numel() for t in held)
+    print(f"context_bytes={ctx} before_ctx={ctx_start} filled_bytes={filled} error={err} max_nvml_used={max_phys}")
+    free, total = torch.cuda.mem_get_info()
+    print(f"full_free={free} full_total={total}")
+    held.clear()
+    torch.cuda.empty_cache()
+    again = "ok"
+    try:
+        y = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        del y
+    except Exception as e:
+        again = type(e).__name__
+    print(f"again={again}")
+
+
+def hold(gib, secs):
+    import torch
+
+    x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    print(f"holding={x.numel()}", flush=True)
+    time.sleep(secs)
+
+
+def second(gib):
+    import torch
+
+    torch.zeros(1, device="cuda")
+    free, total = torch.cuda.mem_get_info()
+    print(f"before_free={free} before_total={total}")
+    try:
+        x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+        print(f"result=granted size={x.numel()}")
+    except torch.OutOfMemoryError:
+        print("result=OutOfMemoryError")
+    except Exception as e:
+        print(f"result={type(e).__name__}")
+
+
+def graph(secs):
+    import torch
+
+    n = 4096
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            torch.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(8):
+            torch.matmul(a, b, out=out)
+    g.replay()
+    torch.cuda.synchronize()
+    per_sec = []
+    t0 = time.perf_counter()
+    end = t0 + secs
+    count, sec_start = 0, t0
+    events = []
+    while time.perf_counter() < end:
+        g.replay()
+        e = torch.cuda.Event()
+        e.record()
+        events.append(e)
+        while len(events) > 4:
+            events.pop(0).synchronize()
+            count += 1
+        now = time.perf_counter()
+        if now - sec_start >= 1.0:
+            per_sec.append(count)
+            count, sec_start = 0, now
+    torch.cuda.synchronize()
+    print("per_sec=" + ",".join(str(c) for c in per_sec))
+    print(f"rate={sum(per_sec) / max(1, len(per_sec)):.3f}")
+
+
+def startup():
+    t0 = time.perf_counter()
+    import torch
+
+    t1 = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    print(f"import_s={t1 - t0:.6f} first_alloc_s={t2 - t1:.6f} total_s={t2 - t0:.6f}")
+
+
+def storm(secs, seed):
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    held = []
+    end = time.time() + secs
+    while time.time() < end:
+        if held and rng.random() < 0.5:
+            held.pop(rng.randrange(len(held)))
+        else:
+            try:
+                held.append(torch.empty(rng.randint(64, 768) << 20, dtype=torch.uint8, device="cuda"))
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+        if rng.random() < 0.1:
+            torch.cuda.empty_cache()
+    print(f"holding={sum(t.numel() for t in held)}", flush=True)
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {
+        "transparent": lambda: transparent(),
+        "fill": lambda: fill(int(args[0])),
+        "hold": lambda: hold(float(args[0]), float(args[1])),
+        "second": lambda: second(float(args[0])),
+        "graph": lambda: graph(float(args[0])),
+        "startup": lambda: startup(),
+        "storm": lambda: storm(float(args[0]), int(args[1])),
+    }[cmd]()
