@@ -228,10 +228,11 @@ def memory():
     stop(holder)
     r = kv(out)
     free = int(r.get("before_free", -1))
+    left = max(0, 4 * GIB - used)
     ok = rc == 0 and r.get("result") == "OutOfMemoryError" and int(r.get("before_total", 0)) == 4 * GIB \
-        and abs(free - (4 * GIB - used)) <= 64 * MIB
+        and abs(free - left) <= 64 * MIB
     record(sec, "second process asks 2 GiB beside 3 GiB: result, mem_get_info free",
-           f"{r.get('result')}, {free / GIB:.2f} GiB", f"OutOfMemoryError, {(4 * GIB - used) / GIB:.2f} GiB", ok)
+           f"{r.get('result')}, {free / GIB:.2f} GiB", f"OutOfMemoryError, {left / GIB:.2f} GiB (what is left)", ok)
     # kill -9 of a holder.
     region = new_region()
     holder = spawn([PY, PROBE, "hold", "3.2", "120"], make_env(True, lim, region), "kill-holder")
@@ -245,20 +246,34 @@ def memory():
            rc == 0 and r.get("result") == "granted")
 
 
+# Benchmarks run pinned to two cores, so that the scheduler's placement
+# (which moves timings by 10-30% between runs here) is the same for all.
+PIN = ["taskset", "-c", "2,3"]
+
+
+def interleaved(configs, cmd, key, runs, name):
+    """Runs each (label, env) of `configs` `runs` times, alternating;
+    returns {label: [values of `key`]}."""
+    got = {label: [] for label, _ in configs}
+    for i in range(runs):
+        order = configs if i % 2 == 0 else configs[::-1]
+        for label, env in order:
+            rc, out, _ = run(PIN + cmd, env, 120, f"{name}-{label}")
+            if rc == 0 and key in kv(out):
+                got[label].append(float(kv(out)[key]))
+    return got
+
+
 def overhead():
     sec = "overhead"
     if SIM:
         return
-    bare, hooked = [], []
-    for i in range(7):
-        for pre, acc in ((False, bare), (True, hooked)):
-            rc, out, _ = run([os.path.join(BIN, "malloc_bench"), "2000", "9"], make_env(pre), 120, f"malloc-{pre}")
-            if rc == 0:
-                acc.append(float(kv(out)["malloc_free_us_median"]))
-    b, h = statistics.median(bare), statistics.median(hooked)
+    got = interleaved([("bare", make_env(False)), ("vgpu", make_env(True))],
+                      [os.path.join(BIN, "malloc_bench"), "2000", "9"], "malloc_free_us_median", 15, "malloc")
+    b, h = statistics.median(got["bare"]), statistics.median(got["vgpu"])
     pct = (h / b - 1) * 100
-    record(sec, "cudaMalloc+cudaFree 1 MiB, no limit (median us: bare, vgpu)", f"{b:.2f}, {h:.2f} ({pct:+.2f}%)",
-           "<= +2%", pct <= 2.0)
+    record(sec, "cudaMalloc+cudaFree 1 MiB, no limit: median of 15 runs each (us: bare, vgpu)",
+           f"{b:.2f}, {h:.2f} ({pct:+.2f}%)", "<= +2%", pct <= 2.0)
 
 
 def startup():
@@ -270,7 +285,7 @@ def startup():
     run([PY, PROBE, "startup"], make_env(False), 300, "startup-warm")
     for i in range(10):
         for pre in ((False, True) if i % 2 == 0 else (True, False)):
-            rc, out, _ = run([PY, PROBE, "startup"], make_env(pre, lim if pre else None, new_region()), 300,
+            rc, out, _ = run(PIN + [PY, PROBE, "startup"], make_env(pre, lim if pre else None, new_region()), 300,
                              f"startup-{pre}")
             if rc == 0:
                 res[pre].append(kv(out))
@@ -286,19 +301,14 @@ def launchcost():
     sec = "launchcost"
     if SIM:  # the simulator's launches cost a few hundred ns: no yardstick
         return
-    best = {}
-    for name, pre, extra in [("native", False, None), ("vgpu", True, None), ("vgpu-sm90", True, {"CUDA_DEVICE_SM_LIMIT": "90"})]:
-        vals = []
-        for _ in range(3):
-            rc, out, _ = run([client("dlsym"), "launchcost", "200000"], make_env(pre, extra, new_region()), 120,
-                             f"launch-{name}")
-            if rc == 0:
-                vals.append(float(kv(out)["launch_us_best"]))
-        best[name] = min(vals) if vals else float("nan")
+    configs = [("native", make_env(False)), ("vgpu", make_env(True)),
+               ("vgpu-sm90", make_env(True, {"CUDA_DEVICE_SM_LIMIT": "90"}, new_region()))]
+    got = interleaved(configs, [client("dlsym"), "launchcost", "100000"], "launch_us_best", 11, "launch")
+    med = {k: statistics.median(v) for k, v in got.items()}
     for name, target in [("vgpu", 1.0), ("vgpu-sm90", 3.0)]:
-        pct = (best[name] / best["native"] - 1) * 100
-        record(sec, f"empty-kernel launch, {name} vs native (us)", f"{best[name]:.3f} vs {best['native']:.3f} ({pct:+.2f}%)",
-               f"<= +{target}%", pct <= target)
+        pct = (med[name] / med["native"] - 1) * 100
+        record(sec, f"empty-kernel launch, {name} vs native: median of 11 runs (us)",
+               f"{med[name]:.3f} vs {med['native']:.3f} ({pct:+.2f}%)", f"<= +{target}%", pct <= target)
 
 
 def spin(ns, secs, extra, region, path="procaddr", name="spin"):
@@ -349,12 +359,20 @@ def graphs():
     sec = "compute"
     if SIM:
         return
-    _, out, _ = run([PY, PROBE, "graph", "6"], make_env(True, None, new_region()), 120, "graph-free")
-    base = float(kv(out).get("rate", "nan"))
-    rc, out, _ = run([PY, PROBE, "graph", "15"], make_env(True, {"CUDA_DEVICE_SM_LIMIT": "30"}, new_region()), 200,
-                     "graph-30")
-    frac = float(kv(out).get("rate", "nan")) / base
-    record(sec, "PyTorch CUDA-graph replays at 30%", f"{frac:.3f}", "0.30 +-0.05", rc == 0 and abs(frac - 0.30) <= 0.05)
+    for kind, judged in (("mlp", True), ("gemm", False)):
+        _, out, _ = run([PY, PROBE, "graph", "6", kind], make_env(True, None, new_region()), 120, f"graph-free-{kind}")
+        free = kv(out)
+        rc, out, _ = run([PY, PROBE, "graph", "15", kind], make_env(True, {"CUDA_DEVICE_SM_LIMIT": "30"}, new_region()),
+                         200, f"graph-30-{kind}")
+        lim = kv(out)
+        frac = float(lim.get("rate", "nan")) / float(free.get("rate", "nan"))
+        clocks = f"SM clock {free.get('sm_clock_mhz')} -> {lim.get('sm_clock_mhz')} MHz"
+        if judged:
+            record(sec, f"PyTorch CUDA-graph replays at 30% ({kind}; {clocks})", f"{frac:.3f}", "0.30 +-0.05",
+                   rc == 0 and abs(frac - 0.30) <= 0.05)
+        else:
+            record(sec, f"PyTorch CUDA-graph replays at 30% ({kind}, power-bound; {clocks}), for the record",
+                   f"{frac:.3f}", "(time share 0.30)", rc == 0)
 
 
 def storm():

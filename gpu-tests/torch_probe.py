@@ -90,7 +90,6 @@ def hold(gib, secs):
 def second(gib):
     import torch
 
-    torch.zeros(1, device="cuda")
     free, total = torch.cuda.mem_get_info()
     print(f"before_free={free} before_total={total}")
     try:
@@ -102,26 +101,49 @@ def second(gib):
         print(f"result={type(e).__name__}")
 
 
-def graph(secs):
+def sm_clock_mhz():
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM)
+
+
+def graph(secs, kind="mlp"):
+    """Replays of a captured model step: `mlp` (a 4-layer bf16 MLP on a
+    batch of 2048 tokens) or `gemm` (eight 4096^3 bf16 GEMMs, which run the
+    card at its power limit)."""
     import torch
 
-    n = 4096
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    if kind == "gemm":
+        n = 4096
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            for _ in range(8):
+                torch.matmul(a, b, out=out)
+    else:
+        model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(2048, 2048), torch.nn.GELU())])
+        model = model.cuda().to(torch.bfloat16)
+        x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            with torch.no_grad():
+                model(x)
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            torch.matmul(a, b, out=out)
+            step()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(8):
-            torch.matmul(a, b, out=out)
+        step()
     g.replay()
     torch.cuda.synchronize()
-    per_sec = []
+    per_sec, clock = [], 0
     t0 = time.perf_counter()
     end = t0 + secs
     count, sec_start = 0, t0
@@ -138,9 +160,11 @@ def graph(secs):
         if now - sec_start >= 1.0:
             per_sec.append(count)
             count, sec_start = 0, now
+        if len(per_sec) == 2 and count == 0:
+            clock = sm_clock_mhz()
     torch.cuda.synchronize()
     print("per_sec=" + ",".join(str(c) for c in per_sec))
-    print(f"rate={sum(per_sec) / max(1, len(per_sec)):.3f}")
+    print(f"rate={sum(per_sec[1:]) / max(1, len(per_sec) - 1):.3f} sm_clock_mhz={clock}")
 
 
 def startup():
@@ -182,7 +206,7 @@ if __name__ == "__main__":
         "fill": lambda: fill(int(args[0])),
         "hold": lambda: hold(float(args[0]), float(args[1])),
         "second": lambda: second(float(args[0])),
-        "graph": lambda: graph(float(args[0])),
+        "graph": lambda: graph(float(args[0]), args[1] if len(args) > 1 else "mlp"),
         "startup": lambda: startup(),
         "storm": lambda: storm(float(args[0]), int(args[1])),
     }[cmd]()

@@ -55,10 +55,13 @@ impl Attach {
         }
     }
 
-    /// Frees the slots of dead processes; returns how many.
-    pub fn reclaim_dead(&self) -> u32 {
+    /// Frees the slots of dead processes; returns how many. `on_gpu` lists
+    /// the host pids the driver still holds memory for (a killed process's
+    /// memory is freed moments after it is gone); their slots wait.
+    pub fn reclaim_dead(&self, on_gpu: &[u32]) -> u32 {
+        let still_held = |pid: i32| on_gpu.contains(&(pid as u32));
         self.region
-            .reclaim_dead(ProcId::current().pidns)
+            .reclaim_dead_unless(ProcId::current().pidns, still_held)
             .unwrap_or_else(|e| {
                 crate::warn_once!("{e}");
                 0

@@ -135,7 +135,7 @@ fn reserve(
     if region.reserve(slot, dev, kind, bytes) == Reservation::Granted {
         return Ok(());
     }
-    attach.reclaim_dead();
+    attach.reclaim_dead(&overhead::pids_on_device(attach, dev));
     overhead::reconcile_now(attach, slot, dev);
     match region.reserve(slot, dev, kind, bytes) {
         Reservation::Granted => Ok(()),

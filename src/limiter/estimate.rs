@@ -123,13 +123,19 @@ pub fn slot(key: u64) -> &'static Slot {
     let start = (key as usize) % SLOTS;
     for i in 0..PROBES {
         let s = &TABLE[(start + i) % SLOTS];
-        match s
-            .key
-            .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return s,
-            Err(k) if k == key => return s,
-            Err(_) => {}
+        // A plain load first: the launch path finds its shape without a
+        // locked instruction.
+        match s.key.load(Ordering::Acquire) {
+            k if k == key => return s,
+            0 => match s
+                .key
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return s,
+                Err(k) if k == key => return s,
+                Err(_) => {}
+            },
+            _ => {}
         }
     }
     &OVERFLOW

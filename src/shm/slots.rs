@@ -20,7 +20,7 @@ impl Region {
     /// is reset and reused.
     pub fn claim_slot(&self, me: &ProcId) -> Result<usize, ShmError> {
         let guard = self.lock()?;
-        self.reclaim_dead_locked(&guard, me.pidns);
+        self.reclaim_dead_locked(&guard, me.pidns, |_| false);
         let hwm = self.slot_hwm();
         let reuse = (0..hwm).find(|&i| {
             let s = self.slot(i);
@@ -58,11 +58,27 @@ impl Region {
     /// Frees the slots of dead processes so their memory returns to the
     /// quota. Returns how many were reclaimed.
     pub fn reclaim_dead(&self, my_ns: u64) -> Result<u32, ShmError> {
-        let guard = self.lock()?;
-        Ok(self.reclaim_dead_locked(&guard, my_ns))
+        self.reclaim_dead_unless(my_ns, |_| false)
     }
 
-    fn reclaim_dead_locked(&self, _guard: &RegionGuard<'_>, my_ns: u64) -> u32 {
+    /// As [`Region::reclaim_dead`], but keeps a dead process's slot while
+    /// `still_held(host_pid)` says the driver still holds its memory (it
+    /// frees a killed process's memory moments after the process is gone).
+    pub fn reclaim_dead_unless(
+        &self,
+        my_ns: u64,
+        still_held: impl Fn(i32) -> bool,
+    ) -> Result<u32, ShmError> {
+        let guard = self.lock()?;
+        Ok(self.reclaim_dead_locked(&guard, my_ns, still_held))
+    }
+
+    fn reclaim_dead_locked(
+        &self,
+        _guard: &RegionGuard<'_>,
+        my_ns: u64,
+        still_held: impl Fn(i32) -> bool,
+    ) -> u32 {
         let mut reclaimed = 0;
         for i in 0..self.slot_hwm() {
             let slot = self.slot(i);
@@ -76,7 +92,8 @@ impl Region {
                 slot.pidns.load(Ordering::Acquire),
                 my_ns,
             );
-            if owner == Liveness::Dead {
+            let host_pid = slot.host_pid.load(Ordering::Acquire);
+            if owner == Liveness::Dead && !(host_pid > 0 && still_held(host_pid)) {
                 self.release_slot(i);
                 reclaimed += 1;
             }
