@@ -29,8 +29,12 @@ pub enum Admit {
 /// Wall-clock nanoseconds of the device's schedule that `cost_ns` of GPU
 /// time uses at `percent` and `scale_milli`.
 pub fn schedule_ns(cost_ns: u64, percent: u32, scale_milli: u32) -> u64 {
-    let denom = u128::from(percent.max(1)) * u128::from(scale_milli.max(1));
-    (u128::from(cost_ns) * 100_000 / denom).min(u128::from(u64::MAX / 2)) as u64
+    let denom = u64::from(percent.max(1)) * u64::from(scale_milli.max(1));
+    // Costs are far below 2^46 ns (a day), so this stays in 64 bits.
+    match cost_ns.checked_mul(100_000) {
+        Some(n) => (n / denom).min(u64::MAX / 2),
+        None => u64::MAX / 2,
+    }
 }
 
 /// Takes `cost_ns` from `entry`'s bucket at time `now`.

@@ -1038,7 +1038,7 @@ pub fn kernel_duration(
     let waves = blocks.div_ceil(u64::from(d.sms.load(Ordering::Relaxed)));
     Some(match name.as_str() {
         "vgpu_spin" => kernel_arg_u64(params, 0).unwrap_or(0).saturating_mul(waves),
-        "vgpu_empty" => 1000,
+        "vgpu_empty" => 100,
         _ => d.block_ns.load(Ordering::Relaxed).saturating_mul(waves),
     })
 }

@@ -23,7 +23,7 @@
 //! `SIM_GPU_BLOCK_NS`; and per process `SIM_GPU_PID_OFFSET`.
 //!
 //! Kernels: `vgpu_spin(ns, counter)` (tests/programs/spin_ptx.h) runs `ns`
-//! per wave of blocks (one block per SM per wave), `vgpu_empty` 1 µs, any
+//! per wave of blocks (one block per SM per wave), `vgpu_empty` 0.1 µs, any
 //! other function `SIM_GPU_BLOCK_NS` per wave.
 //!
 //! Entry points that exist only so that names resolve return
