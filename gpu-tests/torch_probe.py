@@ -91,7 +91,8 @@ def second(gib):
     import torch
 
     free, total = torch.cuda.mem_get_info()
-    print(f"before_free={free} before_total={total}")
+    print(f"before_free={free} before_total={total}", flush=True)
+    time.sleep(1.5)  # lets the caller read the region meanwhile
     try:
         x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
         print(f"result=granted size={x.numel()}")

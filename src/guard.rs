@@ -9,14 +9,22 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Guards alive in the whole process: while 0, no thread is internal and
+/// the thread-local need not be read (a TLS access in a shared library is
+/// a call to `__tls_get_addr`, on every hook).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
 /// Whether this thread is inside our own code right now.
 pub fn is_internal() -> bool {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
     // During thread teardown the TLS may be gone: treat that as internal so
     // nothing of ours runs.
     DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)
@@ -29,6 +37,7 @@ pub struct Guard {
 
 impl Guard {
     pub fn enter() -> Guard {
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
         let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
         Guard {
             _not_send: PhantomData,
@@ -39,6 +48,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -6,8 +6,9 @@
 //! - picks up SM limits that appeared in the region;
 //! - leads the compute bucket of each limited device it is elected for.
 //!
-//! It holds no lock of ours across a driver call, runs every NVML call
-//! inside a `Guard`, and is restarted lazily in a forked child.
+//! It holds no lock of ours across a driver call, makes every NVML call
+//! inside a `Guard` (nvml/client.rs), and is restarted lazily in a forked
+//! child.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::Thread;
@@ -16,7 +17,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::cuda::overhead;
-use crate::guard::Guard;
 use crate::limiter::{self, leader::Leader};
 use crate::nvml::client;
 use crate::{hostpid, init};
@@ -63,7 +63,7 @@ pub fn after_fork_child() {
 }
 
 fn run() {
-    let _internal = Guard::enter();
+    // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];

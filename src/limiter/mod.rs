@@ -1,6 +1,8 @@
 //! The compute quota. [`around`] is the one call a launch hook makes:
 //! with no SM limit anywhere in this process it costs one atomic load;
-//! with a limit and tokens available, one CAS on the device's bucket.
+//! with a limit, a launch spends credit this process bought from the
+//! device's shared bucket (one atomic subtraction), and buys more (one CAS
+//! on the bucket) a lease at a time.
 //!
 //! - `bucket`: the GCRA bucket in the shared region (pure)
 //! - `estimate`: per-shape launch costs, learned (pure)
@@ -16,10 +18,11 @@ pub mod timing;
 
 use std::cell::Cell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bucket::Admit;
+use vgpu_shm::MAX_DEVICES;
 use vgpu_shm::layout::DeviceEntry;
 
 use crate::attach::Attach;
@@ -151,22 +154,45 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
         0 => estimate::DEFAULT_NS,
         c => c,
     };
-    let mut now = clock::monotonic_ns();
-    while let Admit::Wait(ns) = bucket::admit(entry, cost, now) {
-        entry.waits.fetch_add(1, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_nanos(ns));
-        now = clock::monotonic_ns();
-    }
+    pay(entry, dev, cost);
     let sample = if capture {
         None
     } else {
-        timing::begin(slot, l.stream, now)
+        timing::begin(slot, l.stream, clock::coarse_ns())
     };
     let rc = go();
     if let Some(s) = sample {
         timing::end(s, rc);
     }
     rc
+}
+
+/// GPU time this process has bought from each device's bucket and not yet
+/// spent. Launches spend it without touching the shared bucket or the
+/// clock; it is bought a lease at a time.
+static CREDIT: [AtomicI64; MAX_DEVICES] = [const { AtomicI64::new(0) }; MAX_DEVICES];
+/// The least GPU time bought at once: small enough that credit left idle
+/// in a process is no burst (0.1 ms), large enough that empty kernels buy
+/// every few hundred launches.
+const LEASE_NS: u64 = 100_000;
+
+/// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
+/// bucket when this process has no credit left.
+fn pay(entry: &DeviceEntry, dev: usize, cost: u64) {
+    let credit = &CREDIT[dev];
+    let cost_i = i64::try_from(cost).unwrap_or(i64::MAX / 2);
+    if credit.fetch_sub(cost_i, Ordering::Relaxed) >= cost_i {
+        return;
+    }
+    credit.fetch_add(cost_i, Ordering::Relaxed);
+    let lease = cost.max(LEASE_NS);
+    let mut now = clock::monotonic_ns();
+    while let Admit::Wait(ns) = bucket::admit(entry, lease, now) {
+        entry.waits.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_nanos(ns));
+        now = clock::monotonic_ns();
+    }
+    credit.fetch_add(i64::try_from(lease - cost).unwrap_or(0), Ordering::Relaxed);
 }
 
 /// A stream capture began (`delta` 1) or ended (-1).
@@ -215,6 +241,9 @@ pub fn fork_parent() {
 
 pub fn fork_child() {
     timing::fork_child();
+    for c in &CREDIT {
+        c.store(0, Ordering::Relaxed);
+    }
     CAPTURES.store(0, Ordering::Release);
     ONLY_DEVICE.store(NONE, Ordering::Release);
 }

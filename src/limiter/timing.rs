@@ -64,7 +64,8 @@ fn give_back(ctx: usize, events: &[usize]) {
     POOL.lock().extend(events.iter().map(|&e| (ctx, e)));
 }
 
-/// Finished timings are collected at most this often outside samples.
+/// Finished timings are collected at most this often outside samples
+/// (compared on the coarse clock).
 const POLL_EVERY_NS: u64 = 2_000_000;
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
 

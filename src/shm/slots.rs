@@ -15,12 +15,16 @@ use crate::lock::RegionGuard;
 use crate::procinfo::{Liveness, ProcId, liveness};
 
 impl Region {
-    /// Claims a slot for `me`, reclaiming dead slots first. A slot already
-    /// held by the same process (same pid and start time: an `exec`ed image)
-    /// is reset and reused.
+    /// Claims a slot for `me`. A slot already held by the same process
+    /// (same pid and start time: an `exec`ed image) is reset and reused.
+    /// Dead processes' slots are reclaimed here only when no slot is free:
+    /// the driver may still be freeing their memory, so the allocation
+    /// path reclaims them once it has checked (see `reclaim_dead_unless`).
     pub fn claim_slot(&self, me: &ProcId) -> Result<usize, ShmError> {
         let guard = self.lock()?;
-        self.reclaim_dead_locked(&guard, me.pidns, |_| false);
+        if (0..MAX_SLOTS).all(|i| self.slot(i).pid.load(Ordering::Acquire) != 0) {
+            self.reclaim_dead_locked(&guard, me.pidns, |_| false);
+        }
         let hwm = self.slot_hwm();
         let reuse = (0..hwm).find(|&i| {
             let s = self.slot(i);
