@@ -55,7 +55,8 @@ typedef struct vgpu_shm_slot {
     uint64_t claimed_unix_s;
     uint32_t sm_util[VGPU_SHM_MAX_DEVICES];
     uint64_t usage[VGPU_SHM_MAX_DEVICES][VGPU_SHM_NUM_KINDS]; /* bytes */
-    uint64_t reserved[36];
+    uint64_t dead_since_ms;     /* CLOCK_MONOTONIC ms a reclaim found it dead */
+    uint64_t reserved[35];
 } vgpu_shm_slot;
 
 typedef struct vgpu_shm_header {

@@ -110,6 +110,10 @@ fn the_c_header_matches_the_rust_layout() {
         ),
         ("vgpu_shm_slot.sm_util", offset_of!(ProcSlot, sm_util)),
         ("vgpu_shm_slot.usage", offset_of!(ProcSlot, usage)),
+        (
+            "vgpu_shm_slot.dead_since_ms",
+            offset_of!(ProcSlot, dead_since_ms),
+        ),
     ];
     for (field, offset) in expect {
         assert_eq!(c.u64(field), offset as u64, "{field}");

@@ -109,7 +109,11 @@ pub struct ProcSlot {
     pub sm_util: [AtomicU32; MAX_DEVICES],
     /// Bytes held per device and kind.
     pub usage: [[AtomicU64; NUM_KINDS]; MAX_DEVICES],
-    pub _reserved: [AtomicU64; 36],
+    /// When a reclaim first found the owner dead (CLOCK_MONOTONIC ms; 0:
+    /// never). A dead owner whose host pid is unknown keeps its slot for a
+    /// grace period: the driver may still be freeing its memory.
+    pub dead_since_ms: AtomicU64,
+    pub _reserved: [AtomicU64; 35],
 }
 
 #[repr(C)]
@@ -151,6 +155,7 @@ const _: () = {
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
     assert!(offset_of!(ProcSlot, usage) == 96);
+    assert!(offset_of!(ProcSlot, dead_since_ms) == 736);
     assert!(offset_of!(Header, size) == 16);
     assert!(offset_of!(Header, state) == 40);
     assert!(offset_of!(Header, slot_hwm) == 44);

@@ -42,6 +42,10 @@ impl Region {
         slot.host_pid.store(0, Ordering::Relaxed);
         slot.start_time.store(me.start_time, Ordering::Relaxed);
         slot.pidns.store(me.pidns, Ordering::Relaxed);
+        // In the initial pid namespace NVML reports our own pid.
+        if me.pidns == crate::procinfo::INIT_PIDNS {
+            slot.host_pid.store(me.pid, Ordering::Relaxed);
+        }
         slot.claimed_unix_s.store(unix_now(), Ordering::Relaxed);
         slot.pid.store(me.pid, Ordering::Release);
         if index >= hwm {
@@ -96,8 +100,24 @@ impl Region {
                 slot.pidns.load(Ordering::Acquire),
                 my_ns,
             );
+            if owner != Liveness::Dead {
+                continue;
+            }
             let host_pid = slot.host_pid.load(Ordering::Acquire);
-            if owner == Liveness::Dead && !(host_pid > 0 && still_held(host_pid)) {
+            let now = monotonic_ms();
+            let since = match slot.dead_since_ms.load(Ordering::Acquire) {
+                0 => {
+                    slot.dead_since_ms.store(now, Ordering::Release);
+                    now
+                }
+                t => t,
+            };
+            let held = if host_pid > 0 {
+                still_held(host_pid)
+            } else {
+                now.saturating_sub(since) < UNKNOWN_PID_GRACE_MS
+            };
+            if !held {
                 self.release_slot(i);
                 reclaimed += 1;
             }
@@ -116,6 +136,20 @@ impl Region {
     }
 }
 
+/// How long the slot of a dead process whose host pid was never learnt
+/// is kept, in case the driver is still freeing its memory.
+pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
+
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec that we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 fn clear_counters(slot: &ProcSlot) {
     for per_device in &slot.usage {
         for counter in per_device {
@@ -125,6 +159,7 @@ fn clear_counters(slot: &ProcSlot) {
     for util in &slot.sm_util {
         util.store(0, Ordering::Relaxed);
     }
+    slot.dead_since_ms.store(0, Ordering::Relaxed);
 }
 
 fn unix_now() -> u64 {

@@ -201,6 +201,7 @@ fn reclaim_frees_slots_of_dead_processes_only() {
     child.wait().unwrap();
     let theirs = r.claim_slot(&dead).unwrap();
     assert_ne!(theirs, mine);
+    r.slot(theirs).host_pid.store(dead.pid, Ordering::Relaxed);
     assert_eq!(
         r.reserve(theirs, dev, Kind::Buffer, 1000),
         Reservation::Granted
@@ -280,4 +281,32 @@ fn racing_threads_never_overcommit() {
     }
     assert_eq!(over.load(Ordering::Relaxed), 0);
     assert_eq!(r.device_usage(dev, Owners::All), 0);
+}
+
+#[test]
+fn a_dead_owner_with_an_unknown_host_pid_keeps_its_slot_for_a_grace_period() {
+    let r = Region::anonymous().unwrap();
+    let me = ProcId::current();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = ProcId {
+        pid: child.id() as i32,
+        start_time: 1,
+        pidns: me.pidns,
+    };
+    child.wait().unwrap();
+    let slot = r.claim_slot(&dead).unwrap();
+    r.slot(slot).host_pid.store(0, Ordering::Relaxed);
+    assert_eq!(
+        r.reclaim_dead(me.pidns).unwrap(),
+        0,
+        "kept: the driver may still hold its memory"
+    );
+    assert_ne!(r.slot(slot).dead_since_ms.load(Ordering::Relaxed), 0);
+    // Known host pid: kept exactly while the driver lists it.
+    r.slot(slot).host_pid.store(dead.pid, Ordering::Relaxed);
+    assert_eq!(
+        r.reclaim_dead_unless(me.pidns, |p| p == dead.pid).unwrap(),
+        0
+    );
+    assert_eq!(r.reclaim_dead_unless(me.pidns, |_| false).unwrap(), 1);
 }

@@ -9,6 +9,7 @@
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
+ *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
  *   cuclient race THREADS SECONDS BYTES    threads allocate and free at once
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
@@ -21,12 +22,17 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <elf.h>
+#include <link.h>
+#include <sys/stat.h>
 
 #include "cuda_api.h"
 #include "spin_ptx.h"
@@ -376,6 +382,74 @@ static int cmd_launchcost(long n) {
     return 0;
 }
 
+/* The driver's own address of `name`, read from the library file's
+ * .dynsym: no dlsym, so no interposer can answer instead of the driver. */
+static void *driver_symbol(const char *name) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    struct link_map *lm = NULL;
+    if (!h || dlinfo(h, RTLD_DI_LINKMAP, &lm) || !lm) return NULL;
+    int fd = open(lm->l_name, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) return NULL;
+    const unsigned char *map = mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return NULL;
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)map;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(map + eh->e_shoff);
+    void *found = NULL;
+    for (int i = 0; i < eh->e_shnum && !found; i++) {
+        if (sh[i].sh_type != SHT_DYNSYM) continue;
+        const Elf64_Sym *sym = (const Elf64_Sym *)(map + sh[i].sh_offset);
+        const char *str = (const char *)(map + sh[sh[i].sh_link].sh_offset);
+        for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++)
+            if (sym[k].st_value && sym[k].st_shndx && !strcmp(str + sym[k].st_name, name)) {
+                found = (void *)(lm->l_addr + sym[k].st_value);
+                break;
+            }
+    }
+    munmap((void *)map, st.st_size);
+    return found;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Launch cost of the entry point the program resolved (through vgpu when
+ * it is loaded) against the driver's own, alternating batches of N empty
+ * kernels in one process: the same GPU and queue state for both. */
+static int cmd_launchab(long n, int rounds) {
+    setup();
+    load_kernels();
+    typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, CUstream, void **, void **);
+    launch_t hooked = cu.cuLaunchKernel, native = (launch_t)driver_symbol("cuLaunchKernel");
+    if (!native) {
+        printf("error=no-driver-symbol\n");
+        return 2;
+    }
+    printf("distinct=%d\n", native != hooked);
+    double t[2][64];
+    if (rounds > 64) rounds = 64;
+    for (int i = 0; i < 2000; i++) CHECK(hooked(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
+    CHECK(cu.cuCtxSynchronize());
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            int which = (r + k) % 2; /* alternate which goes first */
+            launch_t f = which ? hooked : native;
+            double t0 = now_s();
+            for (long i = 0; i < n; i++) CHECK(f(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
+            t[which][r] = (now_s() - t0) * 1e6 / n;
+            CHECK(cu.cuCtxSynchronize());
+        }
+    qsort(t[0], rounds, sizeof(double), cmp_double);
+    qsort(t[1], rounds, sizeof(double), cmp_double);
+    double a = t[0][rounds / 2], b = t[1][rounds / 2];
+    printf("native_us=%.4f hooked_us=%.4f overhead_pct=%.3f\n", a, b, (b / a - 1) * 100);
+    return 0;
+}
+
 /* ---- races, storms ---------------------------------------------------------- */
 
 struct racer {
@@ -564,6 +638,7 @@ int main(int argc, char **argv) {
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
+    if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "race"))
         return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0));
     if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));

@@ -23,6 +23,7 @@ int main(int argc, char **argv) {
     F(vgpu_shm_device, leader); F(vgpu_shm_device, waits);
     F(vgpu_shm_slot, host_pid); F(vgpu_shm_slot, start_time); F(vgpu_shm_slot, pidns);
     F(vgpu_shm_slot, claimed_unix_s); F(vgpu_shm_slot, sm_util); F(vgpu_shm_slot, usage);
+    F(vgpu_shm_slot, dead_since_ms);
     if (argc < 2) return 0;
     int fd = open(argv[1], O_RDONLY);
     if (fd < 0) return 2;
