@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::{Kind, Reservation, format_uuid};
+use vgpu_shm::{Kind, Owners, Reservation, format_uuid};
 
 use super::sys::*;
 use super::tracker::{self, Key, Tracked};
@@ -133,7 +133,16 @@ fn reserve(
 ) -> Result<(), CUresult> {
     let region = &attach.region;
     if region.reserve(slot, dev, kind, bytes) == Reservation::Granted {
-        return Ok(());
+        if !near_limit(attach, dev) || !overhead::reconcile_now(attach, slot, dev) {
+            return Ok(());
+        }
+        // Close to the limit, the overhead was just re-measured (the
+        // driver's page tables grow with every allocation): still within?
+        let limit = region.device(dev).limits().mem;
+        if region.device_usage(dev, Owners::All) <= limit {
+            return Ok(());
+        }
+        region.unreserve(slot, dev, kind, bytes);
     }
     attach.reclaim_dead(&overhead::pids_on_device(attach, dev));
     overhead::reconcile_now(attach, slot, dev);
@@ -144,6 +153,14 @@ fn reserve(
             Err(CUresult::ERROR_OUT_OF_MEMORY)
         }
     }
+}
+
+/// Within this fraction of the limit, a grant re-measures the overhead.
+const NEAR_LIMIT_DIV: u64 = 32;
+
+fn near_limit(attach: &Attach, dev: usize) -> bool {
+    let limit = attach.region.device(dev).limits().mem;
+    limit != 0 && attach.region.device_usage(dev, Owners::All) + limit / NEAR_LIMIT_DIV > limit
 }
 
 /// One line per denial, at most one a second.
