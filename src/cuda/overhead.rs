@@ -8,7 +8,7 @@
 //! on an H200 (518 MiB bare, about 610 MiB with PyTorch's kernels loaded).
 //! Erring high is safe: a denial re-measures before it is final.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vgpu_shm::{Kind, MAX_DEVICES};
 
@@ -20,6 +20,8 @@ use crate::nvml::client;
 pub const PROVISIONAL: u64 = 640 << 20;
 /// At most one synchronous measurement per device in this window.
 const MIN_INTERVAL_NS: u64 = 20_000_000;
+/// How long an overhead estimate stands before a lower one may replace it.
+const SETTLE_NS: u64 = 1_000_000_000;
 
 static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 static LAST_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
@@ -30,6 +32,10 @@ static LAST_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEV
 /// overhead look larger, never smaller.
 static ALLOCATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static FREED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Whether each device's estimate is a measurement (not the provisional).
+static MEASURED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// When each device's estimate last rose (CLOCK_MONOTONIC ns).
+static RAISED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// An allocation of `bytes` on `dev` completed.
 pub fn allocated(dev: usize, bytes: u64) {
@@ -51,6 +57,7 @@ pub fn context_created(attach: &Attach, dev: usize) {
         attach
             .region
             .set_usage(slot, dev, Kind::Context, PROVISIONAL);
+        MEASURED[dev].store(false, Ordering::Release);
     }
     if client::is_ready() {
         LAST_NS[dev].store(0, Ordering::Release);
@@ -80,6 +87,9 @@ pub fn devices_in_use() -> impl Iterator<Item = usize> {
 pub fn after_fork_child() {
     for c in &CONTEXTS {
         c.store(0, Ordering::Release);
+    }
+    for m in &MEASURED {
+        m.store(false, Ordering::Release);
     }
     for c in ALLOCATED.iter().chain(&FREED) {
         c.store(0, Ordering::Release);
@@ -133,8 +143,18 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     };
     // A lower bound of what our allocations held when NVML looked.
     let held = allocated_before.saturating_sub(freed_after);
-    attach
-        .region
-        .set_usage(slot, dev, Kind::Context, used.saturating_sub(held));
+    let measured = used.saturating_sub(held);
+    // The driver's own memory jitters between measurements: an estimate may
+    // rise at once but fall only once it is a second old.
+    let region = &attach.region;
+    let current = region.slot_usage(slot, dev, Kind::Context);
+    let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
+    let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
+    if first || measured >= current {
+        RAISED_NS[dev].store(now, Ordering::Release);
+    }
+    if first || measured >= current || settled {
+        region.set_usage(slot, dev, Kind::Context, measured);
+    }
     true
 }
