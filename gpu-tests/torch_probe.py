@@ -90,7 +90,12 @@ def hold(gib, secs):
 def second(gib):
     import torch
 
-    free, total = torch.cuda.mem_get_info()
+    try:
+        free, total = torch.cuda.mem_get_info()
+    except torch.OutOfMemoryError:
+        # No room even for this process's CUDA context.
+        print("before_free=0 before_total=0 result=OutOfMemoryError context=refused", flush=True)
+        return
     print(f"before_free={free} before_total={total}", flush=True)
     time.sleep(1.5)  # lets the caller read the region meanwhile
     try:

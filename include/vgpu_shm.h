@@ -43,7 +43,8 @@ typedef struct vgpu_shm_device {
     uint32_t util_milli;        /* container utilisation x1000 */
     uint64_t leader;            /* pid << 32 | heartbeat seconds */
     uint64_t waits;             /* launches that waited on the bucket */
-    uint64_t reserved[22];
+    uint64_t context_bytes;     /* a new context's cost, last measured */
+    uint64_t reserved[21];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -101,6 +101,10 @@ fn the_c_header_matches_the_rust_layout() {
         ),
         ("vgpu_shm_device.leader", offset_of!(DeviceEntry, leader)),
         ("vgpu_shm_device.waits", offset_of!(DeviceEntry, waits)),
+        (
+            "vgpu_shm_device.context_bytes",
+            offset_of!(DeviceEntry, context_bytes),
+        ),
         ("vgpu_shm_slot.host_pid", offset_of!(ProcSlot, host_pid)),
         ("vgpu_shm_slot.start_time", offset_of!(ProcSlot, start_time)),
         ("vgpu_shm_slot.pidns", offset_of!(ProcSlot, pidns)),

@@ -48,7 +48,8 @@ struct Live {
 /// Our contexts, by handle.
 static CONTEXTS: LazyLock<Mutex<HashMap<usize, Live>>> = LazyLock::new(Default::default);
 
-/// Runs a context-creating call and registers what it made.
+/// Runs a context-creating call: reserves what a new context costs, then
+/// registers what it made.
 fn created(
     ordinal: CUdevice,
     primary: bool,
@@ -56,11 +57,23 @@ fn created(
     create: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let entry = init::attach().and_then(|a| Some((a, device::entry(a, ordinal)?)));
-    if let Some((attach, dev)) = entry {
+    // Retaining a primary context that exists costs nothing new.
+    let fresh = !(primary && primary_of(ordinal).is_some());
+    let mut reserved = None;
+    if let Some((attach, dev)) = entry.filter(|_| fresh) {
         hostpid::before_first_context(attach, dev);
+        match memory::reserve_context(attach, dev) {
+            Ok(r) => reserved = r,
+            Err(rc) => return rc,
+        }
     }
     let rc = create();
     let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
+        if let (Some((attach, dev)), Some((slot, bytes))) = (entry, reserved) {
+            attach
+                .region
+                .unreserve(slot, dev, vgpu_shm::Kind::Context, bytes);
+        }
         return rc;
     };
     let live = Live {

@@ -197,6 +197,31 @@ pub fn release(t: Tracked) {
     }
 }
 
+/// Reserves what a new context on device entry `dev` is expected to cost,
+/// before it is created: a context is device memory too, and a container
+/// at its limit gets `CUDA_ERROR_OUT_OF_MEMORY`, as a full card would give.
+/// Returns the slot and bytes to give back if the creation fails.
+pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64)>, CUresult> {
+    let Some(slot) = attach.slot() else {
+        return Ok(None);
+    };
+    // Processes starting together hold provisional figures for their new
+    // contexts until each is measured, moments later: wait that long
+    // before calling the container full.
+    let deadline = crate::clock::monotonic_ns() + CONTEXT_WAIT_NS;
+    loop {
+        let bytes = overhead::expected_context_bytes(attach, dev);
+        match reserve(attach, slot, dev, Kind::Context, bytes) {
+            Ok(()) => return Ok(Some((slot, bytes))),
+            Err(rc) if crate::clock::monotonic_ns() >= deadline => return Err(rc),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
+/// How long a context reservation waits for room before it fails.
+const CONTEXT_WAIT_NS: u64 = 1_000_000_000;
+
 /// Counts `bytes` of `kind` around `alloc`; `key` names the result.
 fn counted(
     on: On,

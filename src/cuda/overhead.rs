@@ -48,17 +48,27 @@ pub fn freeing(dev: usize, bytes: u64) {
     FREED[dev].fetch_add(bytes, Ordering::AcqRel);
 }
 
-/// A context of ours now lives on device `dev`: measured at once when
-/// NVML is already up, provisional otherwise.
+/// What a new context on `dev` is expected to cost: the last measured
+/// one, or the provisional figure before any was measured.
+pub fn expected_context_bytes(attach: &Attach, dev: usize) -> u64 {
+    match attach
+        .region
+        .device(dev)
+        .context_bytes
+        .load(Ordering::Acquire)
+    {
+        0 => PROVISIONAL,
+        b => b,
+    }
+}
+
+/// A context of ours now lives on device `dev` (its expected cost was
+/// reserved before it was made): measured at once when NVML is up.
 pub fn context_created(attach: &Attach, dev: usize) {
-    CONTEXTS[dev].fetch_add(1, Ordering::AcqRel);
-    let Some(slot) = attach.slot() else { return };
-    if attach.region.slot_usage(slot, dev, Kind::Context) == 0 {
-        attach
-            .region
-            .set_usage(slot, dev, Kind::Context, PROVISIONAL);
+    if CONTEXTS[dev].fetch_add(1, Ordering::AcqRel) == 0 {
         MEASURED[dev].store(false, Ordering::Release);
     }
+    let Some(slot) = attach.slot() else { return };
     if client::is_ready() {
         LAST_NS[dev].store(0, Ordering::Release);
         reconcile_now(attach, slot, dev);
@@ -149,6 +159,13 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     let region = &attach.region;
     let current = region.slot_usage(slot, dev, Kind::Context);
     let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
+    if first && measured > 0 && held == 0 {
+        // A context with nothing allocated yet: what contexts cost here.
+        region
+            .device(dev)
+            .context_bytes
+            .store(measured, Ordering::Release);
+    }
     let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
     if first || measured >= current {
         RAISED_NS[dev].store(now, Ordering::Release);

@@ -41,14 +41,35 @@ pub(crate) extern "C" fn decide(handle: *mut c_void, symbol: *const c_char) -> *
     catch_unwind(AssertUnwindSafe(|| decide_hooked(handle, name))).unwrap_or(PASS)
 }
 
-/// Decides for `dlvsym`: our driver libraries carry no symbol versions, so
-/// the version cannot change the answer.
+/// Decides for `dlvsym`: for an explicit handle, what glibc finds for that
+/// version (our wrapper if it is the driver function we track), so a
+/// version that does not exist still finds nothing; for `RTLD_NEXT`, our
+/// wrapper.
 pub(crate) extern "C" fn decide_versioned(
     handle: *mut c_void,
     symbol: *const c_char,
-    _version: *const c_char,
+    version: *const c_char,
 ) -> *mut c_void {
-    decide(handle, symbol)
+    if handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || version.is_null() {
+        return decide(handle, symbol);
+    }
+    real::ensure_libc_resolved();
+    if symbol.is_null() || guard::is_internal() {
+        return PASS;
+    }
+    // SAFETY: dlvsym's contract: `symbol` is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(symbol) };
+    let Some(hook) = table::by_name(name.to_bytes()) else {
+        return PASS;
+    };
+    catch_unwind(AssertUnwindSafe(|| {
+        let found = real::dlvsym(handle, name, version);
+        match hook.real.get() {
+            Some(ours) if !found.is_null() && ours.as_ptr() == found => hook.wrapper as *mut c_void,
+            _ => found,
+        }
+    }))
+    .unwrap_or(PASS)
 }
 
 fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use super::elf;
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-#[cfg(not(target_arch = "x86_64"))]
 pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
 /// libc's `dlsym`, where our trampoline jumps for every name we don't hook.
@@ -52,6 +51,14 @@ pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     let f: DlsymFn = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) };
     // SAFETY: dlsym accepts any handle value and a NUL-terminated name.
     unsafe { f(handle, name.as_ptr()) }
+}
+
+pub fn dlvsym(handle: *mut c_void, name: &CStr, version: *const c_char) -> *mut c_void {
+    let p = resolve_libc(&REAL_DLVSYM, c"dlvsym", no_dlvsym as *mut c_void);
+    // SAFETY: `p` is libc's dlvsym (or no_dlvsym), which has this signature.
+    let f: DlvsymFn = unsafe { std::mem::transmute::<*mut c_void, DlvsymFn>(p) };
+    // SAFETY: dlvsym accepts any handle value and NUL-terminated strings.
+    unsafe { f(handle, name.as_ptr(), version) }
 }
 
 /// The driver libraries we call into.

@@ -90,7 +90,10 @@ pub struct DeviceEntry {
     /// Launches that had to wait for the bucket (tells the controller the
     /// limit, not the workload, is what holds utilisation down).
     pub waits: AtomicU64,
-    pub _reserved: [AtomicU64; 22],
+    /// What a new CUDA context costs on this device, as last measured
+    /// (0 until then): reserved before a context is created.
+    pub context_bytes: AtomicU64,
+    pub _reserved: [AtomicU64; 21],
 }
 
 /// One process of the container.
@@ -151,6 +154,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, tat_ns) == 48);
     assert!(offset_of!(DeviceEntry, leader) == 64);
     assert!(offset_of!(DeviceEntry, waits) == 72);
+    assert!(offset_of!(DeviceEntry, context_bytes) == 80);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

@@ -15,7 +15,7 @@
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
  *   cuclient nulls                         NULL out-parameters
  *   cuclient badfree                       frees of things never allocated
- *   cuclient bypass BYTES                  dlsym(RTLD_NEXT)/dlvsym routes
+ *   cuclient bypass BYTES [VERSION]        dlsym(RTLD_NEXT)/dlvsym routes
  *
  * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
  * MODE:   kernel (default) ex coop graph
@@ -57,7 +57,7 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void setup(void) {
+static void load_and_init(void) {
     int missing = cu_load(&cu);
     if (missing) {
         printf("error=load missing=%d\n", missing);
@@ -65,6 +65,10 @@ static void setup(void) {
     }
     CHECK(cu.cuInit(0));
     CHECK(cu.cuDeviceGet(&g_dev, 0));
+}
+
+static void setup(void) {
+    load_and_init();
     CHECK(cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
     CHECK(cu.cuCtxSetCurrent(g_ctx));
 }
@@ -541,7 +545,10 @@ static void on_term(int sig) {
  * and waits, holding it, until killed. */
 static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
     signal(SIGTERM, on_term);
-    setup();
+    load_and_init();
+    /* A context is memory too: in a full container it waits for room. */
+    while (!g_term && cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev) != CUDA_SUCCESS) usleep(20000);
+    if (!g_term) CHECK(cu.cuCtxSetCurrent(g_ctx));
     static CUdeviceptr ptrs[256];
     static size_t sizes[256];
     size_t held = 0;
@@ -594,12 +601,11 @@ static int cmd_badfree(void) {
 }
 
 /* Reaches cuMemAlloc_v2 around the table: dlsym(RTLD_NEXT) and dlvsym. */
-static int cmd_bypass(size_t bytes) {
+static int cmd_bypass(size_t bytes, const char *version) {
     setup();
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     CUresult (*next)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_NEXT, "cuMemAlloc_v2");
-    CUresult (*vers)(CUdeviceptr *, size_t) =
-        (CUresult(*)(CUdeviceptr *, size_t))dlvsym(lib, "cuMemAlloc_v2", "libcuda.so.1");
+    CUresult (*vers)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlvsym(lib, "cuMemAlloc_v2", version);
     CUdeviceptr p;
     printf("rtld_next_found=%d rtld_next_rc=%d\n", next != NULL, next ? next(&p, bytes) : -1);
     printf("dlvsym_found=%d dlvsym_rc=%d\n", vers != NULL, vers ? vers(&p, bytes) : -1);
@@ -646,7 +652,7 @@ int main(int argc, char **argv) {
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
-    if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0));
+    if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
     printf("error=unknown-command\n");
     return 2;
 }
