@@ -449,6 +449,10 @@ def demo():
            f"rc={r.get('stop_rc')} (OUT_OF_MEMORY)", "<= 2 GiB, rc=2", r.get("stop_rc") == "2")
     record(sec, "cuMemGetInfo total seen by the program", f"{int(r.get('full_total', 0)) / GIB:.2f} GiB", "2.00 GiB",
            int(r.get("full_total", 0)) == 2 * GIB)
+    rc, out, _ = run([os.path.join(BIN, "smi")], make_env(True, lim, region), 60, "demo-smi")
+    total = int(kv(out).get("gpu0_v2_total", kv(out).get("gpu0_v1_total", 0)))
+    record(sec, "NVML (what nvidia-smi shows) inside the container: total", f"{total // MIB} MiB", "2048 MiB",
+           total == 2 * GIB)
     _, base, _ = spin(1_000_000, 3, None, new_region(), name="demo-free")
     _, rate, _ = spin(1_000_000, 5, {"CUDA_DEVICE_SM_LIMIT": "30"}, new_region(), name="demo-30")
     record(sec, "1 ms kernels under CUDA_DEVICE_SM_LIMIT=30: share of unlimited", f"{rate / base:.3f}", "0.30 +-0.03",
