@@ -125,6 +125,21 @@ def region_used(region):
     return int(kv(out).get("used", 0))
 
 
+_gpu0 = None
+
+
+def nvml_used():
+    """NVML's physical usage of every compute process on GPU 0 (on the GPU
+    machine, only the scenario's own)."""
+    global _gpu0
+    import pynvml
+
+    if _gpu0 is None:
+        pynvml.nvmlInit()
+        _gpu0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(_gpu0))
+
+
 def stop(p):
     if p.poll() is None:
         p.kill()
@@ -219,9 +234,12 @@ def memory():
             and r.get("again") == "ok"
         record(sec, f"PyTorch {name}: filled / NVML max / then", f"{filled / GIB:.2f} GiB / {phys / GIB:.3f} GiB / "
                f"{r.get('error')}, again {r.get('again')}", f">= {target / GIB:.2f} / <= 4 / OOM, ok", ok)
-    # A second process while the first holds 3 GiB.
+    # A second process while the first holds 3 GiB of the quota (its
+    # tensor and its context): the second's context fits beside it, its
+    # mem_get_info shows what is left, and 2 GiB is refused by the caching
+    # allocator.
     region = new_region()
-    holder = spawn([PY, PROBE, "hold", "3", "60"], make_env(True, lim, region), "second-holder")
+    holder = spawn([PY, PROBE, "hold", "3", "60", "quota"], make_env(True, lim, region), "second-holder")
     wait_line(holder, "holding")
     second = spawn([PY, PROBE, "second", "2"], make_env(True, lim, region), "second")
     first = wait_line(second, "before_free") or ""
@@ -233,8 +251,20 @@ def memory():
     left = max(0, 4 * GIB - used)
     ok = second.returncode == 0 and r.get("result") == "OutOfMemoryError" and \
         int(r.get("before_total", 0)) == 4 * GIB and abs(free - left) <= 64 * MIB
-    record(sec, "second process asks 2 GiB beside 3 GiB: result, mem_get_info free",
+    record(sec, "second process asks 2 GiB beside 3 GiB of quota: result, mem_get_info free",
            f"{r.get('result')}, {free / GIB:.2f} GiB", f"OutOfMemoryError, {left / GIB:.2f} GiB (what is left)", ok)
+    # Beside a 3 GiB tensor plus its context there is no room for a second
+    # context: the runtime's clean "out of memory", as on a full card.
+    region = new_region()
+    holder = spawn([PY, PROBE, "hold", "3", "60"], make_env(True, lim, region), "second-full-holder")
+    wait_line(holder, "holding")
+    rc, out, _ = run([PY, PROBE, "second", "2"], make_env(True, lim, region), 120, "second-full")
+    peak = nvml_used()
+    stop(holder)
+    r = kv(out)
+    ok = rc == 0 and r.get("result") in ("ContextRefused", "OutOfMemoryError") and peak <= 4 * GIB
+    record(sec, "second process beside a 3 GiB tensor: result, NVML usage after",
+           f"{r.get('result')} ({r.get('error', '-')}), {peak / GIB:.2f} GiB", "out of memory, <= 4 GiB", ok)
     # kill -9 of a holder.
     region = new_region()
     holder = spawn([PY, PROBE, "hold", "3.2", "120"], make_env(True, lim, region), "kill-holder")
@@ -410,7 +440,7 @@ def storm():
         start(i)
     next_kill = time.time() + rng.uniform(0.5, 2.0)
     while time.time() < end:
-        used = sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+        used = nvml_used()
         max_used, samples = max(max_used, used), samples + 1
         if time.time() >= next_kill:
             i = rng.randrange(8)

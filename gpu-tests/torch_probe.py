@@ -2,7 +2,9 @@
 
     torch_probe.py transparent          deterministic work; prints results
     torch_probe.py fill CHUNK_MIB       fill until OOM, watching NVML; free; again
-    torch_probe.py hold GIB SECONDS     allocate and hold
+    torch_probe.py hold GIB SECONDS [quota]
+                                        allocate and hold GIB (quota: until the
+                                        container's usage is GIB, context included)
     torch_probe.py second GIB           ask for GIB while another process holds memory
     torch_probe.py graph SECONDS        CUDA-graph replays per second
     torch_probe.py startup              time import + first allocation
@@ -23,6 +25,16 @@ def nvml_used_by_me():
         if p.pid == me:
             return p.usedGpuMemory or 0
     return 0
+
+
+def refused(e):
+    """Whether a CUDA error is the driver's out-of-memory. The caching
+    allocator raises torch.OutOfMemoryError; a context that cannot be
+    created (the container has no room for it, as on a full card) surfaces
+    from the runtime as an AcceleratorError saying "out of memory"."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
 
 
 def transparent():
@@ -78,10 +90,14 @@ def fill(chunk_mib):
     print(f"again={again}")
 
 
-def hold(gib, secs):
+def hold(gib, secs, quota=False):
     import torch
 
-    x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    size = int(gib * (1 << 30))
+    if quota:
+        free, total = torch.cuda.mem_get_info()
+        size -= total - free  # what the container holds already: this context
+    x = torch.empty(size, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     print(f"holding={x.numel()}", flush=True)
     time.sleep(secs)
@@ -92,9 +108,11 @@ def second(gib):
 
     try:
         free, total = torch.cuda.mem_get_info()
-    except torch.OutOfMemoryError:
+    except Exception as e:
+        if not refused(e):
+            raise
         # No room even for this process's CUDA context.
-        print("before_free=0 before_total=0 result=OutOfMemoryError context=refused", flush=True)
+        print(f"before_free=0 before_total=0 result=ContextRefused error={type(e).__name__}", flush=True)
         return
     print(f"before_free={free} before_total={total}", flush=True)
     time.sleep(1.5)  # lets the caller read the region meanwhile
@@ -200,6 +218,12 @@ def storm(secs, seed):
                 held.append(torch.empty(rng.randint(64, 768) << 20, dtype=torch.uint8, device="cuda"))
             except torch.OutOfMemoryError:
                 torch.cuda.empty_cache()
+            except RuntimeError as e:
+                if not refused(e):
+                    raise
+                # No room for this worker's context: it ends, as a job would.
+                print("holding=0 context=refused", flush=True)
+                return
         if rng.random() < 0.1:
             torch.cuda.empty_cache()
     print(f"holding={sum(t.numel() for t in held)}", flush=True)
@@ -210,7 +234,7 @@ if __name__ == "__main__":
     {
         "transparent": lambda: transparent(),
         "fill": lambda: fill(int(args[0])),
-        "hold": lambda: hold(float(args[0]), float(args[1])),
+        "hold": lambda: hold(float(args[0]), float(args[1]), args[2:] == ["quota"]),
         "second": lambda: second(float(args[0])),
         "graph": lambda: graph(float(args[0]), args[1] if len(args) > 1 else "mlp"),
         "startup": lambda: startup(),

@@ -94,20 +94,24 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
             worst_attach_ms = worst_attach_ms.max(s.f64("open_ms"));
         }
     }
-    // Survivors stop, report what they hold, and keep holding it.
+    // Survivors stop, report what they hold, and keep holding it. A
+    // worker restarted just now is waited for until it handles SIGTERM.
     let mut held = 0;
     for w in &mut workers {
+        let mut out = BufReader::new(w.stdout.take().unwrap());
+        let mut started = String::new();
+        out.read_line(&mut started).unwrap();
         sigterm(w.id());
         let mut line = String::new();
-        BufReader::new(w.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        held += line
-            .trim()
-            .strip_prefix("holding=")
-            .expect("survivor reports")
-            .parse::<u64>()
-            .unwrap();
+        out.read_line(&mut line).unwrap();
+        let Some(bytes) = line.trim().strip_prefix("holding=") else {
+            panic!(
+                "survivor {} did not report ({started:?}, {line:?}): {:?}",
+                w.id(),
+                w.wait()
+            );
+        };
+        held += bytes.parse::<u64>().unwrap();
     }
     let t = Instant::now();
     let attach = sim.ctl(&["status", &region]);

@@ -13,6 +13,7 @@
  *   cuclient race THREADS SECONDS BYTES    threads allocate and free at once
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
+ *                                          ("started" once SIGTERM is handled)
  *   cuclient nulls                         NULL out-parameters
  *   cuclient badfree                       frees of things never allocated
  *   cuclient bypass BYTES [VERSION]        dlsym(RTLD_NEXT)/dlvsym routes
@@ -545,6 +546,8 @@ static void on_term(int sig) {
  * and waits, holding it, until killed. */
 static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
     signal(SIGTERM, on_term);
+    printf("started\n"); /* a SIGTERM from now on ends with a report */
+    fflush(stdout);
     load_and_init();
     /* A context is memory too: in a full container it waits for room. */
     while (!g_term && cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev) != CUDA_SUCCESS) usleep(20000);
