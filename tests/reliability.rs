@@ -293,6 +293,18 @@ fn a_process_with_no_environment_finds_the_region_next_to_the_library() {
         .status()
         .unwrap();
     assert!(cc.success());
+    // `env -i` keeps only LD_PRELOAD: no limit, no region path, no
+    // LD_LIBRARY_PATH. Needs no privilege, so it runs everywhere.
+    let out = Command::new("env")
+        .arg("-i")
+        .arg(format!("LD_PRELOAD={}", lib.display()))
+        .arg(&client)
+        .args(["alloc", "buffer", &(900 * MIB).to_string()])
+        .output()
+        .unwrap();
+    let r = Run::from(out).ok();
+    assert_eq!(r.i64("alloc_rc"), 2, "env -i, still limited: {}", r.stderr);
+    assert_eq!(r.u64("during_total"), GIB);
     // /etc/ld.so.preload, in a mount namespace of this test only.
     let etc = root.path().join("etc");
     let cp = Command::new("cp")
