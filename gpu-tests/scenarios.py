@@ -125,6 +125,21 @@ def region_used(region):
     return int(kv(out).get("used", 0))
 
 
+def region_status(region):
+    """The region's usage of device 0 and the largest context estimate of
+    any slot, read without writing a log (storm samples it often)."""
+    out = subprocess.run([CTL, "status", region], env=base_env(), capture_output=True, text=True,
+                         timeout=10).stdout
+    used, ctx = 0, 0
+    for line in out.splitlines():
+        f = kv(line)
+        if line.startswith("device=0 "):
+            used = int(f.get("used", 0))
+        elif line.startswith("slot="):
+            ctx = max(ctx, int(f.get("dev0_context", 0)))
+    return used, ctx
+
+
 _gpu0 = None
 
 
@@ -439,9 +454,17 @@ def storm():
     for i in range(8):
         start(i)
     next_kill = time.time() + rng.uniform(0.5, 2.0)
+    next_look, gaps, contexts = time.time() + 5, [], []
     while time.time() < end:
         used = nvml_used()
         max_used, samples = max(max_used, used), samples + 1
+        if time.time() >= next_look:
+            # What the region counts against what the GPU holds, and each
+            # worker's context estimate (a PyTorch context is ~0.6 GiB).
+            counted, ctx = region_status(region)
+            gaps.append(counted - nvml_used())
+            contexts.append(ctx)
+            next_look = time.time() + 0.5
         if time.time() >= next_kill:
             i = rng.randrange(8)
             workers[i].send_signal(signal.SIGKILL)
@@ -464,6 +487,12 @@ def storm():
     record(sec, f"8 PyTorch workers, 60 s, {kills} kill -9: max NVML usage", f"{max_used / GIB:.2f} GiB ({samples} samples)",
            "<= 16 GiB", max_used <= 16 * GIB)
     record(sec, "new process attaches while the storm runs (ms)", f"{attach_ms:.1f}", "< 100", attach_ms < 100)
+    gaps.sort()
+    median, p95 = gaps[len(gaps) // 2], gaps[len(gaps) * 95 // 100]
+    record(sec, f"region count minus NVML usage, median / p95 ({len(gaps)} looks)",
+           f"{median / MIB:.0f} / {p95 / MIB:.0f} MiB", "|median| <= 256 MiB", abs(median) <= 256 * MIB)
+    record(sec, "largest context estimate of one worker", f"{max(contexts) / MIB:.0f} MiB", "<= 1024 MiB",
+           max(contexts) <= 1024 * MIB)
     record(sec, "after: GPU processes, leaked bytes, region usage", f"{len(procs)}, {leaked}, {after}", "0, 0, 0",
            not procs and leaked <= 0 and after == 0)
 

@@ -170,6 +170,53 @@ fn racing_pairs_are_never_both_granted() {
 }
 
 #[test]
+fn frees_racing_with_a_measurement_do_not_inflate_the_context_estimate() {
+    // NVML's list is 3 ms stale when it arrives; meanwhile four threads
+    // free and allocate 512 MiB buffers. Counting those frees against a
+    // list that still holds the buffers would grow the context estimate
+    // by gigabytes (seen on the H200 under PyTorch's empty_cache). The
+    // threads start after 2 quiet seconds, in which the context is measured.
+    let mut sim = limited("8g");
+    sim.set("SIM_GPU_NVML_DELAY_US", "3000");
+    let mut racer = sim.spawn_client(
+        Path3::Link,
+        true,
+        &["race", "4", "4", &(512 * MIB).to_string(), "2"],
+    );
+    let (mut largest, mut looks, mut measured) = (0, 0, false);
+    while racer.try_wait().unwrap().is_none() {
+        let status = sim.ctl(&["status", sim.region().to_str().unwrap()]);
+        for line in status.stdout.lines().filter(|l| l.starts_with("slot=")) {
+            let ctx = line
+                .split_whitespace()
+                .find_map(|t| t.strip_prefix("dev0_context="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("a slot line names its context bytes");
+            // Until measured, a provisional figure stands in (640 MiB).
+            measured |= ctx > 0 && ctx <= 300 * MIB;
+            if measured {
+                largest = largest.max(ctx);
+                looks += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = finish(racer).ok();
+    assert!(
+        r.u64("granted") > 100,
+        "the threads must churn: {}",
+        r.stdout
+    );
+    assert!(looks > 20, "only {looks} looks at a measured context");
+    // The simulator's context costs 300 MiB.
+    assert!(
+        largest <= 300 * MIB,
+        "context estimate grew to {} MiB",
+        largest / MIB
+    );
+}
+
+#[test]
 fn memory_of_a_killed_holder_is_available_at_once() {
     let sim = limited("2g");
     let mut a = sim.spawn_client(

@@ -67,7 +67,11 @@ fn created(
             Err(rc) => return rc,
         }
     }
-    let rc = create();
+    let rc = {
+        // Ends before the new context is measured, which wants quiet.
+        let _in_driver = entry.map(|(_, dev)| overhead::in_driver(dev));
+        create()
+    };
     let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
         if let (Some((attach, dev)), Some((slot, bytes))) = (entry, reserved) {
             attach
@@ -144,6 +148,7 @@ fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
 
 fn destroy(ctx: CUcontext) -> CUresult {
     let held = tracker::context_bytes(ctx as usize);
+    let _in_driver: Vec<_> = held.iter().map(|&(d, _)| overhead::in_driver(d)).collect();
     for &(dev, bytes) in &held {
         overhead::freeing(dev, bytes);
     }
@@ -181,6 +186,7 @@ fn primary_release_v1(dev: CUdevice) -> CUresult {
 fn reset(dev: CUdevice, reset: impl FnOnce() -> CUresult) -> CUresult {
     let ctx = primary_of(dev);
     let held = ctx.map(tracker::context_bytes).unwrap_or_default();
+    let _in_driver: Vec<_> = held.iter().map(|&(d, _)| overhead::in_driver(d)).collect();
     for &(d, bytes) in &held {
         overhead::freeing(d, bytes);
     }

@@ -234,6 +234,7 @@ fn counted(
         Ok(c) => c,
         Err(rc) => return rc,
     };
+    let _in_driver = charge.as_ref().map(|c| overhead::in_driver(c.dev));
     let rc = alloc();
     if let Some(c) = charge {
         match key().filter(|_| rc.is_ok()) {
@@ -249,6 +250,7 @@ fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
     // Taken out first: once the driver frees it, another thread may be
     // handed the same address and insert its own entry.
     let held = tracker::remove(key);
+    let _in_driver = held.as_ref().map(|t| overhead::in_driver(t.dev));
     if let Some(t) = held {
         overhead::freeing(t.dev, t.bytes);
     }

@@ -7,10 +7,14 @@
 //! provisional figure stands in, a little above what a CUDA context costs
 //! on an H200 (518 MiB bare, about 610 MiB with PyTorch's kernels loaded).
 //! Erring high is safe: a denial re-measures before it is final.
+//!
+//! A measurement may raise the estimate only when no allocation or free of
+//! ours was inside the driver while NVML looked; one that raced with them
+//! is an upper bound, and may only lower it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use vgpu_shm::{Kind, MAX_DEVICES};
+use vgpu_shm::{Kind, MAX_DEVICES, Region};
 
 use crate::attach::Attach;
 use crate::guard::Guard;
@@ -32,6 +36,11 @@ static LAST_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEV
 /// overhead look larger, never smaller.
 static ALLOCATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static FREED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Allocation and free calls that entered the driver, and that left it,
+/// per device. A measurement is exact only when no call was inside the
+/// driver while NVML looked: its bracket above is then tight.
+static STARTED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static FINISHED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Whether each device's estimate is a measurement (not the provisional).
 static MEASURED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// When each device's estimate last rose (CLOCK_MONOTONIC ns).
@@ -46,6 +55,22 @@ pub fn allocated(dev: usize, bytes: u64) {
 /// driver frees it: once it has, NVML no longer sees the bytes.)
 pub fn freeing(dev: usize, bytes: u64) {
     FREED[dev].fetch_add(bytes, Ordering::AcqRel);
+}
+
+/// An allocation or free call inside the driver on one device; hold it
+/// from before the call until its bytes are counted as allocated or freed.
+#[must_use]
+pub struct InDriver(usize);
+
+pub fn in_driver(dev: usize) -> InDriver {
+    STARTED[dev].fetch_add(1, Ordering::SeqCst);
+    InDriver(dev)
+}
+
+impl Drop for InDriver {
+    fn drop(&mut self) {
+        FINISHED[self.0].fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// What a new context on `dev` is expected to cost: the last measured
@@ -101,7 +126,13 @@ pub fn after_fork_child() {
     for m in &MEASURED {
         m.store(false, Ordering::Release);
     }
-    for c in ALLOCATED.iter().chain(&FREED) {
+    // A parent thread inside the driver at the fork never finishes here.
+    for c in ALLOCATED
+        .iter()
+        .chain(&FREED)
+        .chain(&STARTED)
+        .chain(&FINISHED)
+    {
         c.store(0, Ordering::Release);
     }
 }
@@ -143,21 +174,31 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     let Some(nd) = client::device(&attach.region.device(dev).uuid()) else {
         return false;
     };
-    let allocated_before = ALLOCATED[dev].load(Ordering::Acquire);
+    // Started is read before finished: a call that slips between the two
+    // reads shows up as a change of `started` afterwards.
+    let started = STARTED[dev].load(Ordering::SeqCst);
+    let idle_before = FINISHED[dev].load(Ordering::SeqCst) == started;
+    let allocated_before = ALLOCATED[dev].load(Ordering::SeqCst);
     let Ok(list) = client::processes(nd) else {
         return false;
     };
-    let freed_after = FREED[dev].load(Ordering::Acquire);
+    let freed_after = FREED[dev].load(Ordering::SeqCst);
+    let exact = idle_before && STARTED[dev].load(Ordering::SeqCst) == started;
     let Some(&(_, used)) = list.iter().find(|(p, _)| *p == pid) else {
         return false;
     };
-    // A lower bound of what our allocations held when NVML looked.
+    // A lower bound of what our allocations held when NVML looked; exact
+    // when no call was in the driver meanwhile.
     let held = allocated_before.saturating_sub(freed_after);
     let measured = used.saturating_sub(held);
-    // The driver's own memory jitters between measurements: an estimate may
-    // rise at once but fall only once it is a second old.
     let region = &attach.region;
     let current = region.slot_usage(slot, dev, Kind::Context);
+    if !exact {
+        // Frees or allocations raced with NVML (a cache emptied in another
+        // thread can be gigabytes), so `measured` is only an upper bound:
+        // good for lowering the estimate, never for raising it.
+        return lower(region, slot, dev, measured, current, now);
+    }
     let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
     if first && measured > 0 && held == 0 {
         // A context with nothing allocated yet: what contexts cost here.
@@ -166,11 +207,19 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
             .context_bytes
             .store(measured, Ordering::Release);
     }
-    let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
     if first || measured >= current {
         RAISED_NS[dev].store(now, Ordering::Release);
+        region.set_usage(slot, dev, Kind::Context, measured);
+        return true;
     }
-    if first || measured >= current || settled {
+    lower(region, slot, dev, measured, current, now)
+}
+
+/// The driver's own memory jitters between measurements: an estimate may
+/// rise at once but fall only once it is a second old.
+fn lower(region: &Region, slot: usize, dev: usize, measured: u64, current: u64, now: u64) -> bool {
+    let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
+    if measured < current && settled {
         region.set_usage(slot, dev, Kind::Context, measured);
     }
     true

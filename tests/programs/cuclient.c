@@ -10,7 +10,9 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
- *   cuclient race THREADS SECONDS BYTES    threads allocate and free at once
+ *   cuclient race THREADS SECONDS BYTES [QUIET]
+ *                                          threads allocate and free at once
+ *                                          (after QUIET seconds with a context)
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
  *                                          ("started" once SIGTERM is handled)
@@ -478,9 +480,10 @@ static void *race_thread(void *arg) {
     return NULL;
 }
 
-/* THREADS threads allocate and free BYTES for SECONDS. */
-static int cmd_race(int threads, double secs, size_t bytes) {
+/* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds. */
+static int cmd_race(int threads, double secs, size_t bytes, double quiet) {
     setup();
+    if (quiet > 0) usleep((useconds_t)(quiet * 1e6));
     struct racer r[64];
     pthread_t th[64];
     if (threads > 64) threads = 64;
@@ -649,7 +652,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "race"))
-        return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0));
+        return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0),
+                        atof(ARG(5, "0")));
     if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));

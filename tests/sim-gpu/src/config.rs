@@ -10,6 +10,7 @@ pub struct Config {
     pub ctx_overhead: u64,
     pub block_ns: u64,
     pub pid_offset: u32,
+    pub nvml_delay_us: u64,
 }
 
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -44,6 +45,7 @@ impl Config {
             ctx_overhead: var("SIM_GPU_CTX_OVERHEAD", 300 << 20, parse_bytes),
             block_ns: var("SIM_GPU_BLOCK_NS", 10_000, |v| v.parse().ok()),
             pid_offset: var("SIM_GPU_PID_OFFSET", 0, |v| v.parse().ok()),
+            nvml_delay_us: var("SIM_GPU_NVML_DELAY_US", 0, |v| v.parse().ok()),
         }
     }
 }

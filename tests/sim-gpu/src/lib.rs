@@ -20,7 +20,8 @@
 //! Configuration (read by the process that creates the state file):
 //! `SIM_GPU_STATE` (path of the state file), `SIM_GPU_COUNT`,
 //! `SIM_GPU_MEMORY` (bytes, k/m/g), `SIM_GPU_SMS`, `SIM_GPU_CTX_OVERHEAD`,
-//! `SIM_GPU_BLOCK_NS`; and per process `SIM_GPU_PID_OFFSET`.
+//! `SIM_GPU_BLOCK_NS`; and per process `SIM_GPU_PID_OFFSET` and
+//! `SIM_GPU_NVML_DELAY_US` (how stale a process list is when it returns).
 //!
 //! Kernels: `vgpu_spin(ns, counter)` (tests/programs/spin_ptx.h) runs `ns`
 //! per wave of blocks (one block per SM per wave), `vgpu_empty` 0.1 µs, any

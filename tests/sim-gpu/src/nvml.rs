@@ -281,6 +281,8 @@ fn fill_processes<T>(
 ) -> Ret {
     let dev = dev!(d);
     let list = processes(dev);
+    // The real NVML takes milliseconds: the list is stale when it arrives.
+    std::thread::sleep(state::nvml_delay());
     let Some(cap) = get(count) else {
         return INVALID_ARGUMENT;
     };

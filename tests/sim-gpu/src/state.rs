@@ -62,6 +62,7 @@ pub struct Shared {
 struct State {
     map: MmapRaw,
     pid_offset: u32,
+    nvml_delay_us: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
     me: AtomicU64,
     my_ns: u64,
@@ -92,6 +93,7 @@ fn state() -> &'static State {
         let st = State {
             map,
             pid_offset: cfg.pid_offset,
+            nvml_delay_us: cfg.nvml_delay_us,
             me: AtomicU64::new(0),
             my_ns: ProcId::current().pidns,
         };
@@ -127,6 +129,11 @@ pub fn shared() -> &'static Shared {
 
 pub fn pid_offset() -> u32 {
     state().pid_offset
+}
+
+/// How long an NVML process list takes to come back after it was read.
+pub fn nvml_delay() -> std::time::Duration {
+    std::time::Duration::from_micros(state().nvml_delay_us)
 }
 
 pub fn now_ns() -> u64 {
