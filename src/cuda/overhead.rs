@@ -200,8 +200,9 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
         return lower(region, slot, dev, measured, current, now);
     }
     let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
-    if first && measured > 0 && held == 0 {
-        // A context with nothing allocated yet: what contexts cost here.
+    if first && measured > 0 {
+        // What contexts cost here, for the next one to reserve. (Exact:
+        // not a figure inflated by frees racing with NVML.)
         region
             .device(dev)
             .context_bytes
