@@ -532,7 +532,26 @@ def demo():
            abs(rate / base - 0.30) <= 0.03)
 
 
-SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair, demo]}
+def mechanism():
+    import neighbours
+
+    neighbours.mechanism(sys.modules[__name__])
+
+
+def neighbours():
+    import neighbours as nb
+
+    nb.neighbours(sys.modules[__name__])
+
+
+def nvml_raw():
+    import neighbours
+
+    neighbours.nvml_raw(sys.modules[__name__])
+
+
+SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair, demo,
+                                    mechanism, nvml_raw, neighbours]}
 
 
 def main():

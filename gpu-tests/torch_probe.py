@@ -9,6 +9,9 @@
     torch_probe.py graph SECONDS        CUDA-graph replays per second
     torch_probe.py startup              time import + first allocation
     torch_probe.py storm SECONDS SEED   random allocate/free until killed
+    torch_probe.py calibrate            sizes of memory-bound kernels of 0.05/1/10 ms
+    torch_probe.py work KIND SIZE SECONDS GO_FILE [OFFSET]
+                                        back-to-back kernels (neighbours scenario)
 """
 import os
 import sys
@@ -229,6 +232,104 @@ def storm(secs, seed):
     print(f"holding={sum(t.numel() for t in held)}", flush=True)
 
 
+def _op(kind, size):
+    """One kernel: `mem` adds 1 to a float32 tensor of SIZE elements (memory
+    bound), `gemm` multiplies two bf16 SIZE x SIZE matrices (compute bound)."""
+    import torch
+
+    if kind == "mem":
+        x = torch.zeros(int(size), dtype=torch.float32, device="cuda")
+        return lambda: x.add_(1)
+    n = int(size)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def _kernel_ms(op, n=50):
+    import torch
+
+    for _ in range(5):
+        op()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(n):
+        op()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / n
+
+
+def calibrate():
+    """Tensor sizes whose `add_` takes 0.05, 1 and 10 ms on this card."""
+    import torch
+
+    probe = 1 << 28
+    ms = _kernel_ms(_op("mem", probe))
+    torch.cuda.empty_cache()
+    per_elem = ms / probe
+    for target in (0.05, 1, 10):
+        size = int(target / per_elem)
+        got = _kernel_ms(_op("mem", size), 20 if target < 10 else 5)
+        torch.cuda.empty_cache()
+        print(f"mem_{target:g}={size} mem_{target:g}_ms={got:.4f}")
+    print(f"gemm=8192 gemm_ms={_kernel_ms(_op('gemm', 8192), 20):.4f}")
+
+
+def work(kind, size, secs, go_file, offset=0.0, sync_every=10):
+    """Kernels back to back, synchronising every `sync_every`, for `secs`
+    from `offset` seconds after the go time (read from GO_FILE once it
+    exists). Every kernel is followed by an event, so completions are
+    counted per second of GPU time and the gap between consecutive events
+    (a kernel's time plus any other context's time slice in between) is
+    reported too."""
+    import torch
+
+    op = _op(kind, size)
+    pace = float(os.environ.get("WORK_PACE_MS", "0")) / 1000  # host sleep after each batch
+    sync_every = int(os.environ.get("WORK_SYNC_EVERY", sync_every))
+    for _ in range(20):
+        op()
+    torch.cuda.synchronize()
+    print("ready=1", flush=True)
+    while not os.path.exists(go_file):
+        time.sleep(0.005)
+    go = float(open(go_file).read())
+    start = go + offset
+    while time.time() < start:
+        time.sleep(min(0.005, max(0.0, start - time.time())))
+    ref = torch.cuda.Event(enable_timing=True)
+    ref.record()
+    done, gaps = [], []
+    end = start + secs
+    while time.time() < end:
+        events = []
+        for _ in range(sync_every):
+            op()
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            events.append(e)
+        torch.cuda.synchronize()
+        if pace:
+            time.sleep(pace)
+        t = [ref.elapsed_time(e) / 1000 for e in events]
+        done.extend(t)
+        gaps.extend((b - a) * 1000 for a, b in zip(t, t[1:]))
+    whole = int(secs)
+    per_sec = [0] * whole
+    for t in done:
+        if 0 <= t < whole:
+            per_sec[int(t)] += 1
+    gaps.sort()
+    q = lambda f: gaps[min(len(gaps) - 1, int(f * len(gaps)))] if gaps else 0
+    print("per_sec=" + ",".join(str(c) for c in per_sec))
+    print(f"rate={sum(per_sec) / whole:.3f} kernels={len(done)} offset={offset}")
+    print(f"gap_ms_min={q(0):.4f} gap_ms_p10={q(0.1):.4f} gap_ms_p50={q(0.5):.4f} gap_ms_p90={q(0.9):.4f} "
+          f"gap_ms_max={q(1.0) if gaps else 0:.4f}")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {
@@ -239,4 +340,6 @@ if __name__ == "__main__":
         "graph": lambda: graph(float(args[0]), args[1] if len(args) > 1 else "mlp"),
         "startup": lambda: startup(),
         "storm": lambda: storm(float(args[0]), int(args[1])),
+        "calibrate": lambda: calibrate(),
+        "work": lambda: work(args[0], float(args[1]), float(args[2]), args[3], float(args[4]) if len(args) > 4 else 0.0),
     }[cmd]()

@@ -120,7 +120,8 @@ fn parse_level(text: &str) -> Option<LevelFilter> {
         0 => LevelFilter::Error,
         1 => LevelFilter::Warn,
         2 | 3 => LevelFilter::Info,
-        _ => LevelFilter::Debug,
+        4 => LevelFilter::Debug,
+        _ => LevelFilter::Trace,
     })
 }
 

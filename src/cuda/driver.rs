@@ -20,6 +20,7 @@ crate::interpose::table::reals! {
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
     fn cuEventDestroy_v2(event: CUevent) -> CUresult;
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult;
+    fn cuStreamQuery(stream: CUstream) -> CUresult;
     fn cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CUresult;
     fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CUresult;
     fn cuGraphKernelNodeGetParams_v2(node: CUgraphNode, params: *mut KernelNodeParams) -> CUresult;

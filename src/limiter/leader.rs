@@ -9,6 +9,14 @@
 //! leaves the scale at 1.0: the bucket then runs open-loop on event-timed
 //! costs (0.30 +- 0.003 for 1 ms and 10 ms kernels in a prototype on an
 //! H200). It never runs unlimited.
+//!
+//! While processes of other containers use the GPU too, the scale is held
+//! where it is. NVML does not measure a process's share of a time-sliced
+//! GPU over a control period: it hands each of its sample periods to one
+//! process, so over half a second a container at 0.2 reads 0, 0.33, 0.5
+//! or 0.99 (docs/benchmarks.md, run 14), and steering on that pulled a
+//! 30 % tenant down to 0.19. The event-timed costs, which count a kernel's
+//! own time (see `estimate`), then pace the bucket on their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -27,6 +35,18 @@ const LEASE_S: u64 = 3;
 const CONTROL_PERIOD_NS: u64 = 500_000_000;
 /// A bucket idle this long starts its next workload at scale 1.0.
 const IDLE_RESET_NS: u64 = 10_000_000_000;
+/// The scale stays held this long after the last sign of a neighbour: a
+/// neighbour busy a tenth of the time shows in only some NVML samples.
+const NEIGHBOUR_HOLD_NS: u64 = 3_000_000_000;
+/// No step in this long after leading starts or the bucket wakes from
+/// idle: NVML's figure then still averages in the time before the
+/// workload (or a neighbour) was there.
+const SETTLE_NS: u64 = 2_000_000_000;
+/// A neighbour is seen up to this long after it began: once seen, the
+/// scale goes back to what it was this long before.
+const NEIGHBOUR_LAG_NS: u64 = 2_000_000_000;
+/// Control steps remembered for that.
+const HISTORY: usize = 8;
 
 #[derive(Default, Clone, Copy)]
 struct Device {
@@ -34,6 +54,41 @@ struct Device {
     last_seen_us: u64,
     last_control_ns: u64,
     last_waits: u64,
+    /// No step before this (CLOCK_MONOTONIC ns).
+    settle_until_ns: u64,
+    /// Until when neighbours count as present.
+    neighbours_until_ns: u64,
+    /// (when, scale ×1000) of the last control steps, round robin.
+    history: [(u64, u32); HISTORY],
+    next: usize,
+}
+
+impl Device {
+    fn remember(&mut self, now: u64, scale_milli: u32) {
+        self.history[self.next % HISTORY] = (now, scale_milli);
+        self.next += 1;
+    }
+
+    /// The scale in force `NEIGHBOUR_LAG_NS` ago (the oldest remembered
+    /// one if the history is shorter).
+    fn scale_before_neighbours(&self, now: u64) -> Option<u32> {
+        let cutoff = now.saturating_sub(NEIGHBOUR_LAG_NS);
+        let known = self.history.iter().filter(|(t, _)| *t != 0);
+        known
+            .clone()
+            .filter(|(t, _)| *t <= cutoff)
+            .max_by_key(|(t, _)| *t)
+            .or_else(|| known.min_by_key(|(t, _)| *t))
+            .map(|&(_, s)| s)
+    }
+}
+
+/// One control period's reading of NVML for a device.
+struct Reading {
+    /// The container's SM utilisation, as a fraction of the device.
+    ours: f64,
+    /// Whether a process outside the container used the device.
+    neighbours: bool,
 }
 
 #[derive(Default)]
@@ -81,6 +136,8 @@ impl Leader {
                 last_seen_us: clock::unix_us(),
                 last_control_ns: now,
                 last_waits: entry.waits.load(Ordering::Relaxed),
+                settle_until_ns: now + SETTLE_NS,
+                ..Device::default()
             };
             log::debug!("leading the compute bucket of device entry {dev}");
             return;
@@ -91,32 +148,61 @@ impl Leader {
         state.last_control_ns = now;
         if now.saturating_sub(entry.tat_ns.load(Ordering::Relaxed)) > IDLE_RESET_NS {
             entry.rate_scale_milli.store(1000, Ordering::Relaxed);
+            state.settle_until_ns = now + SETTLE_NS;
         }
-        let Some(measured) = container_utilisation(attach, dev, &mut state.last_seen_us) else {
+        let Some(reading) = container_utilisation(attach, dev, &mut state.last_seen_us) else {
             entry.rate_scale_milli.store(1000, Ordering::Relaxed);
             return;
         };
+        entry
+            .util_milli
+            .store((reading.ours * 1000.0).round() as u32, Ordering::Relaxed);
         let waits = entry.waits.load(Ordering::Relaxed);
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
-        let scale_milli = match entry.rate_scale_milli.load(Ordering::Relaxed) {
+        let mut scale_milli = match entry.rate_scale_milli.load(Ordering::Relaxed) {
             0 => 1000,
             s => s,
         };
+        if reading.neighbours {
+            if now >= state.neighbours_until_ns {
+                // Steps taken while the neighbour went unseen were misled.
+                scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
+                entry.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
+            }
+            state.neighbours_until_ns = now + NEIGHBOUR_HOLD_NS;
+        }
+        if now < state.neighbours_until_ns || now < state.settle_until_ns {
+            log::debug!(
+                "control dev {dev}: scale held at {:.3} ({}; measured {:.3})",
+                f64::from(scale_milli) / 1000.0,
+                if now < state.neighbours_until_ns {
+                    "neighbours on the device"
+                } else {
+                    "settling"
+                },
+                reading.ours
+            );
+            state.remember(now, scale_milli);
+            return;
+        }
         let mut c = Controller::new(f64::from(scale_milli) / 1000.0);
-        let scale = c.update(f64::from(percent) / 100.0, measured, throttled);
-        entry
-            .rate_scale_milli
-            .store((scale * 1000.0).round() as u32, Ordering::Relaxed);
-        entry
-            .util_milli
-            .store((measured * 1000.0).round() as u32, Ordering::Relaxed);
+        let target = f64::from(percent) / 100.0;
+        let scale = c.update(target, reading.ours, throttled);
+        log::debug!(
+            "control dev {dev}: target {target:.3} measured {:.3} throttled {throttled} scale {:.3} -> {scale:.3}",
+            reading.ours,
+            f64::from(scale_milli) / 1000.0
+        );
+        let scale_milli = (scale * 1000.0).round() as u32;
+        entry.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
+        state.remember(now, scale_milli);
     }
 }
 
-/// The container's SM utilisation of `dev` since the last call, as a
-/// fraction; None when it cannot be measured.
-fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) -> Option<f64> {
+/// The container's SM utilisation of `dev` since the last call, and
+/// whether anyone else used the device; None when it cannot be measured.
+fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) -> Option<Reading> {
     let region = &attach.region;
     let mut pids = Vec::new();
     for i in region.occupied_slots() {
@@ -146,12 +232,15 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
         }
     };
     let mut per_pid: HashMap<u32, (u64, u32)> = HashMap::new();
+    let mut neighbours = false;
     for s in &samples {
         *last_seen_us = (*last_seen_us).max(s.timestamp);
         if pids.iter().any(|&(_, p)| p == s.pid) {
             let e = per_pid.entry(s.pid).or_default();
             e.0 += u64::from(s.sm);
             e.1 += 1;
+        } else if s.sm > 0 && !region_holds_pid(region, s.pid) {
+            neighbours = true;
         }
     }
     let mut total = 0.0;
@@ -162,5 +251,46 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
         region.slot(slot).sm_util[dev].store(mean.round() as u32, Ordering::Relaxed);
         total += mean / 100.0;
     }
-    Some(total.min(1.0))
+    Some(Reading {
+        ours: total.min(1.0),
+        neighbours,
+    })
+}
+
+/// Whether `pid` is the host pid of a process of this container (one that
+/// holds no memory on this device counts as ours, not as a neighbour).
+fn region_holds_pid(region: &vgpu_shm::Region, pid: u32) -> bool {
+    region
+        .occupied_slots()
+        .any(|i| region.slot(i).host_pid.load(Ordering::Acquire) == pid as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_neighbour_seen_late_gets_the_scale_from_before_it_came() {
+        let mut d = Device::default();
+        assert_eq!(d.scale_before_neighbours(10_000_000_000), None);
+        let s = 1_000_000_000;
+        // Steady at 1.0, then three steps misled by an unseen neighbour.
+        for (t, scale) in [(1, 1000), (2, 1000), (3, 1000), (4, 800), (5, 640)] {
+            d.remember(t * s / 2 + 10 * s, scale);
+        }
+        // At 12.5 s the neighbour is seen: 2 s earlier the scale was 1.0.
+        assert_eq!(d.scale_before_neighbours(12 * s + s / 2), Some(1000));
+        // A history shorter than the lag gives its oldest entry.
+        let mut short = Device::default();
+        short.remember(10 * s, 1250);
+        short.remember(10 * s + s / 2, 900);
+        assert_eq!(short.scale_before_neighbours(11 * s), Some(1250));
+        // Only the last HISTORY steps are kept.
+        for i in 0..20 {
+            short.remember(20 * s + i * s / 2, 1000 + i as u32);
+        }
+        assert_eq!(short.scale_before_neighbours(30 * s), Some(1016));
+        // Older ones are gone: the oldest kept stands in.
+        assert_eq!(short.scale_before_neighbours(26 * s), Some(1012));
+    }
 }

@@ -171,10 +171,11 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
 /// spent. Launches spend it without touching the shared bucket or the
 /// clock; it is bought a lease at a time.
 static CREDIT: [AtomicI64; MAX_DEVICES] = [const { AtomicI64::new(0) }; MAX_DEVICES];
-/// The least GPU time bought at once: small enough that credit left idle
-/// in a process is no burst (0.1 ms), large enough that empty kernels buy
-/// every few hundred launches.
-const LEASE_NS: u64 = 100_000;
+/// The least GPU time bought at once: about one time slice of a shared
+/// GPU (2.5 ms on an H200), so that beside another container's context a
+/// limited one runs its kernels in slices' worth, not one context switch
+/// per kernel; still far below what shows in a one-second window.
+const LEASE_NS: u64 = 2_000_000;
 
 /// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
 /// bucket when this process has no credit left.

@@ -20,6 +20,8 @@ struct Pending {
     ctx: usize,
     start: usize,
     end: usize,
+    /// The stream was idle when the start event was recorded.
+    idle: bool,
 }
 
 /// An event pair waiting for its launch.
@@ -31,6 +33,7 @@ pub struct Sample {
     stream: CUstream,
     /// When the start event was recorded (CLOCK_MONOTONIC ns).
     recorded_ns: u64,
+    idle: bool,
 }
 
 /// A sample whose launch call returned this long after its start event
@@ -92,6 +95,8 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
             give_back(ctx, &[start as usize]);
             return None;
         };
+        // An idle stream's start event fires before the launch latency.
+        let idle = call!(cuStreamQuery(stream)).is_ok();
         if !call!(cuEventRecord(start, stream)).is_ok() {
             give_back(ctx, &[start as usize, end as usize]);
             return None;
@@ -103,6 +108,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
             end,
             stream,
             recorded_ns: crate::clock::monotonic_ns(),
+            idle,
         })
     })();
     if started.is_none() {
@@ -120,6 +126,7 @@ pub fn end(s: Sample, rc: CUresult) {
             ctx: s.ctx,
             start: s.start as usize,
             end: s.end as usize,
+            idle: s.idle,
         });
     } else {
         give_back(s.ctx, &[s.start as usize, s.end as usize]);
@@ -151,7 +158,7 @@ fn collect(wait_for: Option<&'static Slot>) {
             ))
             .is_ok()
         {
-            p.slot.record_timing((f64::from(ms) * 1e6) as u64);
+            p.slot.record_timing((f64::from(ms) * 1e6) as u64, p.idle);
         }
         p.slot.pending.store(false, Ordering::Release);
         give_back(p.ctx, &[p.start, p.end]);

@@ -1,0 +1,325 @@
+"""Containers that share one GPU, each with its own region and SM limit
+(issue 9): run by scenarios.py's `neighbours` and `mechanism` sections.
+
+Each container is one PyTorch process (torch_probe.py work) running
+kernels back to back and synchronising every 10. Its figure is its
+throughput as a fraction of the same loop running alone and unlimited.
+While a case runs, NVML's per-process utilisation and every container's
+region (vgpuctl status) are sampled twice a second.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+S = None  # the scenarios module (record, make_env, spawn, ...)
+
+# Kernel kinds: (torch_probe kind, key of the calibrated size).
+KINDS = {
+    "mem-0.05ms": ("mem", "mem_0.05"),
+    "mem-1ms": ("mem", "mem_1"),
+    "mem-10ms": ("mem", "mem_10"),
+    "gemm": ("gemm", "gemm"),
+}
+
+
+class Sampler:
+    """NVML per-process SM utilisation and each region's controller state,
+    every 0.5 s, in a thread."""
+
+    def __init__(self, regions):
+        self.regions = regions
+        self.nvml = []  # (unix s, pid, smUtil)
+        self.device = []  # (unix s, gpu util)
+        self.region = {r: [] for r in regions}  # (unix s, scale, util)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            h = None
+        last = int(time.time() * 1e6)
+        while not self.stop.wait(0.5):
+            now = time.time()
+            if h is not None:
+                try:
+                    for s in pynvml.nvmlDeviceGetProcessUtilization(h, last):
+                        self.nvml.append((s.timeStamp / 1e6, s.pid, s.smUtil))
+                        last = max(last, s.timeStamp)
+                except pynvml.NVMLError:
+                    pass
+                try:
+                    self.device.append((now, pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+                except pynvml.NVMLError:
+                    pass
+            for r in self.regions:
+                out = subprocess.run([S.CTL, "status", r], env=S.base_env(), capture_output=True, text=True,
+                                     timeout=10).stdout
+                for line in out.splitlines():
+                    if line.startswith("device=0 "):
+                        f = S.kv(line)
+                        self.region[r].append((now, float(f.get("scale", "nan")), float(f.get("util", "nan"))))
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def nvml_mean(self, pid, t0, t1):
+        v = [u for (t, p, u) in self.nvml if p == pid and t0 <= t <= t1]
+        return statistics.mean(v) / 100 if v else float("nan")
+
+    def region_mean(self, region, t0, t1, field):
+        v = [x[field] for x in self.region.get(region, []) if t0 <= x[0] <= t1]
+        return statistics.mean(v) if v else float("nan")
+
+
+def worker_cmd(kind, size, secs, go, offset):
+    fake = os.environ.get("NEIGHBOURS_FAKE_WORKER")  # for testing this script without a GPU
+    prog = [sys.executable, fake] if fake else [S.PY, S.PROBE]
+    return prog + ["work", kind, str(size), str(secs), go, str(offset)]
+
+
+def run_case(name, kind_key, members, sizes, preload=True, extra=None):
+    """Runs containers side by side. `members`: list of (SM limit or None,
+    offset s, seconds). Returns one dict per member."""
+    kind, size_key = KINDS[kind_key]
+    size = sizes[size_key]
+    go = os.path.join(tempfile.mkdtemp(prefix="vgpu-go-"), "go")
+    procs, regions = [], []
+    for i, (limit, offset, secs) in enumerate(members):
+        region = S.new_region()
+        env = {"LIBCUDA_LOG_LEVEL": "4"}
+        env.update(extra or {})
+        if limit is not None:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
+        p = S.spawn(worker_cmd(kind, size, secs, go, offset), S.make_env(preload, env, region),
+                    f"nb-{name}-{kind_key}-{i}-{limit}")
+        procs.append(p)
+        regions.append(region)
+    for p in procs:
+        S.wait_line(p, "ready=", 120)
+    t_go = time.time() + 0.5
+    sampler = Sampler(regions)
+    with open(go + ".tmp", "w") as f:
+        f.write(repr(t_go))
+    os.rename(go + ".tmp", go)
+    results = []
+    for (limit, offset, secs), p, region in zip(members, procs, regions):
+        out, _ = p.communicate(timeout=offset + secs + 180)
+        r = S.kv(out)
+        per = [int(x) for x in r.get("per_sec", "").split(",") if x]
+        results.append({"limit": limit, "offset": offset, "secs": secs, "pid": p.pid, "rc": p.returncode,
+                        "rate": float(r.get("rate", "nan")), "per_sec": per,
+                        "gap_ms": {k[7:]: float(v) for k, v in r.items() if k.startswith("gap_ms_")},
+                        "t0": t_go + offset, "region": region})
+    sampler.finish()
+    for r in results:
+        t0, t1 = r["t0"] + 3, r["t0"] + r["secs"]
+        r["nvml"] = sampler.nvml_mean(r["pid"], t0, t1)
+        r["scale"] = sampler.region_mean(r["region"], t0, t1, 1)
+        r["region_util"] = sampler.region_mean(r["region"], t0, t1, 2)
+    return results
+
+
+def judge(sec, case, kind_key, results, solo, unlimited_ok=True):
+    """Records one row per limited container: fraction over its run and the
+    worst 1-s window after its first 3 s."""
+    ok_all = True
+    parts = []
+    for r in results:
+        frac = r["rate"] / solo
+        windows = [c / solo for c in r["per_sec"][3:]]
+        lim = r["limit"]
+        parts.append(f"{lim or 'unl'}:{frac:.3f} (nvml {r['nvml']:.3f}, scale {r['scale']:.2f})")
+        if lim is None:
+            continue
+        want = lim / 100
+        worst = max((abs(w - want) for w in windows), default=1.0)
+        beside_unlimited = any(x["limit"] is None for x in results)
+        if beside_unlimited:
+            ok = r["rc"] == 0 and want - 0.05 <= frac <= want + 0.03
+            target = f"{want - 0.05:.2f}..{want + 0.03:.2f}"
+        elif case == "50+50":
+            ok = r["rc"] == 0 and frac >= 0.47 and worst <= 0.08
+            target = ">= 0.47; <= 0.08"
+        else:
+            ok = r["rc"] == 0 and abs(frac - want) <= 0.03 and worst <= 0.08
+            target = f"{want:.2f} +-0.03; <= 0.08"
+        ok_all &= ok
+        S.record(sec, f"{case} {kind_key}: container at {lim}%: fraction; worst 1-s window",
+                 f"{frac:.3f}; {worst:.3f} (NVML {r['nvml']:.3f}, scale {r['scale']:.2f})", target, ok)
+    print(f"# {case} {kind_key}: " + ", ".join(parts), flush=True)
+    return ok_all
+
+
+def calibrated_sizes():
+    rc, out, _ = S.run([S.PY, S.PROBE, "calibrate"], S.make_env(True, None, S.new_region()), 300, "nb-calibrate")
+    v = S.kv(out)
+    sizes = {k: int(v[k]) for k in ("mem_0.05", "mem_1", "mem_10", "gemm") if k in v}
+    print(f"# calibrated: {v}", flush=True)
+    return sizes
+
+
+def solo_rates(sizes, kinds, secs=6):
+    rates = {}
+    for k in kinds:
+        res = run_case("solo", k, [(None, 0, secs)], sizes)
+        rates[k] = res[0]["rate"]
+        print(f"# solo {k}: {rates[k]:.2f}/s gaps {res[0]['gap_ms']}", flush=True)
+    return rates
+
+
+def save(name, data):
+    with open(os.path.join(S.OUT, name), "w") as f:
+        json.dump(data, f, indent=1, default=str)
+
+
+def staggered(sec, sizes, solo, secs=24):
+    """A 30 % container runs 0-24 s; a 60 % one joins at 6 s and leaves at
+    18 s. The first must hold 0.30 in every phase, and be back at its limit
+    within 2 s of the second leaving."""
+    k = "mem-1ms"
+    res = run_case("staggered", k, [(30, 0, secs), (60, 6, 12)], sizes)
+    a, b = res
+    rate = solo[k]
+    wa = [c / rate for c in a["per_sec"]]
+    wb = [c / rate for c in b["per_sec"]]
+    settle = [i for i in range(3, secs) if not (6 <= i < 8 or 18 <= i < 20)]
+    worst_a = max(abs(wa[i] - 0.30) for i in settle if i < len(wa))
+    back = max(abs(wa[i] - 0.30) for i in (20, 21, 22, 23) if i < len(wa))
+    fb = b["rate"] / rate
+    worst_b = max((abs(w - 0.60) for w in wb[3:]), default=1.0)
+    ok = a["rc"] == 0 and b["rc"] == 0 and abs(a["rate"] / rate - 0.30) <= 0.03 and worst_a <= 0.08
+    S.record(sec, f"staggered {k}: 30% over 24 s with a 60% neighbour from 6 to 18 s: fraction; worst window "
+                  "(outside 2 s after each change); worst window 20-24 s",
+             f"{a['rate'] / rate:.3f}; {worst_a:.3f}; {back:.3f}", "0.30 +-0.03; <= 0.08; <= 0.08",
+             ok and back <= 0.08)
+    S.record(sec, f"staggered {k}: the 60% neighbour over its 12 s: fraction; worst window after 3 s",
+             f"{fb:.3f}; {worst_b:.3f}", "0.60 +-0.03; <= 0.08",
+             b["rc"] == 0 and abs(fb - 0.60) <= 0.03 and worst_b <= 0.08)
+    print("# staggered per-second A: " + ",".join(f"{w:.2f}" for w in wa), flush=True)
+    print("# staggered per-second B: " + ",".join(f"{w:.2f}" for w in wb), flush=True)
+    return res
+
+
+def neighbours(scen):
+    """Issue 9's table: containers side by side on one GPU, each its own
+    region and SM limit, against the limits; then the same beside an
+    unlimited neighbour, and containers that come and go."""
+    global S
+    S = scen
+    sec = "neighbours"
+    sizes = calibrated_sizes()
+    kinds = ["mem-0.05ms", "mem-1ms", "mem-10ms", "gemm"]
+    solo = solo_rates(sizes, kinds)
+    secs = int(os.environ.get("NEIGHBOURS_SECS", "20"))
+    data = {"sizes": sizes, "solo": solo, "cases": []}
+    plan = [("30+60", k, [30, 60]) for k in kinds]
+    plan += [("50+50", "mem-1ms", [50, 50]), ("10+20+30+40", "mem-1ms", [10, 20, 30, 40]),
+             ("25x4", "mem-1ms", [25, 25, 25, 25]), ("50+50", "gemm", [50, 50])]
+    plan += [("30+unlimited", k, [30, None]) for k in ("mem-0.05ms", "mem-1ms", "gemm")]
+    only = os.environ.get("NEIGHBOURS_ONLY")
+    for case, k, limits in plan:
+        if only and f"{case}/{k}" not in only.split(","):
+            continue
+        res = run_case(case, k, [(lim, 0, secs) for lim in limits], sizes)
+        judge(sec, case, k, res, solo[k])
+        data["cases"].append({"case": case, "kind": k, "results": res})
+        save("neighbours.json", data)
+    if not only or "staggered" in only:
+        data["cases"].append({"case": "staggered", "kind": "mem-1ms", "results": staggered(sec, sizes, solo)})
+        save("neighbours.json", data)
+
+
+def mechanism(scen):
+    """What happens to throughput, event timings and NVML when contexts
+    time-slice (issue 9's point 5): unlimited pairs without vgpu, then
+    limited containers with the controller's steps in the debug log."""
+    global S
+    S = scen
+    sec = "mechanism"
+    sizes = calibrated_sizes()
+    solo = solo_rates(sizes, ["mem-0.05ms", "mem-1ms", "mem-10ms", "gemm"])
+    data = {"sizes": sizes, "solo": solo, "cases": []}
+    secs = 12
+    experiments = [
+        ("unlimited pair, no vgpu", k, [(None, 0, secs), (None, 0, secs)], False, None)
+        for k in ("mem-1ms", "mem-10ms", "mem-0.05ms")
+    ]
+    experiments += [
+        ("30+60", "mem-1ms", [(30, 0, secs), (60, 0, secs)], True, None),
+        ("30+unl", "mem-1ms", [(30, 0, secs), (None, 0, secs)], True, None),
+    ]
+    for case, k, members, preload, extra in experiments:
+        res = run_case(case.replace(" ", "_"), k, members, sizes, preload, extra)
+        line = []
+        for r in res:
+            frac = r["rate"] / solo[k]
+            line.append(f"{r['limit'] or 'unl'}: frac {frac:.3f} nvml {r['nvml']:.3f} region_util "
+                        f"{r['region_util']:.3f} scale {r['scale']:.2f} gaps p10/p50/p90 "
+                        f"{r['gap_ms'].get('p10', 0):.3f}/{r['gap_ms'].get('p50', 0):.3f}/"
+                        f"{r['gap_ms'].get('p90', 0):.3f} max {r['gap_ms'].get('max', 0):.3f}")
+        S.record(sec, f"{case} {k}", " | ".join(line), "(measurement)", all(r["rc"] == 0 for r in res))
+        data["cases"].append({"case": case, "kind": k, "results": res})
+        save("mechanism.json", data)
+
+
+def nvml_raw(scen):
+    """Raw NVML per-process samples (every 20 ms, lastSeen 0) while one
+    unlimited process runs 0-16 s and a host-paced one 4-12 s; then vgpu's
+    own timing samples beside an unlimited neighbour (trace log)."""
+    global S
+    S = scen
+    import pynvml
+
+    sizes = calibrated_sizes()
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    go = os.path.join(tempfile.mkdtemp(prefix="vgpu-go-"), "go")
+    members = [("unl", 0, 16, {}), ("paced", 4, 8, {"WORK_PACE_MS": "7", "WORK_SYNC_EVERY": "3"})]
+    procs = []
+    for name, off, secs, env in members:
+        procs.append(S.spawn(worker_cmd("mem", sizes["mem_1"], secs, go, off), S.make_env(False, env),
+                             f"raw-{name}"))
+    for p in procs:
+        S.wait_line(p, "ready=", 120)
+    t_go = time.time() + 0.5
+    with open(go, "w") as f:
+        f.write(repr(t_go))
+    raw, dev = [], []
+    while time.time() < t_go + 17:
+        t = time.time()
+        try:
+            for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0):
+                raw.append((t - t_go, s.pid, s.timeStamp / 1e6 - t_go, s.smUtil))
+        except pynvml.NVMLError as e:
+            raw.append((t - t_go, -1, 0, str(e)))
+        try:
+            kind, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+            for s in samples:
+                dev.append((s.timeStamp / 1e6 - t_go, s.sampleValue.uiVal))
+        except pynvml.NVMLError:
+            pass
+        time.sleep(0.02)
+    out = {"pids": [p.pid for p in procs], "workers": []}
+    for p in procs:
+        o, _ = p.communicate(timeout=60)
+        out["workers"].append(S.kv(o))
+    out["raw"] = sorted(set(raw))
+    out["device"] = sorted(set(dev))
+    save("nvml_raw.json", out)
+    print(f"# raw samples {len(out['raw'])}, device samples {len(out['device'])}", flush=True)
+    trace = {"LIBCUDA_LOG_LEVEL": "5"}
+    for k in ("mem-10ms", "mem-1ms"):
+        res = run_case("trace30unl", k, [(30, 0, 10), (None, 0, 10)], sizes, True, trace)
+        print(f"# trace {k}: " + ", ".join(f"{r['limit']}: {r['rate']:.2f}" for r in res), flush=True)
