@@ -47,8 +47,12 @@ const SETTLE_NS: u64 = 2_000_000_000;
 const NEIGHBOUR_LAG_NS: u64 = 2_000_000_000;
 /// Control steps remembered for that.
 const HISTORY: usize = 8;
+/// The utilisation the region shows (for `vgpuctl` and node monitors) is
+/// NVML's over this many control periods (2 s): under time-slicing one
+/// period's figure is a coin toss between the processes.
+const SHOWN: usize = 4;
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 struct Device {
     leading: bool,
     last_seen_us: u64,
@@ -61,6 +65,9 @@ struct Device {
     /// (when, scale ×1000) of the last control steps, round robin.
     history: [(u64, u32); HISTORY],
     next: usize,
+    /// The last readings' (slot, utilisation) pairs, round robin.
+    shown: [Vec<(usize, f64)>; SHOWN],
+    shown_next: usize,
 }
 
 impl Device {
@@ -81,12 +88,39 @@ impl Device {
             .or_else(|| known.min_by_key(|(t, _)| *t))
             .map(|&(_, s)| s)
     }
+
+    /// Writes the mean of the last readings into the region: each slot's
+    /// SM utilisation (percent) and the container's (×1000).
+    fn show(&mut self, region: &vgpu_shm::Region, dev: usize, per_slot: Vec<(usize, f64)>) {
+        self.shown[self.shown_next % SHOWN] = per_slot;
+        self.shown_next += 1;
+        let n = self.shown_next.min(SHOWN) as f64;
+        let mut total = 0.0;
+        for i in region.occupied_slots() {
+            let sum: f64 = self
+                .shown
+                .iter()
+                .flatten()
+                .filter(|(s, _)| *s == i)
+                .map(|(_, u)| u)
+                .sum();
+            let mean = sum / n;
+            region.slot(i).sm_util[dev].store((mean * 100.0).round() as u32, Ordering::Relaxed);
+            total += mean;
+        }
+        region
+            .device(dev)
+            .util_milli
+            .store((total.min(1.0) * 1000.0).round() as u32, Ordering::Relaxed);
+    }
 }
 
 /// One control period's reading of NVML for a device.
 struct Reading {
     /// The container's SM utilisation, as a fraction of the device.
     ours: f64,
+    /// Each process's (slot, fraction of the device).
+    per_slot: Vec<(usize, f64)>,
     /// Whether a process outside the container used the device.
     neighbours: bool,
 }
@@ -154,9 +188,7 @@ impl Leader {
             entry.rate_scale_milli.store(1000, Ordering::Relaxed);
             return;
         };
-        entry
-            .util_milli
-            .store((reading.ours * 1000.0).round() as u32, Ordering::Relaxed);
+        state.show(&attach.region, dev, reading.per_slot);
         let waits = entry.waits.load(Ordering::Relaxed);
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
@@ -243,16 +275,18 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
             neighbours = true;
         }
     }
-    let mut total = 0.0;
-    for &(slot, pid) in &pids {
-        let mean = per_pid
-            .get(&pid)
-            .map_or(0.0, |&(sum, n)| sum as f64 / f64::from(n));
-        region.slot(slot).sm_util[dev].store(mean.round() as u32, Ordering::Relaxed);
-        total += mean / 100.0;
-    }
+    let per_slot: Vec<(usize, f64)> = pids
+        .iter()
+        .map(|&(slot, pid)| {
+            let mean = per_pid
+                .get(&pid)
+                .map_or(0.0, |&(sum, n)| sum as f64 / f64::from(n));
+            (slot, mean / 100.0)
+        })
+        .collect();
     Some(Reading {
-        ours: total.min(1.0),
+        ours: per_slot.iter().map(|(_, u)| u).sum::<f64>().min(1.0),
+        per_slot,
         neighbours,
     })
 }
