@@ -4,7 +4,8 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair demo. With --sim DIR, the driver-API sections run against the
+compute pair neighbours demo (every one but demo by default), and the probes
+mechanism and nvml_raw (issue 9's measurements). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
 Each check appends a row to $OUT/results.tsv; the table is printed last.
@@ -380,7 +381,7 @@ def spin(ns, secs, extra, region, path="procaddr", name="spin"):
 def compute():
     sec = "compute"
     sizes = [50_000, 1_000_000, 10_000_000]
-    secs = 20 if not SIM else 6
+    secs = int(os.environ.get("COMPUTE_SECS", "20")) if not SIM else 6
     table = {}
     for ns in sizes:
         _, base, _ = spin(ns, 5, None, new_region(), name=f"spin-free-{ns}")
@@ -561,7 +562,7 @@ def main():
         SIM, args = args[1], args[2:]
     os.makedirs(LOGS, exist_ok=True)
     for name in args or ["transparency", "memory", "overhead", "startup", "launchcost", "graphs", "storm", "compute",
-                         "pair"]:
+                         "pair", "neighbours"]:
         t = time.time()
         try:
             SECTIONS[name]()
