@@ -112,6 +112,17 @@ pub enum ShmError {
         path: PathBuf,
         why: Refusal,
     },
+    /// A symbolic link, directory, FIFO, device or hard link: never used.
+    NotRegular {
+        path: PathBuf,
+        what: &'static str,
+    },
+    /// Owned by another user who is not root (see `file.rs`).
+    ForeignOwner {
+        path: PathBuf,
+        owner: u32,
+        me: u32,
+    },
     /// Every process slot is held by a live process.
     SlotsFull {
         path: PathBuf,
@@ -132,6 +143,15 @@ impl ShmError {
     }
 }
 
+impl ShmError {
+    /// The file exists but this process may not write it (permissions, a
+    /// read-only mount): the container's limits may live only there.
+    pub fn cannot_write(&self) -> bool {
+        matches!(self, ShmError::Io { op: "open for writing", source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)))
+    }
+}
+
 impl fmt::Display for ShmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -141,6 +161,16 @@ impl fmt::Display for ShmError {
             ShmError::Refused { path, why } => {
                 write!(f, "region {} refused: {why}", path.display())
             }
+            ShmError::NotRegular { path, what } => write!(
+                f,
+                "region {} refused: it is {what}, not a regular file of its own; never followed or modified",
+                path.display()
+            ),
+            ShmError::ForeignOwner { path, owner, me } => write!(
+                f,
+                "region {} refused: owned by uid {owner}, neither this user (uid {me}) nor root, and whoever owns a region can change its limits (VGPU_REGION_ANY_OWNER=1 accepts any owner)",
+                path.display()
+            ),
             ShmError::SlotsFull { path } => write!(
                 f,
                 "region {}: all {} process slots are held by live processes",
