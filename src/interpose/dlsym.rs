@@ -10,7 +10,11 @@
 //!   function we track, hand back our wrapper, else the real result;
 //! - `RTLD_NEXT`: our wrapper (otherwise `dlsym(RTLD_NEXT, "cuMemAlloc_v2")`
 //!   would be a one-line bypass);
-//! - `RTLD_DEFAULT`: libc decides; our exports are in the global scope.
+//! - `RTLD_DEFAULT` (or a handle whose lookup finds our own export): our
+//!   export, which is first in the global scope, but only while the
+//!   driver's symbol is in the global scope behind it. A process with no
+//!   driver gets NULL (and a `dlerror`), as it would without vgpu, and
+//!   nothing of vgpu starts.
 //!
 //! Internal lookups (our NVML client, std) run inside a [`Guard`] and are
 //! never handed our hooks.
@@ -72,21 +76,41 @@ pub(crate) extern "C" fn decide_versioned(
     .unwrap_or(PASS)
 }
 
+/// Whether the driver's definition of `hook` is in the global scope after
+/// this library. When it is not, a failed lookup has set `dlerror`.
+fn driver_behind_us(hook: &table::Hook) -> bool {
+    // From our own frame, RTLD_NEXT means "after libvgpu.so".
+    !real::dlsym(libc::RTLD_NEXT, hook.real.name()).is_null()
+}
+
 fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     let Some(hook) = table::by_name(name) else {
         return PASS;
     };
-    if crate::init::control_disabled() {
-        return PASS;
-    }
-    if handle == libc::RTLD_DEFAULT {
-        return PASS;
-    }
-    if handle == libc::RTLD_NEXT {
-        return hook.wrapper as *mut c_void;
+    let ours = hook.wrapper as *mut c_void;
+    if handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
+        if !driver_behind_us(hook) {
+            return std::ptr::null_mut();
+        }
+        if handle == libc::RTLD_DEFAULT || crate::init::control_disabled() {
+            return PASS;
+        }
+        return ours;
     }
     let found = real::dlsym(handle, hook.real.name());
     if found.is_null() {
+        return found;
+    }
+    if found == ours {
+        // The handle's scope finds our export first (the program itself,
+        // or libvgpu.so): the same rule as RTLD_DEFAULT.
+        return if driver_behind_us(hook) {
+            ours
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+    if crate::init::control_disabled() {
         return found;
     }
     match hook.real.get() {
