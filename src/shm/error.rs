@@ -19,7 +19,14 @@ pub enum Refusal {
     NewerLayout { major: u32, minor: u32 },
     /// Written by an older vgpu.
     OlderLayout { major: u32, minor: u32 },
-    /// The header's geometry or size disagrees with the file or the layout.
+    /// The header describes another geometry (slot count, slot size, ...)
+    /// than this library's layout.
+    Geometry {
+        field: &'static str,
+        found: u64,
+        expected: u64,
+    },
+    /// The header's size disagrees with the file or the layout.
     SizeMismatch {
         header_says: u64,
         file_len: u64,
@@ -44,6 +51,14 @@ impl fmt::Display for Refusal {
             Refusal::OlderLayout { major, minor } => write!(
                 f,
                 "layout version {major}.{minor} is older than this library's {VERSION_MAJOR}.x"
+            ),
+            Refusal::Geometry {
+                field,
+                found,
+                expected,
+            } => write!(
+                f,
+                "layout mismatch: the header says {field} = {found}, this library's layout has {expected}"
             ),
             Refusal::SizeMismatch {
                 header_says,
@@ -86,11 +101,21 @@ pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
         });
     }
     let expected = REGION_SIZE as u64;
-    let geometry_ok = p.header_size as usize == crate::layout::HEADER_SIZE
-        && p.slot_size as usize == crate::layout::SLOT_SIZE
-        && p.max_devices as usize == crate::layout::MAX_DEVICES
-        && p.max_slots as usize == crate::layout::MAX_SLOTS;
-    if p.size != expected || file_len != expected || !geometry_ok {
+    for (field, found, want) in [
+        ("header_size", p.header_size, crate::layout::HEADER_SIZE),
+        ("slot_size", p.slot_size, crate::layout::SLOT_SIZE),
+        ("max_devices", p.max_devices, crate::layout::MAX_DEVICES),
+        ("max_slots", p.max_slots, crate::layout::MAX_SLOTS),
+    ] {
+        if found as usize != want {
+            return Err(Refusal::Geometry {
+                field,
+                found: u64::from(found),
+                expected: want as u64,
+            });
+        }
+    }
+    if p.size != expected || file_len != expected {
         return Err(Refusal::SizeMismatch {
             header_says: p.size,
             file_len,
