@@ -441,6 +441,72 @@ mod tests {
         );
     }
 
+    fn cfg_named(vars: &[(&str, &str)], secure: bool) -> Result<Config, ConfigError> {
+        Config::from_vars(
+            vars.iter().map(|(k, _)| *k),
+            |k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            },
+            secure,
+        )
+    }
+
+    #[test]
+    fn ordinal_suffixes_must_be_canonical_and_in_range() {
+        for good in ["0", "7", "15"] {
+            assert!(parse_ordinal(good).is_some(), "{good}");
+        }
+        for bad in ["", "16", "99999", "00", "07", "-1", "+1", "x", "1 "] {
+            assert_eq!(parse_ordinal(bad), None, "{bad:?}");
+        }
+        let e = cfg_named(&[("CUDA_DEVICE_SM_LIMIT_00", "30")], false).unwrap_err();
+        assert_eq!(e.var, "CUDA_DEVICE_SM_LIMIT_00");
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT_15", "1g")], false).is_ok());
+        // Names that only share a prefix are not ours.
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r")], false).is_ok());
+    }
+
+    #[test]
+    fn region_settings_parse_and_relative_paths_are_refused() {
+        let c = cfg(&[("VGPU_REGION_MODE", "0660"), ("VGPU_REGION_ANY_OWNER", "1")]).unwrap();
+        assert_eq!((c.region_mode, c.region_any_owner), (0o660, true));
+        assert_eq!(cfg(&[]).unwrap().region_mode, 0o666);
+        for bad in ["0777", "4666", "0066", "rw", ""] {
+            assert_eq!(
+                cfg(&[("VGPU_REGION_MODE", bad)]).unwrap_err().var,
+                "VGPU_REGION_MODE"
+            );
+        }
+        let e = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "vgpu.cache")]).unwrap_err();
+        assert_eq!(e.var, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    }
+
+    #[test]
+    fn secure_execution_reads_limits_only() {
+        let vars = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/root/x.cache"),
+            ("LIBCUDA_LOG_LEVEL", "4"),
+            ("CUDA_DISABLE_CONTROL", "1"),
+            ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+            ("VGPU_REGION_MODE", "0600"),
+            ("VGPU_REGION_ANY_OWNER", "1"),
+            ("VGPU_TEST_PANIC", "cuInit"),
+        ];
+        let c = cfg_named(&vars, true).unwrap();
+        assert_eq!(c.mem_limit, Some(1 << 30));
+        assert!(c.secure && c.shared_cache.is_none() && !c.disable_control);
+        assert_eq!(c.log_level, LevelFilter::Warn);
+        assert_eq!(c.policy, CorePolicy::Default);
+        assert_eq!((c.region_mode, c.region_any_owner), (0o666, false));
+        assert!(c.test_panic.is_none() && c.warnings.is_empty());
+        // A bad limit is still an error: it can only narrow.
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT", "4q")], true).is_err());
+        assert!(!c.without_limits().has_limits());
+    }
+
     #[test]
     fn zero_and_hundred_percent_mean_unlimited() {
         assert_eq!(
