@@ -9,7 +9,8 @@
 //! - explicit handle: look the name up for real; if it is the driver's
 //!   function we track, hand back our wrapper, else the real result;
 //! - `RTLD_NEXT`: our wrapper (otherwise `dlsym(RTLD_NEXT, "cuMemAlloc_v2")`
-//!   would be a one-line bypass);
+//!   would be a one-line bypass), while the driver library is loaded at
+//!   all; NULL in a process without it, as without vgpu;
 //! - `RTLD_DEFAULT` (or a handle whose lookup finds our own export): our
 //!   export, which is first in the global scope, but only while the
 //!   driver's symbol is in the global scope behind it. A process with no
@@ -88,14 +89,23 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
         return PASS;
     };
     let ours = hook.wrapper as *mut c_void;
-    if handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
-        if !driver_behind_us(hook) {
-            return std::ptr::null_mut();
+    if handle == libc::RTLD_DEFAULT {
+        return if driver_behind_us(hook) {
+            PASS
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+    if handle == libc::RTLD_NEXT {
+        if !real::loaded(hook.real.lib()) {
+            // Fails the lookup glibc's way, dlerror included.
+            return real::dlsym(libc::RTLD_NEXT, hook.real.name());
         }
-        if handle == libc::RTLD_DEFAULT || crate::init::control_disabled() {
-            return PASS;
-        }
-        return ours;
+        return if crate::init::control_disabled() {
+            PASS
+        } else {
+            ours
+        };
     }
     let found = real::dlsym(handle, hook.real.name());
     if found.is_null() {

@@ -101,6 +101,15 @@ pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
         });
     }
     let expected = REGION_SIZE as u64;
+    if p.size != expected || file_len != expected {
+        return Err(Refusal::SizeMismatch {
+            header_says: p.size,
+            file_len,
+            expected,
+        });
+    }
+    // Sizes agree: a geometry that differs is named (a slot count of
+    // another build used to read "header says N bytes, file has N").
     for (field, found, want) in [
         ("header_size", p.header_size, crate::layout::HEADER_SIZE),
         ("slot_size", p.slot_size, crate::layout::SLOT_SIZE),
@@ -114,13 +123,6 @@ pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
                 expected: want as u64,
             });
         }
-    }
-    if p.size != expected || file_len != expected {
-        return Err(Refusal::SizeMismatch {
-            header_says: p.size,
-            file_len,
-            expected,
-        });
     }
     Ok(p.state == STATE_READY)
 }
