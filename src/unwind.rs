@@ -15,7 +15,12 @@
 //! panic in vgpu aborts the process ("failed to initiate panic"); that is
 //! said once, at start-up, as a warning.
 
-#[cfg(all(feature = "interpose", not(test), target_arch = "x86_64"))]
+#[cfg(all(
+    feature = "interpose",
+    not(feature = "static-unwinder"),
+    not(test),
+    target_arch = "x86_64"
+))]
 mod lazy {
     use std::ffi::{CStr, c_int, c_void};
     use std::ptr;
@@ -124,8 +129,18 @@ mod lazy {
 /// Makes the unwinder ready (at runtime start, outside any panic).
 /// False when libgcc_s.so.1 is missing: a panic would then abort.
 pub fn load() -> bool {
-    #[cfg(all(feature = "interpose", not(test), target_arch = "x86_64"))]
+    #[cfg(all(
+        feature = "interpose",
+        not(feature = "static-unwinder"),
+        not(test),
+        target_arch = "x86_64"
+    ))]
     return lazy::load();
-    #[cfg(not(all(feature = "interpose", not(test), target_arch = "x86_64")))]
+    #[cfg(not(all(
+        feature = "interpose",
+        not(feature = "static-unwinder"),
+        not(test),
+        target_arch = "x86_64"
+    )))]
     return true;
 }
