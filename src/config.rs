@@ -5,7 +5,13 @@
 //! `CUDA_DEVICE_SM_LIMIT[_N]` (percent), `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
 //! `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`,
 //! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the CUDA ordinal in
-//! the process that reads it.
+//! the process that reads it. vgpu's own: `VGPU_REGION_MODE`,
+//! `VGPU_REGION_ANY_OWNER` (how region files are made and trusted).
+//!
+//! In a secure-execution process (setuid, setgid, file capabilities:
+//! `AT_SECURE`), whoever started it may not be the user it runs as, so
+//! only the limits are read, and they bind that process alone (see
+//! init.rs): no path, log level, switch or region setting.
 #![forbid(unsafe_code)]
 
 use std::ffi::OsString;
@@ -40,6 +46,14 @@ pub struct Config {
     pub disable_control: bool,
     pub oversubscribe: bool,
     pub log_level: LevelFilter,
+    /// Mode of a region file this process creates (`VGPU_REGION_MODE`).
+    pub region_mode: u32,
+    /// Accept a region owned by any user (`VGPU_REGION_ANY_OWNER`).
+    pub region_any_owner: bool,
+    /// Read in a secure-execution process: the environment is untrusted.
+    pub secure: bool,
+    /// `VGPU_TEST_PANIC`: the hook that panics (tests only).
+    pub test_panic: Option<String>,
     /// Bad values of variables that cannot weaken a limit (log level,
     /// switches): reported, and the default used.
     pub warnings: Vec<ConfigError>,
@@ -67,6 +81,31 @@ impl std::error::Error for ConfigError {}
 
 const BYTES: &str = "bytes with an optional k/m/g suffix, e.g. 4g, 4096m, 1073741824";
 const PERCENT: &str = "a whole percentage from 0 to 100";
+const ORDINAL: &str =
+    "a device ordinal from 0 to 15 after the underscore in the name (_0 ... _15, no leading zeros)";
+const _: () = assert!(MAX_ORDINALS == 16, "ORDINAL names the range");
+const ABSOLUTE: &str =
+    "an absolute path (a relative one would give every working directory a region of its own)";
+const MODE: &str = "an octal file mode from 0600 to 0666, e.g. 0660";
+
+/// The variables with a device-ordinal suffix.
+const PER_ORDINAL: [&str; 2] = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"];
+
+/// The ordinal in a `_N` suffix: canonical decimal below MAX_ORDINALS.
+fn parse_ordinal(suffix: &str) -> Option<usize> {
+    let canonical = suffix == "0" || (!suffix.starts_with('0') && !suffix.is_empty());
+    if !canonical || !suffix.bytes().all(|b| b.is_ascii_digit()) || suffix.len() > 2 {
+        return None;
+    }
+    suffix.parse().ok().filter(|&n| n < MAX_ORDINALS)
+}
+
+/// A region file mode: octal, owner read-write at least, nothing beyond
+/// read-write for anyone (no execute, setuid or sticky bits).
+fn parse_mode(text: &str) -> Option<u32> {
+    let m = u32::from_str_radix(text.trim(), 8).ok()?;
+    (m & !0o666 == 0 && m & 0o600 == 0o600).then_some(m)
+}
 
 /// Parses a memory limit: plain bytes, or a number with `k`, `m` or `g`
 /// (powers of 1024, any case). `0` means no limit.
@@ -138,20 +177,56 @@ impl Default for Config {
             disable_control: false,
             oversubscribe: false,
             log_level: LevelFilter::Warn,
+            region_mode: vgpu_shm::DEFAULT_CREATE_MODE,
+            region_any_owner: false,
+            secure: false,
+            test_panic: None,
             warnings: Vec::new(),
         }
     }
 }
 
 impl Config {
-    pub fn from_env() -> Result<Config, ConfigError> {
-        Config::from_lookup(|k| std::env::var_os(k))
+    /// The process's environment; `secure`: a secure-execution process.
+    pub fn from_env(secure: bool) -> Result<Config, ConfigError> {
+        let vars: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        Config::from_vars(
+            vars.iter().filter_map(|(k, _)| k.to_str()),
+            |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            secure,
+        )
     }
 
-    /// Reads every variable through `get`. A bad limit is an error: a
-    /// quota enforcer must not guess what the limit was meant to be.
+    /// Reads every variable through `get`, not in secure-execution mode,
+    /// without checking the names of `_N` variables.
     pub fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<Config, ConfigError> {
+        Config::from_vars(std::iter::empty(), get, false)
+    }
+
+    /// Reads every variable through `get`; `names` are every variable's
+    /// name, to find `_N` suffixes that are out of range or malformed. A
+    /// bad limit is an error: a quota enforcer must not guess what the
+    /// limit was meant to be.
+    pub fn from_vars<'a>(
+        names: impl Iterator<Item = &'a str>,
+        get: impl Fn(&str) -> Option<OsString>,
+        secure: bool,
+    ) -> Result<Config, ConfigError> {
+        // Secure execution: only the limits are read (module docs).
+        let trusted = |var: &str| if secure { None } else { get(var) };
         let text = |var: &str| get(var).map(|v| v.to_string_lossy().into_owned());
+        let trusted_text = |var: &str| trusted(var).map(|v| v.to_string_lossy().into_owned());
+        for name in names {
+            if let Some(suffix) = PER_ORDINAL.iter().find_map(|p| name.strip_prefix(p))
+                && parse_ordinal(suffix).is_none()
+            {
+                return Err(ConfigError {
+                    var: name.to_string(),
+                    value: text(name).unwrap_or_default(),
+                    expected: ORDINAL,
+                });
+            }
+        }
         let mut warnings = Vec::new();
         let bad = |var: &str, value: String, expected| ConfigError {
             var: var.to_string(),
@@ -175,7 +250,7 @@ impl Config {
             }
         };
         let mut soft = |var: &str, expected, parse: &dyn Fn(&str) -> bool| {
-            if let Some(v) = text(var).filter(|v| !parse(v)) {
+            if let Some(v) = trusted_text(var).filter(|v| !parse(v)) {
                 warnings.push(bad(var, v, expected));
             }
         };
@@ -188,7 +263,25 @@ impl Config {
         soft("LIBCUDA_LOG_LEVEL", "a level from 0 to 4", &|v| {
             parse_level(v).is_some()
         });
-        let policy = match text("GPU_CORE_UTILIZATION_POLICY") {
+        soft("VGPU_REGION_ANY_OWNER", "true or false", &|v| {
+            parse_bool(v).is_some()
+        });
+        let region_mode = match trusted_text("VGPU_REGION_MODE") {
+            None => vgpu_shm::DEFAULT_CREATE_MODE,
+            Some(v) => parse_mode(&v).ok_or_else(|| bad("VGPU_REGION_MODE", v, MODE))?,
+        };
+        let shared_cache =
+            match trusted("CUDA_DEVICE_MEMORY_SHARED_CACHE").filter(|v| !v.is_empty()) {
+                Some(p) if !std::path::Path::new(&p).is_absolute() => {
+                    return Err(bad(
+                        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                        p.to_string_lossy().into_owned(),
+                        ABSOLUTE,
+                    ));
+                }
+                p => p.map(PathBuf::from),
+            };
+        let policy = match trusted_text("GPU_CORE_UTILIZATION_POLICY") {
             None => CorePolicy::Default,
             Some(v) => parse_policy(&v).ok_or_else(|| {
                 bad(
@@ -210,21 +303,37 @@ impl Config {
             mem_limit_n,
             sm_limit: percent("CUDA_DEVICE_SM_LIMIT")?,
             sm_limit_n,
-            shared_cache: get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            shared_cache,
             policy,
-            disable_control: text("CUDA_DISABLE_CONTROL")
+            disable_control: trusted_text("CUDA_DISABLE_CONTROL")
                 .and_then(|v| parse_bool(&v))
                 .unwrap_or(false),
-            oversubscribe: text("CUDA_OVERSUBSCRIBE")
+            oversubscribe: trusted_text("CUDA_OVERSUBSCRIBE")
                 .and_then(|v| parse_bool(&v))
                 .unwrap_or(false),
-            log_level: text("LIBCUDA_LOG_LEVEL")
+            log_level: trusted_text("LIBCUDA_LOG_LEVEL")
                 .and_then(|v| parse_level(&v))
                 .unwrap_or(LevelFilter::Warn),
+            region_mode,
+            region_any_owner: trusted_text("VGPU_REGION_ANY_OWNER")
+                .and_then(|v| parse_bool(&v))
+                .unwrap_or(false),
+            secure,
+            test_panic: trusted_text("VGPU_TEST_PANIC"),
             warnings,
         })
+    }
+
+    /// This configuration with no limits: what a secure-execution process
+    /// registers in a shared region (its environment may not widen them).
+    pub fn without_limits(&self) -> Config {
+        Config {
+            mem_limit: None,
+            mem_limit_n: [None; MAX_ORDINALS],
+            sm_limit: None,
+            sm_limit_n: [None; MAX_ORDINALS],
+            ..self.clone()
+        }
     }
 
     /// The memory limit for CUDA ordinal `n` (0 = none): `_N` wins.
@@ -331,6 +440,72 @@ mod tests {
                 .var,
             "GPU_CORE_UTILIZATION_POLICY"
         );
+    }
+
+    fn cfg_named(vars: &[(&str, &str)], secure: bool) -> Result<Config, ConfigError> {
+        Config::from_vars(
+            vars.iter().map(|(k, _)| *k),
+            |k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            },
+            secure,
+        )
+    }
+
+    #[test]
+    fn ordinal_suffixes_must_be_canonical_and_in_range() {
+        for good in ["0", "7", "15"] {
+            assert!(parse_ordinal(good).is_some(), "{good}");
+        }
+        for bad in ["", "16", "99999", "00", "07", "-1", "+1", "x", "1 "] {
+            assert_eq!(parse_ordinal(bad), None, "{bad:?}");
+        }
+        let e = cfg_named(&[("CUDA_DEVICE_SM_LIMIT_00", "30")], false).unwrap_err();
+        assert_eq!(e.var, "CUDA_DEVICE_SM_LIMIT_00");
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT_15", "1g")], false).is_ok());
+        // Names that only share a prefix are not ours.
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r")], false).is_ok());
+    }
+
+    #[test]
+    fn region_settings_parse_and_relative_paths_are_refused() {
+        let c = cfg(&[("VGPU_REGION_MODE", "0660"), ("VGPU_REGION_ANY_OWNER", "1")]).unwrap();
+        assert_eq!((c.region_mode, c.region_any_owner), (0o660, true));
+        assert_eq!(cfg(&[]).unwrap().region_mode, 0o666);
+        for bad in ["0777", "4666", "0066", "rw", ""] {
+            assert_eq!(
+                cfg(&[("VGPU_REGION_MODE", bad)]).unwrap_err().var,
+                "VGPU_REGION_MODE"
+            );
+        }
+        let e = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "vgpu.cache")]).unwrap_err();
+        assert_eq!(e.var, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    }
+
+    #[test]
+    fn secure_execution_reads_limits_only() {
+        let vars = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/root/x.cache"),
+            ("LIBCUDA_LOG_LEVEL", "4"),
+            ("CUDA_DISABLE_CONTROL", "1"),
+            ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+            ("VGPU_REGION_MODE", "0600"),
+            ("VGPU_REGION_ANY_OWNER", "1"),
+            ("VGPU_TEST_PANIC", "cuInit"),
+        ];
+        let c = cfg_named(&vars, true).unwrap();
+        assert_eq!(c.mem_limit, Some(1 << 30));
+        assert!(c.secure && c.shared_cache.is_none() && !c.disable_control);
+        assert_eq!(c.log_level, LevelFilter::Warn);
+        assert_eq!(c.policy, CorePolicy::Default);
+        assert_eq!((c.region_mode, c.region_any_owner), (0o666, false));
+        assert!(c.test_panic.is_none() && c.warnings.is_empty());
+        // A bad limit is still an error: it can only narrow.
+        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT", "4q")], true).is_err());
+        assert!(!c.without_limits().has_limits());
     }
 
     #[test]

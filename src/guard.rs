@@ -9,6 +9,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 thread_local! {
@@ -52,6 +53,14 @@ impl Drop for Guard {
     }
 }
 
+/// `VGPU_TEST_PANIC=<hook>`: that hook panics, so the tests can show that
+/// a panic is caught at the edge (set at start-up, ignored in secure mode).
+static TEST_PANIC: OnceLock<Box<str>> = OnceLock::new();
+
+pub fn set_test_panic(hook: &str) {
+    let _ = TEST_PANIC.set(hook.into());
+}
+
 /// Runs a hook body; on a panic, logs once and runs `fallback` (the real
 /// function) instead. Inside our own code, runs `fallback` directly.
 pub fn ffi_boundary<R>(
@@ -62,6 +71,12 @@ pub fn ffi_boundary<R>(
     if is_internal() {
         return fallback();
     }
+    let body = || {
+        if TEST_PANIC.get().is_some_and(|h| **h == *hook) {
+            panic!("VGPU_TEST_PANIC={hook}");
+        }
+        body()
+    };
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(r) => r,
         Err(_) => {

@@ -12,18 +12,28 @@
 //!    created if the environment sets a limit;
 //! 4. otherwise nothing is limited and every call passes through.
 //!
-//! When a region exists but cannot be used (foreign, corrupt, unreadable),
-//! see docs/reliability.md: limits from the environment are enforced for
-//! this process alone; with none, the process runs unlimited.
+//! When a region exists but cannot be used (a symbolic link, not a
+//! regular file, owned by another user, corrupt), see docs/reliability.md:
+//! limits from the environment are enforced for this process alone; with
+//! none, the process runs unlimited. When it exists but cannot be opened
+//! for writing, the container's limits may live only there: with no
+//! limits of its own the process is refused CUDA, with the reason.
+//!
+//! In a secure-execution process (`AT_SECURE`: setuid, setgid, file
+//! capabilities) the environment belongs to whoever started it: no path
+//! is taken from it and nothing is created. An existing region found
+//! without the environment (steps 2 and 3) is joined without registering
+//! the environment's limits; otherwise those limits bind this process
+//! alone, in private memory.
 
 use std::ffi::{CStr, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use vgpu_shm::{OpenMode, Region, ShmError};
+use vgpu_shm::{FileOptions, Region, ShmError};
 
 use crate::attach::Attach;
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::guard::Guard;
 
 /// HAMi-core's default region path.
@@ -31,8 +41,9 @@ pub const DEFAULT_REGION: &str = "/tmp/cudevshr.cache";
 
 pub struct Runtime {
     pub config: Config,
-    /// A bad limit in the environment: CUDA initialisation is refused.
-    pub refused: Option<ConfigError>,
+    /// Why CUDA initialisation is refused (a bad variable, a region that
+    /// cannot be written), as logged.
+    pub refused: Option<String>,
     /// None: nothing to enforce, every call passes through.
     pub attach: Option<Attach>,
 }
@@ -62,76 +73,131 @@ pub fn control_disabled() -> bool {
 
 impl Runtime {
     fn start() -> Runtime {
-        let (config, refused) = match Config::from_env() {
+        let secure = secure_execution();
+        let (config, bad) = match Config::from_env(secure) {
             Ok(c) => (c, None),
-            Err(e) => (Config::default(), Some(e)),
+            Err(e) => (
+                Config {
+                    secure,
+                    ..Config::default()
+                },
+                Some(e),
+            ),
         };
         crate::log::init(config.log_level);
+        if !crate::unwind::load() {
+            log::warn!(
+                "libgcc_s.so.1 could not be loaded: an internal error of vgpu would abort this process instead of being caught"
+            );
+        }
+        if let Some(hook) = &config.test_panic {
+            crate::guard::set_test_panic(hook);
+        }
         for w in &config.warnings {
             log::warn!("{w}; using the default");
         }
-        if let Some(e) = &refused {
-            log::error!("{e}; CUDA initialisation is refused until the variable is fixed");
-            return Runtime {
+        let refuse = |config: Config, why: String| {
+            log::error!("{why}");
+            Runtime {
                 config,
-                refused,
+                refused: Some(why),
                 attach: None,
-            };
+            }
+        };
+        if let Some(e) = bad {
+            let why = format!("{e}; CUDA initialisation is refused until the variable is fixed");
+            return refuse(config, why);
         }
         if config.disable_control {
             log::info!("CUDA_DISABLE_CONTROL is set: every call passes through unlimited");
             return Runtime {
                 config,
-                refused,
+                refused: None,
                 attach: None,
             };
         }
         if config.oversubscribe {
             log::warn!("CUDA_OVERSUBSCRIBE is not supported: memory limits are enforced as usual");
         }
-        let attach = open_region(&config).map(|r| {
-            log::debug!("attached to region {}", r.path().display());
-            Attach::new(r, config.clone())
-        });
+        let found = find_region(&config);
         crate::fork::install();
-        Runtime {
-            config,
-            refused,
-            attach,
+        match found {
+            Ok(found) => Runtime {
+                attach: found.map(|(r, shared_config)| {
+                    log::debug!("attached to region {}", r.path().display());
+                    Attach::new(r, shared_config)
+                }),
+                config,
+                refused: None,
+            },
+            Err(why) => refuse(config, why),
         }
     }
 }
 
-fn open_region(config: &Config) -> Option<Region> {
+/// Whether this process runs in secure-execution mode (`AT_SECURE`).
+/// `VGPU_TEST_SECURE=1` forces it, for tests where no setuid program can
+/// be run (it only ever narrows what vgpu takes from the environment).
+fn secure_execution() -> bool {
+    // SAFETY: getauxval reads the auxiliary vector the kernel gave this
+    // process; AT_SECURE is a defined entry type (0 when absent).
+    let at_secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    at_secure || std::env::var_os("VGPU_TEST_SECURE").is_some_and(|v| v == "1")
+}
+
+type Found = Result<Option<(Region, Config)>, String>;
+
+/// The region to attach to and the configuration to register in it, or
+/// why CUDA is refused (module docs).
+fn find_region(config: &Config) -> Found {
     let limited = config.has_limits();
-    let fallback = |e: ShmError| {
+    let private = || Region::anonymous().ok().map(|r| (r, config.clone()));
+    let unusable = |e: ShmError| -> Found {
         if limited {
             log::error!("{e}; the limits in this process's environment are enforced for it alone");
-            Region::anonymous().ok()
+            Ok(private())
+        } else if e.cannot_write() {
+            Err(format!(
+                "{e}; this process has no limits of its own and its container's may be in that region: CUDA initialisation is refused (let this user write it, e.g. VGPU_REGION_MODE=0666 for whoever creates it)"
+            ))
         } else {
             log::error!("{e}; no limits in the environment: running unlimited");
-            None
+            Ok(None)
         }
     };
-    let open = |path: &Path, mode| match Region::open(path, mode) {
-        Ok(r) => Some(r),
-        Err(e) => fallback(e),
+    let opts = |create: bool| FileOptions {
+        create: create.then_some(config.region_mode),
+        any_owner: config.region_any_owner,
+    };
+    let default = Path::new(DEFAULT_REGION);
+    let default_exists = std::fs::symlink_metadata(default).is_ok();
+    if config.secure {
+        let shared = config.without_limits();
+        if let Some(r) = own_directory().and_then(|d| region_in(&d, opts(false))) {
+            return Ok(Some((r, shared)));
+        }
+        if !default_exists {
+            return Ok(if limited { private() } else { None });
+        }
+        return match Region::open_with(default, opts(false)) {
+            Ok(r) => Ok(Some((r, shared))),
+            Err(e) => unusable(e),
+        };
+    }
+    let attach = |path: &Path, create: bool| match Region::open_with(path, opts(create)) {
+        Ok(r) => Ok(Some((r, config.clone()))),
+        Err(e) => unusable(e),
     };
     if let Some(path) = &config.shared_cache {
-        return open(path, OpenMode::CreateIfMissing);
+        return attach(path, true);
     }
-    if let Some(r) = own_directory().and_then(|d| region_in(&d)) {
-        return Some(r);
+    if let Some(r) = own_directory().and_then(|d| region_in(&d, opts(false))) {
+        return Ok(Some((r, config.clone())));
     }
-    let default = Path::new(DEFAULT_REGION);
-    let mode = if default.exists() {
-        OpenMode::ExistingOnly
-    } else if limited {
-        OpenMode::CreateIfMissing
-    } else {
-        return None;
-    };
-    open(default, mode)
+    if default_exists || limited {
+        return attach(default, !default_exists);
+    }
+    Ok(None)
 }
 
 /// The directory libvgpu.so was loaded from.
@@ -153,19 +219,29 @@ fn own_directory() -> Option<PathBuf> {
     Path::new(file).parent().map(Path::to_path_buf)
 }
 
-/// The newest valid region among `dir/*.cache`.
-fn region_in(dir: &Path) -> Option<Region> {
+/// The newest valid region among the regular files `dir/*.cache`.
+fn region_in(dir: &Path, opts: FileOptions) -> Option<Region> {
     let mut candidates: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "cache"))
-        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .filter_map(|p| {
+            let meta = std::fs::symlink_metadata(&p).ok()?;
+            Some((
+                meta.file_type()
+                    .is_file()
+                    .then_some(meta)?
+                    .modified()
+                    .ok()?,
+                p,
+            ))
+        })
         .collect();
     candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
     candidates
         .into_iter()
-        .find_map(|(_, p)| match Region::open(&p, OpenMode::ExistingOnly) {
+        .find_map(|(_, p)| match Region::open_with(&p, opts) {
             Ok(r) => Some(r),
             Err(e) => {
                 log::warn!("{e}; skipped");

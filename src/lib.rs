@@ -26,6 +26,7 @@
 //! - `watcher`: the background thread
 //! - `guard`: reentrancy flag and the panic-proof `extern "C"` boundary
 //! - `fork`: `pthread_atfork` handlers
+//! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
 //! - `ffi`, `clock`, `log`: small edges
 
 // Without exported hooks (unit tests, feature `interpose` off) nothing
@@ -48,5 +49,6 @@ mod init;
 mod interpose;
 mod limiter;
 mod nvml;
+mod unwind;
 mod view;
 mod watcher;

@@ -15,12 +15,18 @@ impl CUresult {
     pub const SUCCESS: Self = Self(0);
     pub const ERROR_INVALID_VALUE: Self = Self(1);
     pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
+    /// `CUDA_ERROR_STUB_LIBRARY`: what the toolkit's stub libcuda returns.
+    pub const ERROR_STUB_LIBRARY: Self = Self(34);
     pub const ERROR_NOT_FOUND: Self = Self(500);
     pub const ERROR_NOT_READY: Self = Self(600);
 
     pub fn is_ok(self) -> bool {
         self == Self::SUCCESS
     }
+}
+
+impl crate::interpose::table::NoLibrary for CUresult {
+    const NO_LIBRARY: Self = Self::ERROR_STUB_LIBRARY;
 }
 
 impl fmt::Display for CUresult {

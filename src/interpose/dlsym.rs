@@ -9,8 +9,13 @@
 //! - explicit handle: look the name up for real; if it is the driver's
 //!   function we track, hand back our wrapper, else the real result;
 //! - `RTLD_NEXT`: our wrapper (otherwise `dlsym(RTLD_NEXT, "cuMemAlloc_v2")`
-//!   would be a one-line bypass);
-//! - `RTLD_DEFAULT`: libc decides; our exports are in the global scope.
+//!   would be a one-line bypass), while the driver library is loaded at
+//!   all; NULL in a process without it, as without vgpu;
+//! - `RTLD_DEFAULT` (or a handle whose lookup finds our own export): our
+//!   export, which is first in the global scope, but only while the
+//!   driver's symbol is in the global scope behind it. A process with no
+//!   driver gets NULL (and a `dlerror`), as it would without vgpu, and
+//!   nothing of vgpu starts.
 //!
 //! Internal lookups (our NVML client, std) run inside a [`Guard`] and are
 //! never handed our hooks.
@@ -72,21 +77,50 @@ pub(crate) extern "C" fn decide_versioned(
     .unwrap_or(PASS)
 }
 
+/// Whether the driver's definition of `hook` is in the global scope after
+/// this library. When it is not, a failed lookup has set `dlerror`.
+fn driver_behind_us(hook: &table::Hook) -> bool {
+    // From our own frame, RTLD_NEXT means "after libvgpu.so".
+    !real::dlsym(libc::RTLD_NEXT, hook.real.name()).is_null()
+}
+
 fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     let Some(hook) = table::by_name(name) else {
         return PASS;
     };
-    if crate::init::control_disabled() {
-        return PASS;
-    }
+    let ours = hook.wrapper as *mut c_void;
     if handle == libc::RTLD_DEFAULT {
-        return PASS;
+        return if driver_behind_us(hook) {
+            PASS
+        } else {
+            std::ptr::null_mut()
+        };
     }
     if handle == libc::RTLD_NEXT {
-        return hook.wrapper as *mut c_void;
+        if !real::loaded(hook.real.lib()) {
+            // Fails the lookup glibc's way, dlerror included.
+            return real::dlsym(libc::RTLD_NEXT, hook.real.name());
+        }
+        return if crate::init::control_disabled() {
+            PASS
+        } else {
+            ours
+        };
     }
     let found = real::dlsym(handle, hook.real.name());
     if found.is_null() {
+        return found;
+    }
+    if found == ours {
+        // The handle's scope finds our export first (the program itself,
+        // or libvgpu.so): the same rule as RTLD_DEFAULT.
+        return if driver_behind_us(hook) {
+            ours
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+    if crate::init::control_disabled() {
         return found;
     }
     match hook.real.get() {

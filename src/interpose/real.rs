@@ -80,6 +80,27 @@ impl Lib {
 
 static HANDLES: [AtomicPtr<c_void>; 2] = [const { AtomicPtr::new(ptr::null_mut()) }; 2];
 
+/// Whether `lib` is loaded in this process already (never loads it).
+pub fn loaded(lib: Lib) -> bool {
+    if !HANDLES[lib as usize].load(Ordering::Acquire).is_null() {
+        return true;
+    }
+    // SAFETY: dlopen with a NUL-terminated soname; RTLD_NOLOAD only looks.
+    let h = unsafe { libc::dlopen(lib.soname().as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return false;
+    }
+    // Keep the reference as `handle` would, unless another thread did.
+    if HANDLES[lib as usize]
+        .compare_exchange(ptr::null_mut(), h, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        // SAFETY: `h` came from dlopen above.
+        unsafe { libc::dlclose(h) };
+    }
+    true
+}
+
 /// Our handle on `lib`: the instance already loaded if there is one (found
 /// by soname, whatever path the program used), else a fresh load.
 pub fn handle(lib: Lib) -> Option<NonNull<c_void>> {

@@ -7,6 +7,12 @@ use std::ffi::c_void;
 
 use super::real::{Lib, Real};
 
+/// The code a hook returns when its driver library cannot be loaded at
+/// all: what NVIDIA's stub libraries answer where no driver is installed.
+pub trait NoLibrary {
+    const NO_LIBRARY: Self;
+}
+
 /// One hooked symbol.
 pub struct Hook {
     pub real: &'static Real,
@@ -48,7 +54,10 @@ pub fn wrapper_for(lib: Lib, real: *mut c_void) -> Option<*mut c_void> {
 /// - `real::name()`: it, typed (None when the driver lacks it);
 /// - `name`: the exported C function (feature `interpose`), shaped
 ///   export → `ffi_boundary` → `imp(args)`, falling back to the real
-///   function if `imp` panics;
+///   function if `imp` panics. Without the real function nothing of vgpu
+///   runs (no region, no thread): the answer is `missing`, or
+///   [`NoLibrary::NO_LIBRARY`] without the driver library, as for a
+///   process with no driver that calls one of our exports by accident;
 /// - `HOOKS`: the family's table entries.
 macro_rules! hooks {
     (
@@ -69,14 +78,17 @@ macro_rules! hooks {
             #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                let Some(real_fn) = real::$name() else {
+                    return match $crate::interpose::real::handle($lib) {
+                        Some(_) => $missing,
+                        None => <$ret as $crate::interpose::table::NoLibrary>::NO_LIBRARY,
+                    };
+                };
                 $crate::guard::ffi_boundary(
                     stringify!($name),
                     || $imp($($arg),*),
-                    || match real::$name() {
-                        // SAFETY: the caller's arguments pass through unchanged.
-                        Some(f) => unsafe { f($($arg),*) },
-                        None => $missing,
-                    },
+                    // SAFETY: the caller's arguments pass through unchanged.
+                    || unsafe { real_fn($($arg),*) },
                 )
             }
         )*

@@ -13,11 +13,17 @@ impl NvmlReturn {
     pub const SUCCESS: Self = Self(0);
     pub const ERROR_NOT_FOUND: Self = Self(6);
     pub const ERROR_INSUFFICIENT_SIZE: Self = Self(7);
+    /// `NVML_ERROR_LIBRARY_NOT_FOUND`: what the stub libnvidia-ml returns.
+    pub const ERROR_LIBRARY_NOT_FOUND: Self = Self(12);
     pub const ERROR_FUNCTION_NOT_FOUND: Self = Self(13);
 
     pub fn is_ok(self) -> bool {
         self == Self::SUCCESS
     }
+}
+
+impl crate::interpose::table::NoLibrary for NvmlReturn {
+    const NO_LIBRARY: Self = Self::ERROR_LIBRARY_NOT_FOUND;
 }
 
 impl fmt::Display for NvmlReturn {

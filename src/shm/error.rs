@@ -19,7 +19,14 @@ pub enum Refusal {
     NewerLayout { major: u32, minor: u32 },
     /// Written by an older vgpu.
     OlderLayout { major: u32, minor: u32 },
-    /// The header's geometry or size disagrees with the file or the layout.
+    /// The header describes another geometry (slot count, slot size, ...)
+    /// than this library's layout.
+    Geometry {
+        field: &'static str,
+        found: u64,
+        expected: u64,
+    },
+    /// The header's size disagrees with the file or the layout.
     SizeMismatch {
         header_says: u64,
         file_len: u64,
@@ -44,6 +51,14 @@ impl fmt::Display for Refusal {
             Refusal::OlderLayout { major, minor } => write!(
                 f,
                 "layout version {major}.{minor} is older than this library's {VERSION_MAJOR}.x"
+            ),
+            Refusal::Geometry {
+                field,
+                found,
+                expected,
+            } => write!(
+                f,
+                "layout mismatch: the header says {field} = {found}, this library's layout has {expected}"
             ),
             Refusal::SizeMismatch {
                 header_says,
@@ -86,16 +101,28 @@ pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
         });
     }
     let expected = REGION_SIZE as u64;
-    let geometry_ok = p.header_size as usize == crate::layout::HEADER_SIZE
-        && p.slot_size as usize == crate::layout::SLOT_SIZE
-        && p.max_devices as usize == crate::layout::MAX_DEVICES
-        && p.max_slots as usize == crate::layout::MAX_SLOTS;
-    if p.size != expected || file_len != expected || !geometry_ok {
+    if p.size != expected || file_len != expected {
         return Err(Refusal::SizeMismatch {
             header_says: p.size,
             file_len,
             expected,
         });
+    }
+    // Sizes agree: a geometry that differs is named (a slot count of
+    // another build used to read "header says N bytes, file has N").
+    for (field, found, want) in [
+        ("header_size", p.header_size, crate::layout::HEADER_SIZE),
+        ("slot_size", p.slot_size, crate::layout::SLOT_SIZE),
+        ("max_devices", p.max_devices, crate::layout::MAX_DEVICES),
+        ("max_slots", p.max_slots, crate::layout::MAX_SLOTS),
+    ] {
+        if found as usize != want {
+            return Err(Refusal::Geometry {
+                field,
+                found: u64::from(found),
+                expected: want as u64,
+            });
+        }
     }
     Ok(p.state == STATE_READY)
 }
@@ -111,6 +138,17 @@ pub enum ShmError {
     Refused {
         path: PathBuf,
         why: Refusal,
+    },
+    /// A symbolic link, directory, FIFO, device or hard link: never used.
+    NotRegular {
+        path: PathBuf,
+        what: &'static str,
+    },
+    /// Owned by another user who is not root (see `file.rs`).
+    ForeignOwner {
+        path: PathBuf,
+        owner: u32,
+        me: u32,
     },
     /// Every process slot is held by a live process.
     SlotsFull {
@@ -132,6 +170,15 @@ impl ShmError {
     }
 }
 
+impl ShmError {
+    /// The file exists but this process may not write it (permissions, a
+    /// read-only mount): the container's limits may live only there.
+    pub fn cannot_write(&self) -> bool {
+        matches!(self, ShmError::Io { op: "open for writing", source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)))
+    }
+}
+
 impl fmt::Display for ShmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -141,6 +188,16 @@ impl fmt::Display for ShmError {
             ShmError::Refused { path, why } => {
                 write!(f, "region {} refused: {why}", path.display())
             }
+            ShmError::NotRegular { path, what } => write!(
+                f,
+                "region {} refused: it is {what}, not a regular file of its own; never followed or modified",
+                path.display()
+            ),
+            ShmError::ForeignOwner { path, owner, me } => write!(
+                f,
+                "region {} refused: owned by uid {owner}, neither this user (uid {me}) nor root, and whoever owns a region can change its limits (VGPU_REGION_ANY_OWNER=1 accepts any owner)",
+                path.display()
+            ),
             ShmError::SlotsFull { path } => write!(
                 f,
                 "region {}: all {} process slots are held by live processes",

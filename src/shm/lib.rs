@@ -10,6 +10,7 @@
 //!
 //! - [`layout`]: the `#[repr(C)]` layout, mirrored by `include/vgpu_shm.h`
 //! - [`region`]: create/attach/validate a file, or a private region
+//! - [`file`]: open or create the file itself (no symlinks, no races, owner checks)
 //! - `lock`: the OFD file lock (dies with its holder)
 //! - `slots`: claim, release, reclaim dead slots
 //! - `devices`: the UUID-keyed device table and limit precedence
@@ -18,6 +19,7 @@
 
 pub mod devices;
 pub mod error;
+pub mod file;
 pub mod layout;
 mod lock;
 pub mod procinfo;
@@ -27,6 +29,7 @@ mod slots;
 
 pub use devices::{DeviceInfo, Limits, Registered};
 pub use error::{Refusal, ShmError, check};
+pub use file::{DEFAULT_CREATE_MODE, FileOptions};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
 pub use lock::RegionGuard;
 pub use procinfo::ProcId;

@@ -1,9 +1,9 @@
 //! Mapping a region: create or attach a file under the lock, validate it
 //! before it is mapped, or make a private anonymous one.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -12,6 +12,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
 use crate::error::{ShmError, check};
+use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
 use crate::layout::{
     DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
     REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
@@ -38,15 +39,23 @@ impl Region {
     /// `path`. A file that is not a region of this layout is refused with the
     /// reason; it is never modified.
     pub fn open(path: &Path, mode: OpenMode) -> Result<Region, ShmError> {
-        let create = mode == OpenMode::CreateIfMissing;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .mode(0o666)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| ShmError::io(path, "open", e))?;
+        let create = match mode {
+            OpenMode::CreateIfMissing => Some(DEFAULT_CREATE_MODE),
+            OpenMode::ExistingOnly => None,
+        };
+        Region::open_with(
+            path,
+            FileOptions {
+                create,
+                any_owner: false,
+            },
+        )
+    }
+
+    /// [`Region::open`] with the file's creation mode and owner policy.
+    pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
+        let create = opts.create.is_some();
+        let (file, _created) = crate::file::open(path, opts)?;
         let local = Mutex::new(());
         let guard =
             RegionGuard::acquire(&local, Some(&file)).map_err(|e| ShmError::io(path, "lock", e))?;
@@ -71,8 +80,6 @@ impl Region {
             file.set_len(0)
                 .and_then(|()| file.set_len(REGION_SIZE as u64))
                 .map_err(|e| ShmError::io(path, "ftruncate", e))?;
-            // Let every user of the container attach, whatever our umask.
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
         }
         let map = MmapOptions::new()
             .len(REGION_SIZE)

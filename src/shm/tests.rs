@@ -159,6 +159,15 @@ fn check_rejects_lying_sizes() {
     head[0..8].copy_from_slice(&h.magic.load(Ordering::Relaxed).to_le_bytes());
     head[8..12].copy_from_slice(&layout::VERSION_MAJOR.to_le_bytes());
     head[16..24].copy_from_slice(&(layout::REGION_SIZE as u64 * 2).to_le_bytes());
+    // The geometry is right: only the size lies.
+    for (at, v) in [
+        (24, h.header_size.load(Ordering::Relaxed)),
+        (28, h.slot_size.load(Ordering::Relaxed)),
+        (32, h.max_devices.load(Ordering::Relaxed)),
+        (36, h.max_slots.load(Ordering::Relaxed)),
+    ] {
+        head[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
     let len = layout::REGION_SIZE as u64;
     assert!(matches!(
         check(&head, len),
@@ -309,4 +318,87 @@ fn a_dead_owner_with_an_unknown_host_pid_keeps_its_slot_for_a_grace_period() {
         0
     );
     assert_eq!(r.reclaim_dead_unless(me.pidns, |_| false).unwrap(), 1);
+}
+
+/// An empty directory of its own for one test.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let d = temp_path(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn racing_creators_make_one_file_and_the_others_open_it() {
+    let dir = fresh_dir("race");
+    let p = dir.as_path().join("race.cache");
+    let opts = crate::FileOptions {
+        create: Some(0o640),
+        any_owner: false,
+    };
+    let created: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| crate::file::open(&p, opts).unwrap().1))
+            .collect();
+        hs.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
+    });
+    assert_eq!(created, 1);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+}
+
+#[test]
+fn links_fifos_directories_and_hard_links_are_refused() {
+    let dir = fresh_dir("links");
+    let opts = crate::FileOptions {
+        create: Some(0o666),
+        any_owner: false,
+    };
+    let link = dir.as_path().join("link.cache");
+    std::os::unix::fs::symlink(dir.as_path().join("target"), &link).unwrap();
+    let fifo = dir.as_path().join("fifo.cache");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    let file = dir.as_path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let hard = dir.as_path().join("hard.cache");
+    std::fs::hard_link(&file, &hard).unwrap();
+    for (p, what) in [
+        (link, "a symbolic link"),
+        (fifo, "a FIFO"),
+        (dir.as_path().to_path_buf(), "a directory"),
+        (hard, "a file with several hard links"),
+    ] {
+        match crate::file::open(&p, opts) {
+            Err(ShmError::NotRegular { what: w, .. }) => assert_eq!(w, what, "{}", p.display()),
+            // A directory cannot be opened for writing at all.
+            Err(ShmError::Io { source, .. }) if what == "a directory" => {
+                assert_eq!(source.raw_os_error(), Some(libc::EISDIR))
+            }
+            other => panic!("{}: {:?}", p.display(), other.map(|(_, c)| c)),
+        }
+    }
+    assert!(!dir.as_path().join("target").exists());
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
+}
+
+#[test]
+fn a_wrong_slot_count_is_named_not_reported_as_equal_sizes() {
+    let dir = fresh_dir("slots");
+    let p = dir.as_path().join("r.cache");
+    drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
+    let mut head = std::fs::read(&p).unwrap();
+    head[36..40].copy_from_slice(&7u32.to_le_bytes());
+    let why = check(&head, head.len() as u64).unwrap_err();
+    assert_eq!(
+        why.to_string(),
+        format!(
+            "layout mismatch: the header says max_slots = 7, this library's layout has {}",
+            crate::MAX_SLOTS
+        )
+    );
 }

@@ -93,7 +93,7 @@ pub fn artifacts() -> &'static Artifacts {
             }
             run_ok(&mut cc);
         }
-        for prog in ["proc_address", "smi"] {
+        for prog in ["proc_address", "smi", "nodriver"] {
             run_ok(
                 Command::new("cc")
                     .args(["-O1", "-Wall", "-o"])

@@ -35,6 +35,7 @@
 
 #include <elf.h>
 #include <link.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 
 #include "cuda_api.h"
@@ -193,6 +194,7 @@ static CUresult release(struct held *h) {
 }
 
 static int cmd_alloc(const char *family, size_t bytes) {
+    printf("at_secure=%lu\n", getauxval(AT_SECURE));
     setup();
     struct held h;
     CUresult rc = allocate(family_of(family), bytes, &h);

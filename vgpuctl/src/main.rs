@@ -7,15 +7,20 @@
 //! ```
 //!
 //! REGION defaults to `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, then
-//! `/tmp/cudevshr.cache`. Output is `key=value` lines, for people and tests.
+//! `/tmp/cudevshr.cache`. Output is `key=value` lines, for people and tests;
+//! a reader that goes away early (`vgpuctl status | head -1`) ends it
+//! quietly. A region of any owner is read (this tool never creates one and
+//! only ever frees dead processes' slots), but never through a symlink.
 //! Built on `vgpu-shm` alone: this binary exports no CUDA or NVML symbol.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use vgpu_shm::{Kind, OpenMode, Owners, ProcId, Region, format_uuid, procinfo};
+use vgpu_shm::{FileOptions, Kind, Owners, ProcId, Region, format_uuid, procinfo};
 
 fn region_path(arg: Option<&String>) -> PathBuf {
     arg.map(PathBuf::from)
@@ -25,13 +30,18 @@ fn region_path(arg: Option<&String>) -> PathBuf {
 
 fn open(path: &Path) -> Result<(Region, f64), String> {
     let t = Instant::now();
-    let r = Region::open(path, OpenMode::ExistingOnly).map_err(|e| e.to_string())?;
+    let opts = FileOptions {
+        create: None,
+        any_owner: true,
+    };
+    let r = Region::open_with(path, opts).map_err(|e| e.to_string())?;
     Ok((r, t.elapsed().as_secs_f64() * 1e3))
 }
 
-fn status(r: &Region, open_ms: f64) {
+fn status(out: &mut String, r: &Region, open_ms: f64) {
     let h = r.header();
-    println!(
+    let _ = writeln!(
+        out,
         "region={} version={}.{} open_ms={open_ms:.3} slot_hwm={} reclaims={}",
         r.path().display(),
         h.version_major.load(Ordering::Relaxed),
@@ -43,7 +53,8 @@ fn status(r: &Region, open_ms: f64) {
         let d = r.device(dev);
         let l = d.limits();
         let leader = d.leader.load(Ordering::Relaxed) >> 32;
-        println!(
+        let _ = writeln!(
+            out,
             "device={dev} uuid={} mem_limit={} sm_limit={} policy={} total={} used={} used_all={} scale={:.3} util={:.3} leader={leader}",
             format_uuid(&d.uuid()),
             l.mem,
@@ -74,33 +85,36 @@ fn status(r: &Region, open_ms: f64) {
                 s.sm_util[dev].load(Ordering::Relaxed)
             );
         }
-        println!("{line}");
+        let _ = writeln!(out, "{line}");
     }
 }
 
-fn run(args: &[String]) -> Result<(), String> {
+fn run(args: &[String]) -> Result<String, String> {
+    let mut out = String::new();
     match args.first().map(String::as_str) {
         Some("status") | None => {
             let (r, ms) = open(&region_path(args.get(1)))?;
-            status(&r, ms);
+            status(&mut out, &r, ms);
         }
         Some("usage") => {
             let (r, _) = open(&region_path(args.get(1)))?;
-            let dev: usize = args
-                .get(2)
-                .and_then(|d| d.parse().ok())
-                .ok_or("usage REGION DEV")?;
+            let dev: usize = args.get(2).and_then(|d| d.parse().ok()).ok_or(
+                "usage needs a region and a device entry number: vgpuctl usage REGION DEV",
+            )?;
             if dev >= vgpu_shm::MAX_DEVICES {
-                return Err(format!("device entry {dev} out of range"));
+                return Err(format!(
+                    "device entry {dev} out of range: a region has entries 0 to {}",
+                    vgpu_shm::MAX_DEVICES - 1
+                ));
             }
-            println!("used={}", r.device_usage(dev, Owners::Live));
+            let _ = writeln!(out, "used={}", r.device_usage(dev, Owners::Live));
         }
         Some("reclaim") => {
             let (r, _) = open(&region_path(args.get(1)))?;
             let n = r
                 .reclaim_dead(ProcId::current().pidns)
                 .map_err(|e| e.to_string())?;
-            println!("reclaimed={n}");
+            let _ = writeln!(out, "reclaimed={n}");
         }
         Some(other) => {
             return Err(format!(
@@ -108,13 +122,21 @@ fn run(args: &[String]) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(text) => match std::io::stdout().lock().write_all(text.as_bytes()) {
+            // The reader has what it wanted (`| head -1`).
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vgpuctl: writing the output failed: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Err(e) => {
             eprintln!("vgpuctl: {e}");
             ExitCode::FAILURE
