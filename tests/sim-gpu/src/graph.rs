@@ -5,8 +5,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::cuda::{current_device, kernel_duration};
+use crate::cuda::current_device;
 use crate::ffi::*;
+use crate::launch::kernel_duration;
 use crate::local::{KernelNode, local};
 use crate::state::run_kernel;
 

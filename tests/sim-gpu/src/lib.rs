@@ -30,12 +30,28 @@
 //! Entry points that exist only so that names resolve return
 //! `CUDA_ERROR_NOT_SUPPORTED` (stubs.rs).
 
+/// Returns the error of a `Result<_, CUresult>` from the enclosing entry
+/// point.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(rc) => return rc,
+        }
+    };
+}
+
 mod config;
+mod context;
 mod cuda;
 mod ffi;
 mod graph;
+mod launch;
 mod local;
+mod memory;
 mod nvml;
 mod procaddr;
 mod state;
+mod stream;
 mod stubs;
+mod vmm;
