@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use crate::cuda::*;
 use crate::ffi::*;
 use crate::local::*;
-use crate::state::{self, phys_alloc, phys_free, shared, sleep_until};
+use crate::state::{self, phys_alloc, phys_free, shared};
 // ---- contexts ------------------------------------------------------------
 
 fn create_context(l: &mut Local, dev: usize, primary: bool) -> Result<usize, CUresult> {
@@ -187,17 +187,18 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(d: *mut c_int, ctx: Handle) -> CUresu
 }
 
 fn ctx_sync(ctx: usize) -> CUresult {
-    let end = {
+    let (dev, seq) = {
         let l = local();
         tri!(ready(&l));
-        l.streams
-            .values()
-            .filter(|s| s.ctx == ctx)
-            .map(|s| s.last_end)
-            .max()
-            .unwrap_or(0)
+        let Some(c) = l.ctxs.get(&ctx) else {
+            return SUCCESS;
+        };
+        let seq = l.streams.values().filter(|s| s.ctx == ctx);
+        (c.dev, seq.map(|s| s.last_seq).max().unwrap_or(0))
     };
-    sleep_until(end);
+    if seq != 0 {
+        crate::queue::wait(dev, seq);
+    }
     SUCCESS
 }
 

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use crate::cuda::*;
 use crate::ffi::*;
 use crate::local::*;
-use crate::state::{run_kernel, shared};
+use crate::queue;
+use crate::state::shared;
 // ---- modules, launches, streams, events ----------------------------------
 
 #[unsafe(no_mangle)]
@@ -106,10 +107,13 @@ pub fn launch(
         l.graphs.entry(graph).or_default().push(id);
         return SUCCESS;
     }
-    let end = run_kernel(dev, dur);
-    match l.streams.get_mut(&s) {
-        Some(st) => st.last_end = st.last_end.max(end),
-        None => return INVALID_HANDLE,
+    if !l.streams.contains_key(&s) {
+        return INVALID_HANDLE;
+    }
+    let (seq, old) = queue::push(dev, dur);
+    l.harvest(dev, old);
+    if let Some(st) = l.streams.get_mut(&s) {
+        st.last_seq = seq;
     }
     SUCCESS
 }

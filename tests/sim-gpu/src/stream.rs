@@ -6,7 +6,9 @@ use std::ffi::c_uint;
 use crate::cuda::*;
 use crate::ffi::*;
 use crate::local::*;
-use crate::state::{now_ns, sleep_until};
+use crate::queue;
+use crate::sched::MARKER;
+use crate::state;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(ps: *mut Handle, _flags: c_uint) -> CUresult {
@@ -17,7 +19,7 @@ pub unsafe extern "C" fn cuStreamCreate(ps: *mut Handle, _flags: c_uint) -> CUre
         id,
         Stream {
             ctx,
-            last_end: 0,
+            last_seq: 0,
             capture: None,
         },
     );
@@ -37,19 +39,23 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: Handle) -> CUresult {
     }
 }
 
-fn stream_end(s: Handle) -> Result<u64, CUresult> {
+/// Where the last item of stream `s` is: (device, sequence number).
+fn stream_last(s: Handle) -> Result<Option<(usize, u64)>, CUresult> {
     let l = local();
     let (ctx, _) = current(&l)?;
-    let s = l.resolve_stream(s as usize, ctx);
-    l.streams
-        .get(&s)
-        .map(|st| st.last_end)
-        .ok_or(INVALID_HANDLE)
+    let st = l
+        .streams
+        .get(&l.resolve_stream(s as usize, ctx))
+        .ok_or(INVALID_HANDLE)?;
+    let dev = l.ctxs.get(&st.ctx).ok_or(INVALID_HANDLE)?.dev;
+    Ok((st.last_seq != 0).then_some((dev, st.last_seq)))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamSynchronize(s: Handle) -> CUresult {
-    sleep_until(tri!(stream_end(s)));
+    if let Some((dev, seq)) = tri!(stream_last(s)) {
+        queue::wait(dev, seq);
+    }
     SUCCESS
 }
 
@@ -61,10 +67,9 @@ pub unsafe extern "C" fn cuStreamSynchronize_ptsz(s: Handle) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamQuery(s: Handle) -> CUresult {
-    if tri!(stream_end(s)) <= now_ns() {
-        SUCCESS
-    } else {
-        NOT_READY
+    match tri!(stream_last(s)) {
+        Some((dev, seq)) if !queue::done(dev, seq) => NOT_READY,
+        _ => SUCCESS,
     }
 }
 
@@ -122,14 +127,24 @@ pub unsafe extern "C" fn cuEventRecord(e: Handle, s: Handle) -> CUresult {
     if st.capture.is_some() {
         return SUCCESS;
     }
-    let ts = st.last_end.max(now_ns());
-    match l.events.get_mut(&(e as usize)) {
-        Some(ev) => {
-            ev.ts = Some(ts);
-            SUCCESS
-        }
-        None => INVALID_HANDLE,
+    let Some(dev) = l.ctxs.get(&st.ctx).map(|c| c.dev) else {
+        return INVALID_HANDLE;
+    };
+    if !l.events.contains_key(&(e as usize)) {
+        return INVALID_HANDLE;
     }
+    // The device takes the time when it reaches this point of the stream.
+    let (seq, old) = queue::push(dev, MARKER);
+    l.harvest(dev, old);
+    if let Some(st) = l.streams.get_mut(&sid) {
+        st.last_seq = seq;
+    }
+    if let Some(ev) = l.events.get_mut(&(e as usize)) {
+        ev.mark = Some((dev, seq));
+        ev.ts = None;
+    }
+    l.marks.insert((dev, seq), e as usize);
+    SUCCESS
 }
 
 #[unsafe(no_mangle)]
@@ -138,38 +153,75 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(e: Handle, s: Handle) -> CUresult {
     unsafe { cuEventRecord(e, s) }
 }
 
-fn event_ts(e: Handle) -> Result<Option<u64>, CUresult> {
-    local()
-        .events
-        .get(&(e as usize))
-        .map(|ev| ev.ts)
-        .ok_or(INVALID_HANDLE)
+/// Where an event stands.
+enum Mark {
+    Never,
+    /// Its marker is queued: (device, sequence number).
+    Pending(usize, u64),
+    At(u64),
+    /// Done, but its time was not kept (an event of the parent, in a
+    /// forked child).
+    Lost,
+}
+
+fn event_mark(e: Handle) -> Result<Mark, CUresult> {
+    let mut l = local();
+    let ev = *l.events.get(&(e as usize)).ok_or(INVALID_HANDLE)?;
+    let (dev, seq) = match (ev.ts, ev.mark) {
+        (Some(ts), _) => return Ok(Mark::At(ts)),
+        (None, None) => return Ok(Mark::Never),
+        (None, Some(m)) => m,
+    };
+    if !state::me().queue[dev].done(seq) {
+        return Ok(Mark::Pending(dev, seq));
+    }
+    let Some(ts) = queue::marker_ts(dev, seq) else {
+        return Ok(Mark::Lost);
+    };
+    l.marks.remove(&(dev, seq));
+    if let Some(ev) = l.events.get_mut(&(e as usize)) {
+        ev.ts = Some(ts);
+    }
+    Ok(Mark::At(ts))
+}
+
+/// An event's state after bringing the schedule up to now (`wait`: after
+/// its marker is reached).
+fn event_now(e: Handle, wait: bool) -> Result<Mark, CUresult> {
+    match event_mark(e)? {
+        Mark::Pending(dev, seq) => {
+            if wait {
+                queue::wait(dev, seq);
+            } else {
+                queue::done(dev, seq);
+            }
+            event_mark(e)
+        }
+        m => Ok(m),
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventQuery(e: Handle) -> CUresult {
-    match tri!(event_ts(e)) {
-        Some(ts) if ts > now_ns() => NOT_READY,
+    match tri!(event_now(e, false)) {
+        Mark::Pending(..) => NOT_READY,
         _ => SUCCESS,
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(e: Handle) -> CUresult {
-    if let Some(ts) = tri!(event_ts(e)) {
-        sleep_until(ts);
-    }
+    tri!(event_now(e, true));
     SUCCESS
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, a: Handle, b: Handle) -> CUresult {
-    let (Some(ta), Some(tb)) = (tri!(event_ts(a)), tri!(event_ts(b))) else {
-        return INVALID_HANDLE;
+    let (ta, tb) = match (tri!(event_now(a, false)), tri!(event_now(b, false))) {
+        (Mark::At(ta), Mark::At(tb)) => (ta, tb),
+        (Mark::Pending(..), _) | (_, Mark::Pending(..)) => return NOT_READY,
+        _ => return INVALID_HANDLE,
     };
-    if tb > now_ns() {
-        return NOT_READY;
-    }
     if put(ms, (tb as f64 - ta as f64) as f32 / 1e6) {
         SUCCESS
     } else {
