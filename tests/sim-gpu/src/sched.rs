@@ -13,7 +13,10 @@
 //!   time in which nothing progresses (counted as the incoming context's
 //!   busy time, as NVML sees a busy device);
 //! - a marker is reached only while its context runs: an event's time
-//!   includes every other context's slice before it.
+//!   includes every other context's slice before it. One right behind the
+//!   context's work is written as that work ends, even when its slice
+//!   ends at the same instant (1 ms kernels fill 2 ms slices exactly: a
+//!   switch back for each such event cost twice the measured overhead).
 //!
 //! Kernel end times are not known at launch (a later launch by another
 //! process changes them), so nothing is computed then: [`run`] replays the
@@ -252,6 +255,15 @@ pub fn run(sh: &Shared, dev: usize, target: u64, alive: &mut dyn FnMut(usize) ->
             act[ci].drop_work();
             continue;
         }
+        // An event right behind the context's work is written as that
+        // work ends, even when the slice ends at the same instant.
+        let item = act[ci].item();
+        if item.work.load(Ordering::Relaxed) == MARKER {
+            item.ts.store(t, Ordering::Release);
+            act[ci].head += 1;
+            act[ci].progress = 0;
+            continue;
+        }
         if slice_end <= t {
             let others = act
                 .iter()
@@ -272,12 +284,6 @@ pub fn run(sh: &Shared, dev: usize, target: u64, alive: &mut dyn FnMut(usize) ->
         let a = &mut act[ci];
         let item = a.item();
         let work = item.work.load(Ordering::Relaxed);
-        if work == MARKER {
-            item.ts.store(t, Ordering::Release);
-            a.head += 1;
-            a.progress = 0;
-            continue;
-        }
         let end = target.min(slice_end).min(t + (work - a.progress));
         record_busy(a.proc_, dev, t, end);
         a.progress += end - t;

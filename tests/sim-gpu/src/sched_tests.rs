@@ -128,6 +128,29 @@ fn a_marker_waits_for_its_context_and_an_idle_context_yields() {
 }
 
 #[test]
+fn an_event_right_behind_a_slice_s_last_kernel_needs_no_switch_back() {
+    let m = Machine::new(2 * MS, MS / 5);
+    m.add(0);
+    m.add(1);
+    let mut marks = Vec::new();
+    for _ in 0..10 {
+        m.push(0, MS, T0);
+        marks.push(m.push(0, MARKER, T0));
+        m.push(1, MS, T0);
+    }
+    m.run(T0 + 30 * MS);
+    // The second kernel ends with the slice: its event is written then.
+    assert_eq!(m.ts(0, marks[1]), T0 + 2 * MS);
+    assert_eq!(
+        m.busy(0)[..2],
+        [
+            (T0, T0 + 2 * MS),
+            (T0 + 4 * MS + MS / 5, T0 + 6 * MS + 2 * MS / 5)
+        ]
+    );
+}
+
+#[test]
 fn a_newcomer_waits_at_most_one_slice() {
     let m = Machine::new(2 * MS, MS / 5);
     m.add(0);
