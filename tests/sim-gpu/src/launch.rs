@@ -73,12 +73,16 @@ pub fn kernel_duration(
     let blocks = grid.iter().map(|&g| u64::from(g.max(1))).product::<u64>();
     let d = &shared().dev[dev];
     let waves = blocks.div_ceil(u64::from(d.sms.load(Ordering::Relaxed)));
-    Some(match name.as_str() {
+    let ns = match name.as_str() {
         "vgpu_spin" => kernel_arg_u64(params, 0).unwrap_or(0).saturating_mul(waves),
         "vgpu_empty" => 100,
         _ => d.block_ns.load(Ordering::Relaxed).saturating_mul(waves),
-    })
+    };
+    // A year at most: the scheduler's clock must not overflow.
+    Some(ns.min(MAX_KERNEL_NS))
 }
+
+const MAX_KERNEL_NS: u64 = 365 * 86_400 * 1_000_000_000;
 
 /// Runs (or, on a capturing stream, records) one kernel launch.
 pub fn launch(
