@@ -9,6 +9,9 @@ pub struct Config {
     pub sms: u32,
     pub ctx_overhead: u64,
     pub block_ns: u64,
+    pub slice_ns: u64,
+    pub switch_ns: u64,
+    pub nvml_period_us: u64,
     pub pid_offset: u32,
     pub nvml_delay_us: u64,
 }
@@ -37,13 +40,16 @@ impl Config {
         Config {
             state: std::env::var_os("SIM_GPU_STATE")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(format!("/tmp/sim-gpu-{uid}.state"))),
+                .unwrap_or_else(|| PathBuf::from(format!("/tmp/sim-gpu-{uid}.v3.state"))),
             count: var("SIM_GPU_COUNT", 1, |v| v.parse().ok())
                 .clamp(1, crate::state::MAX_DEV as u32),
             memory: var("SIM_GPU_MEMORY", 16 << 30, parse_bytes),
             sms: var("SIM_GPU_SMS", 132, |v| v.parse().ok()).max(1),
             ctx_overhead: var("SIM_GPU_CTX_OVERHEAD", 300 << 20, parse_bytes),
             block_ns: var("SIM_GPU_BLOCK_NS", 10_000, |v| v.parse().ok()),
+            slice_ns: var("SIM_GPU_TIMESLICE_NS", 2_000_000, |v| v.parse().ok()).max(1_000),
+            switch_ns: var("SIM_GPU_SWITCH_NS", 200_000, |v| v.parse().ok()),
+            nvml_period_us: var("SIM_GPU_NVML_PERIOD_US", 166_667, |v| v.parse().ok()).max(1_000),
             pid_offset: var("SIM_GPU_PID_OFFSET", 0, |v| v.parse().ok()),
             nvml_delay_us: var("SIM_GPU_NVML_DELAY_US", 0, |v| v.parse().ok()),
         }

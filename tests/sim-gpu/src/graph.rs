@@ -5,10 +5,11 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::cuda::{current_device, kernel_duration};
+use crate::cuda::current_device;
 use crate::ffi::*;
+use crate::launch::kernel_duration;
 use crate::local::{KernelNode, local};
-use crate::state::run_kernel;
+use crate::queue;
 
 type Handle = *mut c_void;
 
@@ -238,17 +239,17 @@ pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult
         return INVALID_VALUE;
     };
     let s = l.resolve_stream(stream as usize, ctx);
-    let mut end = 0;
+    if !l.streams.contains_key(&s) {
+        return INVALID_HANDLE;
+    }
     for n in &nodes {
-        end = run_kernel(dev, n.dur);
-    }
-    match l.streams.get_mut(&s) {
-        Some(st) => {
-            st.last_end = st.last_end.max(end);
-            SUCCESS
+        let (seq, old) = queue::push(dev, n.dur);
+        l.harvest(dev, old);
+        if let Some(st) = l.streams.get_mut(&s) {
+            st.last_seq = seq;
         }
-        None => INVALID_HANDLE,
     }
+    SUCCESS
 }
 
 #[unsafe(no_mangle)]

@@ -28,13 +28,19 @@ pub struct Alloc {
 
 pub struct Stream {
     pub ctx: usize,
-    pub last_end: u64,
+    /// Sequence number of its last item in the process's queue on the
+    /// context's device (0: none).
+    pub last_seq: u64,
     /// The graph being captured into, while a capture is active.
     pub capture: Option<usize>,
 }
 
 #[derive(Clone, Copy, Default)]
 pub struct Event {
+    /// Where its last record's marker is: (device, sequence number);
+    /// None while it was never recorded.
+    pub mark: Option<(usize, u64)>,
+    /// When the device reached that marker, once known.
     pub ts: Option<u64>,
 }
 
@@ -62,6 +68,9 @@ pub struct Local {
     pub reserved: HashMap<u64, u64>,
     pub streams: HashMap<usize, Stream>,
     pub events: HashMap<usize, Event>,
+    /// Markers queued for event records whose time is not yet known:
+    /// (device, sequence number) -> event.
+    pub marks: HashMap<(usize, u64), usize>,
     pub funcs: HashMap<usize, String>,
     pub modules: HashMap<usize, Vec<usize>>,
     pub pools: HashMap<usize, usize>,
@@ -106,6 +115,17 @@ impl Local {
         }
     }
 
+    /// Keeps the time of a marker whose queue slot is being reused.
+    pub fn harvest(&mut self, dev: usize, old: Option<(u64, u64)>) {
+        let Some((seq, ts)) = old else { return };
+        if let Some(e) = self.marks.remove(&(dev, seq))
+            && let Some(ev) = self.events.get_mut(&e)
+            && ev.mark == Some((dev, seq))
+        {
+            ev.ts = Some(ts);
+        }
+    }
+
     pub fn new_context(&mut self, dev: usize, primary: bool) -> usize {
         let id = self.new_id();
         let s = self.new_id();
@@ -113,7 +133,7 @@ impl Local {
             s,
             Stream {
                 ctx: id,
-                last_end: 0,
+                last_seq: 0,
                 capture: None,
             },
         );

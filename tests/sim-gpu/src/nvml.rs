@@ -1,6 +1,7 @@
 //! The simulated NVML: devices by index and UUID, memory info (v1, v2),
 //! compute process lists (v1-v3) with used memory, per-process utilisation
-//! samples computed from the kernel timeline, and device utilisation.
+//! samples as the real NVML gives them under time-slicing (nvml_util.rs),
+//! and device utilisation.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_uint, c_void};
@@ -8,7 +9,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cuda::device_uuid;
 use crate::ffi::{c_str, get, put, put_at, put_str};
-use crate::state::{self, busy_ns, now_ns, phys_used, reclaim_dead, shared, unix_us};
+use crate::nvml_util;
+use crate::state::{self, phys_used, reclaim_dead, shared};
 
 type Ret = c_uint;
 const OK: Ret = 0;
@@ -340,8 +342,8 @@ pub struct UtilSample {
     pub dec: c_uint,
 }
 
-/// One sample per process that kept the device busy since `last_seen`
-/// (at most the last second): smUtil is its busy share of that window.
+/// One sample per process that NVML's sample periods since `last_seen`
+/// gave utilisation (nvml_util.rs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     d: Device,
@@ -350,33 +352,16 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     last_seen: u64,
 ) -> Ret {
     let dev = dev!(d);
-    let (now_us, now) = (unix_us(), now_ns());
-    let window_us = if last_seen == 0 || last_seen >= now_us {
-        1_000_000
-    } else {
-        (now_us - last_seen).min(1_000_000)
-    };
-    if window_us < 1_000 {
-        return NOT_FOUND;
-    }
-    let t0 = now - window_us * 1000;
     let off = state::pid_offset();
-    let samples: Vec<UtilSample> = shared()
-        .procs
-        .iter()
-        .filter_map(|p| {
-            let pid = p.pid.load(Ordering::Acquire);
-            let busy = busy_ns(p, dev, t0, now);
-            (pid > 0 && busy > 0).then(|| UtilSample {
-                pid: (pid as c_uint).wrapping_add(off),
-                timestamp: now_us,
-                sm: ((busy as f64 / (window_us as f64 * 1000.0)) * 100.0)
-                    .round()
-                    .min(100.0) as c_uint,
-                mem: 0,
-                enc: 0,
-                dec: 0,
-            })
+    let samples: Vec<UtilSample> = nvml_util::process_samples(dev, last_seen)
+        .into_iter()
+        .map(|s| UtilSample {
+            pid: (s.pid as c_uint).wrapping_add(off),
+            timestamp: s.timestamp_us,
+            sm: s.sm,
+            mem: 0,
+            enc: 0,
+            dec: 0,
         })
         .collect();
     let Some(cap) = get(count) else {
@@ -405,13 +390,7 @@ pub struct Utilization {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Utilization) -> Ret {
     let dev = dev!(d);
-    let now = now_ns();
-    let busy: u64 = shared()
-        .procs
-        .iter()
-        .map(|p| busy_ns(p, dev, now - 1_000_000_000, now))
-        .sum();
-    let gpu = (busy as f64 / 1e7).round().min(100.0) as c_uint;
+    let gpu = nvml_util::device_percent(dev);
     if put(out, Utilization { gpu, memory: 0 }) {
         OK
     } else {

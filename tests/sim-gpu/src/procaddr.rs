@@ -229,9 +229,14 @@ macro_rules! export_map {
 fn exports() -> &'static HashMap<&'static str, usize> {
     static MAP: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
     MAP.get_or_init(|| {
+        use crate::context::*;
         use crate::cuda::*;
         use crate::graph::*;
+        use crate::launch::*;
+        use crate::memory::*;
+        use crate::stream::*;
         use crate::stubs::*;
+        use crate::vmm::*;
         let mut m = export_map![
             cuInit,
             cuDriverGetVersion,

@@ -1,5 +1,6 @@
-//! The state every process of the simulated machine shares: devices, the
-//! per-device kernel timeline, and per-process memory and busy intervals.
+//! The state every process of the simulated machine shares: devices, their
+//! schedulers, and per process its memory, its work queues and the
+//! intervals in which it kept each device busy (sched.rs runs the queues).
 //! Physical usage is the sum over live processes, so a killed process's
 //! memory comes back the way the real driver frees it at exit.
 
@@ -13,11 +14,17 @@ use memmap2::{MmapOptions, MmapRaw};
 use vgpu_shm::procinfo::{Liveness, ProcId, liveness};
 
 use crate::config::Config;
+use crate::queue;
+use crate::sched::{Queue, Sched};
 
 pub const MAX_DEV: usize = 2;
 pub const MAX_PROC: usize = 48;
 pub const RING: usize = 16384;
-const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU02");
+const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU03");
+/// Sequence numbers of one claim of a process entry: each claim starts its
+/// queues at a fresh multiple, so a stale number (a forked child's copy of
+/// its parent's streams) is never mistaken for pending work.
+const SEQ_SPAN: u64 = 1 << 40;
 
 #[repr(C)]
 pub struct Interval {
@@ -28,12 +35,14 @@ pub struct Interval {
 #[repr(C)]
 pub struct Dev {
     pub total: AtomicU64,
-    /// End of the last kernel queued on this device (CLOCK_MONOTONIC ns).
-    pub busy_until: AtomicU64,
     pub sms: AtomicU32,
     pub _pad: AtomicU32,
     pub ctx_overhead: AtomicU64,
     pub block_ns: AtomicU64,
+    /// How long a context runs while others wait for the device.
+    pub slice_ns: AtomicU64,
+    /// Device time a switch between contexts costs.
+    pub switch_ns: AtomicU64,
 }
 
 #[repr(C)]
@@ -46,8 +55,12 @@ pub struct Proc {
     pub used: [AtomicU64; MAX_DEV],
     /// Live contexts per device: NVML lists a process that has one.
     pub contexts: [AtomicU32; MAX_DEV],
+    /// Busy intervals recorded so far (the ring holds the last `RING`),
+    /// written by the scheduler.
     pub head: [AtomicU64; MAX_DEV],
     pub ring: [[Interval; RING]; MAX_DEV],
+    /// Work queued on each device, in launch order.
+    pub queue: [Queue; MAX_DEV],
 }
 
 #[repr(C)]
@@ -55,12 +68,22 @@ pub struct Shared {
     magic: AtomicU64,
     pub ndev: AtomicU32,
     _pad: AtomicU32,
+    /// NVML's sample period (µs).
+    pub nvml_period_us: AtomicU64,
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC in µs, fixed when the state was
+    /// made: NVML's timestamps, the same in every process.
+    pub clock_offset_us: AtomicU64,
+    /// The next claim's first sequence number.
+    pub next_seq: AtomicU64,
     pub dev: [Dev; MAX_DEV],
+    pub sched: [Sched; MAX_DEV],
     pub procs: [Proc; MAX_PROC],
 }
 
 struct State {
     map: MmapRaw,
+    /// Kept open: the schedulers' locks are record locks on it.
+    file: std::fs::File,
     pid_offset: u32,
     nvml_delay_us: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
@@ -80,10 +103,16 @@ fn state() -> &'static State {
             .truncate(false)
             .open(&cfg.state)
             .unwrap_or_else(|e| panic!("sim-gpu: open {}: {e}", cfg.state.display()));
-        // SAFETY: flock on an fd we own; released when the file closes below.
+        // SAFETY: flock on an fd we own; released below.
         unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
         let size = std::mem::size_of::<Shared>() as u64;
-        if file.metadata().map_or(0, |m| m.len()) < size {
+        let mut magic = [0u8; 8];
+        let current = std::os::unix::fs::FileExt::read_exact_at(&file, &mut magic, 0).is_ok()
+            && u64::from_le_bytes(magic) == MAGIC
+            && file.metadata().map_or(0, |m| m.len()) >= size;
+        if !current {
+            // Another layout's state (or none): start from zeros.
+            file.set_len(0).expect("sim-gpu: clear state file");
             file.set_len(size).expect("sim-gpu: size state file");
         }
         let map = MmapOptions::new()
@@ -92,6 +121,7 @@ fn state() -> &'static State {
             .expect("sim-gpu: map state file");
         let st = State {
             map,
+            file,
             pid_offset: cfg.pid_offset,
             nvml_delay_us: cfg.nvml_delay_us,
             me: AtomicU64::new(0),
@@ -100,16 +130,23 @@ fn state() -> &'static State {
         let sh = st.shared();
         if sh.magic.load(Ordering::Acquire) != MAGIC {
             sh.ndev.store(cfg.count, Ordering::Relaxed);
+            sh.nvml_period_us
+                .store(cfg.nvml_period_us, Ordering::Relaxed);
+            sh.clock_offset_us
+                .store(unix_us().saturating_sub(now_ns() / 1000), Ordering::Relaxed);
+            sh.next_seq.store(SEQ_SPAN, Ordering::Relaxed);
             for d in &sh.dev {
                 d.total.store(cfg.memory, Ordering::Relaxed);
                 d.sms.store(cfg.sms, Ordering::Relaxed);
                 d.ctx_overhead.store(cfg.ctx_overhead, Ordering::Relaxed);
                 d.block_ns.store(cfg.block_ns, Ordering::Relaxed);
+                d.slice_ns.store(cfg.slice_ns, Ordering::Relaxed);
+                d.switch_ns.store(cfg.switch_ns, Ordering::Relaxed);
             }
             sh.magic.store(MAGIC, Ordering::Release);
         }
         // SAFETY: as above.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        unsafe { libc::flock(st.file.as_raw_fd(), libc::LOCK_UN) };
         st
     })
 }
@@ -125,6 +162,16 @@ impl State {
 
 pub fn shared() -> &'static Shared {
     state().shared()
+}
+
+/// The state file's descriptor, for record locks.
+pub fn fd() -> i32 {
+    state().file.as_raw_fd()
+}
+
+/// This process's pid namespace.
+pub fn my_ns() -> u64 {
+    state().my_ns
 }
 
 pub fn pid_offset() -> u32 {
@@ -152,16 +199,6 @@ pub fn unix_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-pub fn sleep_until(t_ns: u64) {
-    loop {
-        let now = now_ns();
-        if now >= t_ns {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_nanos(t_ns - now));
-    }
-}
-
 /// The calling process's entry, claimed on first use (and again after fork).
 pub fn me() -> &'static Proc {
     let st = state();
@@ -186,8 +223,11 @@ pub fn me() -> &'static Proc {
                 for c in &p.contexts {
                     c.store(0, Ordering::Release);
                 }
-                for h in &p.head {
-                    h.store(0, Ordering::Release);
+                let base = sh.next_seq.fetch_add(SEQ_SPAN, Ordering::AcqRel);
+                for dev in 0..MAX_DEV {
+                    let _g = queue::lock(dev);
+                    p.head[dev].store(0, Ordering::Release);
+                    p.queue[dev].reset(base, pid);
                 }
                 st.me
                     .store((pid as u64) << 32 | i as u64, Ordering::Release);
@@ -259,55 +299,4 @@ pub fn phys_free(dev: usize, bytes: u64) {
     let _ = me().used[dev].fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
         Some(v.saturating_sub(bytes))
     });
-}
-
-/// Queues `dur` ns of work on `dev`'s timeline for the caller and returns
-/// when it ends.
-pub fn run_kernel(dev: usize, dur: u64) -> u64 {
-    let d = &shared().dev[dev];
-    let now = now_ns();
-    let mut cur = d.busy_until.load(Ordering::Acquire);
-    let (start, end) = loop {
-        let start = cur.max(now);
-        let end = start + dur;
-        match d
-            .busy_until
-            .compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => break (start, end),
-            Err(v) => cur = v,
-        }
-    };
-    if dur > 0 {
-        let p = me();
-        let head = p.head[dev].load(Ordering::Acquire);
-        let last = &p.ring[dev][(head.wrapping_sub(1) as usize) % RING];
-        if head > 0 && last.end.load(Ordering::Acquire) == start {
-            last.end.store(end, Ordering::Release);
-        } else {
-            let slot = &p.ring[dev][head as usize % RING];
-            slot.start.store(start, Ordering::Release);
-            slot.end.store(end, Ordering::Release);
-            p.head[dev].store(head + 1, Ordering::Release);
-        }
-    }
-    end
-}
-
-/// Nanoseconds `p` kept `dev` busy within [t0, t1].
-pub fn busy_ns(p: &Proc, dev: usize, t0: u64, t1: u64) -> u64 {
-    let head = p.head[dev].load(Ordering::Acquire);
-    let mut busy = 0;
-    for k in 1..=head.min(RING as u64) {
-        let iv = &p.ring[dev][((head - k) % RING as u64) as usize];
-        let (s, e) = (
-            iv.start.load(Ordering::Acquire),
-            iv.end.load(Ordering::Acquire),
-        );
-        if e <= t0 {
-            break;
-        }
-        busy += e.min(t1).saturating_sub(s.max(t0));
-    }
-    busy
 }

@@ -1,0 +1,203 @@
+//! The simulated CUDA driver API: device memory, host memory, copies.
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::Ordering;
+
+use crate::cuda::*;
+use crate::ffi::*;
+use crate::local::*;
+use crate::state::{self, phys_alloc, phys_free, shared};
+// ---- memory --------------------------------------------------------------
+
+/// Takes `bytes` on the current context's device and records the address.
+fn alloc_on_current(dptr: *mut Dptr, bytes: usize) -> CUresult {
+    let mut l = local();
+    let (ctx, dev) = tri!(current(&l));
+    if dptr.is_null() || bytes == 0 {
+        return INVALID_VALUE;
+    }
+    alloc_in(&mut l, dptr, bytes as u64, dev, ctx)
+}
+
+fn alloc_in(l: &mut Local, dptr: *mut Dptr, bytes: u64, dev: usize, ctx: usize) -> CUresult {
+    if !phys_alloc(dev, bytes) {
+        return OUT_OF_MEMORY;
+    }
+    let addr = l.new_addr(dev, bytes);
+    l.allocs.insert(addr, Alloc { dev, bytes, ctx });
+    put(dptr, addr);
+    SUCCESS
+}
+
+fn free_addr(p: Dptr) -> CUresult {
+    let mut l = local();
+    tri!(ready(&l));
+    if p == 0 {
+        return SUCCESS;
+    }
+    match l.allocs.remove(&p) {
+        Some(a) => {
+            phys_free(a.dev, a.bytes);
+            SUCCESS
+        }
+        None => INVALID_VALUE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut Dptr, bytes: usize) -> CUresult {
+    alloc_on_current(dptr, bytes)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut Dptr,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
+    alloc_on_current(dptr, bytes)
+}
+
+pub const PITCH_ALIGN: usize = 512;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut Dptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    if pitch.is_null() || !matches!(elem, 4 | 8 | 16) {
+        return INVALID_VALUE;
+    }
+    let p = width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN;
+    let rc = alloc_on_current(dptr, p.saturating_mul(height));
+    if rc == SUCCESS {
+        put(pitch, p);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(p: Dptr) -> CUresult {
+    free_addr(p)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut Dptr, bytes: usize, _s: Handle) -> CUresult {
+    alloc_on_current(dptr, bytes)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut Dptr,
+    bytes: usize,
+    s: Handle,
+) -> CUresult {
+    // SAFETY: same contract as the legacy-stream entry point.
+    unsafe { cuMemAllocAsync(dptr, bytes, s) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut Dptr,
+    bytes: usize,
+    pool: Handle,
+    _s: Handle,
+) -> CUresult {
+    let mut l = local();
+    let (ctx, cur_dev) = tri!(current(&l));
+    let Some(&dev) = l.pools.get(&(pool as usize)) else {
+        return INVALID_VALUE;
+    };
+    if dptr.is_null() || bytes == 0 {
+        return INVALID_VALUE;
+    }
+    let _ = cur_dev;
+    alloc_in(&mut l, dptr, bytes as u64, dev, ctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut Dptr,
+    bytes: usize,
+    pool: Handle,
+    s: Handle,
+) -> CUresult {
+    // SAFETY: same contract as the legacy-stream entry point.
+    unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, s) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(p: Dptr, _s: Handle) -> CUresult {
+    free_addr(p)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) -> CUresult {
+    free_addr(p)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    let l = local();
+    let (_, dev) = tri!(current(&l));
+    state::reclaim_dead();
+    let t = shared().dev[dev].total.load(Ordering::Relaxed);
+    put(free, t.saturating_sub(state::phys_used(dev)) as usize);
+    put(total, t as usize);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
+    // SAFETY: calloc returns zeroed memory or NULL; ownership passes to the caller.
+    let p = unsafe { libc::calloc(1, bytes.max(1)) };
+    if p.is_null() {
+        return OUT_OF_MEMORY;
+    }
+    put(pp, p);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    d: *mut Dptr,
+    p: *mut c_void,
+    _f: c_uint,
+) -> CUresult {
+    if put(d, p as Dptr) {
+        SUCCESS
+    } else {
+        INVALID_VALUE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    // SAFETY: p came from cuMemHostAlloc (calloc) or is NULL.
+    unsafe { libc::free(p) };
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(_dst: Dptr, _src: *const c_void, _n: usize) -> CUresult {
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, _src: Dptr, n: usize) -> CUresult {
+    zero(dst as *mut u8, n);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemsetD8_v2(_dst: Dptr, _v: u8, _n: usize) -> CUresult {
+    SUCCESS
+}
