@@ -72,7 +72,8 @@ fn the_fill_really_reaches_the_physical_limit() {
 fn nvml_client_sees_the_same_with_and_without_the_library() {
     let sim = Sim::new(2, "4g");
     let holder = sim.spawn_client(Path3::Link, false, &["hold", "268435456", "30"]);
-    assert!(wait_until(10.0, || sim.physical(0).1 > 0));
+    // Context (256 MiB) and allocation both made: the figure is settled.
+    assert!(wait_until(10.0, || sim.physical(0).1 >= 512 * MIB));
     let bare = Run::from(sim.cmd("smi", false).output().unwrap()).ok();
     let hooked = Run::from(sim.cmd("smi", true).output().unwrap()).ok();
     let mut holder = holder;
