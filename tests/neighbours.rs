@@ -34,7 +34,11 @@ fn per_sec(r: &Run) -> Vec<f64> {
 /// A container on `sim`'s GPU: its own region, and `limit` if any; with
 /// no limit it runs without vgpu at all.
 fn container(sim: &Sim, name: &str, limit: Option<u32>) -> Child {
-    let args = spin_args(SECS);
+    container_for(sim, name, limit, SECS)
+}
+
+fn container_for(sim: &Sim, name: &str, limit: Option<u32>, secs: u32) -> Child {
+    let args = spin_args(secs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut c = sim.client_cmd(Path3::ProcAddr, limit.is_some(), &args);
     c.env(
@@ -126,5 +130,108 @@ fn unlimited_processes_time_slice_the_simulated_gpu() {
     assert!((0.87..=0.94).contains(&total), "together {total:.3}");
     for (_, f, _) in &out {
         assert!((0.42..=0.49).contains(f), "each {f:.3}");
+    }
+}
+
+#[test]
+fn a_container_is_back_at_its_limit_within_2_s_of_a_neighbour_leaving() {
+    let _serial = serial();
+    let solo = solo_rate();
+    let sim = Sim::new(1, "8g");
+    let a = container_for(&sim, "a", Some(30), 14);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let b = container_for(&sim, "b", Some(60), 5);
+    let b = finish(b).ok();
+    let a = finish(a).ok();
+    let wa: Vec<f64> = per_sec(&a).iter().map(|s| s / solo).collect();
+    let wb: Vec<f64> = per_sec(&b).iter().map(|s| s / solo).collect();
+    eprintln!("30 %: {wa:.3?}\n60 % from 3 s to 8 s: {wb:.3?}");
+    let fraction = a.f64("rate") / solo;
+    assert!((fraction - 0.30).abs() <= 0.03, "30 % got {fraction:.3}");
+    // Before the neighbour, beside it (after it settled), and from 2 s
+    // after it left (it starts a few hundred ms after its spawn).
+    for i in [1, 2, 6, 7, 11, 12, 13] {
+        assert!(
+            (wa[i] - 0.30).abs() <= 0.08,
+            "second {i}: {:.3}; per second {wa:.3?}",
+            wa[i]
+        );
+    }
+    let fb = b.f64("rate") / solo;
+    assert!((fb - 0.60).abs() <= 0.05, "the neighbour got {fb:.3}");
+}
+
+/// `smi putil`: each process's NVML SM utilisation over the last `ms`.
+fn nvml_util(sim: &Sim, ms: u32) -> Vec<(u32, f64)> {
+    let out = sim
+        .cmd("smi", false)
+        .args(["putil", "0", &ms.to_string()])
+        .output()
+        .expect("run smi");
+    let r = Run::from(out);
+    r.stdout
+        .lines()
+        .filter_map(|l| {
+            let pid = l.strip_prefix("pid=")?.split(' ').next()?.parse().ok()?;
+            let sm: f64 = l.split("sm=").nth(1)?.parse().ok()?;
+            Some((pid, sm / 100.0))
+        })
+        .collect()
+}
+
+fn region_util(sim: &Sim, name: &str) -> f64 {
+    let region = sim.dir.path().join(format!("{name}.cache"));
+    sim.ctl(&["status", region.to_str().unwrap()]).f64("util")
+}
+
+#[test]
+fn the_region_shows_what_nvml_reports_for_the_container() {
+    let _serial = serial();
+    // Alone on the GPU, NVML's figure is steady: equal within 0.02.
+    let sim = Sim::new(1, "8g");
+    let a = container_for(&sim, "a", Some(30), 8);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let pid = a.id();
+    let shown = region_util(&sim, "a");
+    let nvml = nvml_util(&sim, 2000)
+        .into_iter()
+        .find(|&(p, _)| p == pid)
+        .map_or(0.0, |(_, u)| u);
+    finish(a).ok();
+    assert!(
+        (shown - nvml).abs() <= 0.02 && (shown - 0.30).abs() <= 0.03,
+        "alone: region {shown:.3}, NVML {nvml:.3}"
+    );
+    // Beside a neighbour one NVML period goes to one process, so compare
+    // the two over the run: vgpuctl every 0.5 s against NVML's figure of
+    // each 0.5 s, a process it leaves out counting 0.
+    let sim = Sim::new(1, "8g");
+    let a = container_for(&sim, "a", Some(30), 16);
+    let b = container_for(&sim, "b", Some(60), 16);
+    let (pa, pb) = (a.id(), b.id());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let (mut shown, mut nvml) = ([0.0; 2], [0.0; 2]);
+    let mut n = 0.0;
+    for _ in 0..22 {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let now = nvml_util(&sim, 500);
+        for (i, (pid, name)) in [(pa, "a"), (pb, "b")].into_iter().enumerate() {
+            shown[i] += region_util(&sim, name);
+            nvml[i] += now
+                .iter()
+                .find(|&&(p, _)| p == pid)
+                .map_or(0.0, |&(_, u)| u);
+        }
+        n += 1.0;
+    }
+    finish(a).ok();
+    finish(b).ok();
+    for i in 0..2 {
+        let (s, v) = (shown[i] / n, nvml[i] / n);
+        eprintln!("container {i}: region {s:.3}, NVML {v:.3}");
+        assert!(
+            (s - v).abs() <= 0.03,
+            "container {i}: region {s:.3}, NVML {v:.3}"
+        );
     }
 }

@@ -3,6 +3,7 @@
  *
  *   smi                       devices, memory (v1 and v2), processes
  *   smi watch DEV MS SECONDS  samples memory used; prints the maximum
+ *   smi putil DEV SINCE_MS    per-process SM utilisation over the last SINCE_MS
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@ typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } nvmlProcessInfo_t;
 typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned pid; unsigned long long ts; unsigned sm, mem, enc, dec; } nvmlProcessUtilizationSample_t;
 
 #define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
@@ -39,6 +41,8 @@ int main(int argc, char **argv) {
     SYM(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *));
     SYM(nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *));
     SYM(nvmlDeviceGetUtilizationRates, (nvmlDevice_t, nvmlUtilization_t *));
+    SYM(nvmlDeviceGetProcessUtilization, (nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *,
+                                          unsigned long long));
     if (!nvmlInit_v2 || nvmlInit_v2()) {
         printf("error=init\n");
         return 2;
@@ -65,6 +69,21 @@ int main(int argc, char **argv) {
             clock_gettime(CLOCK_MONOTONIC, &t);
         } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 < secs);
         printf("max_used=%llu samples=%ld\n", max_used, samples);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "putil")) {
+        unsigned dev = argc > 2 ? (unsigned)atoi(argv[2]) : 0;
+        long since_ms = argc > 3 ? atol(argv[3]) : 1000;
+        nvmlDevice_t d;
+        nvmlDeviceGetHandleByIndex_v2(dev, &d);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        unsigned long long since = (unsigned long long)now.tv_sec * 1000000ULL + now.tv_nsec / 1000 - since_ms * 1000ULL;
+        nvmlProcessUtilizationSample_t s[64];
+        unsigned count = 64;
+        int rc = nvmlDeviceGetProcessUtilization ? nvmlDeviceGetProcessUtilization(d, s, &count, since) : -1;
+        printf("rc=%d\n", rc);
+        for (unsigned i = 0; rc == 0 && i < count; i++) printf("pid=%u sm=%u\n", s[i].pid, s[i].sm);
         return 0;
     }
     printf("gpus=%u\n", n);
