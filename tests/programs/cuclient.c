@@ -19,6 +19,12 @@
  *   cuclient nulls                         NULL out-parameters
  *   cuclient badfree                       frees of things never allocated
  *   cuclient bypass BYTES [VERSION]        dlsym(RTLD_NEXT)/dlvsym routes
+ *   cuclient idle SECONDS                  cuInit, one allocation without a
+ *                                          context (refused), then sleep
+ *   cuclient await BYTES SECONDS HOLD      retry an allocation until granted
+ *                                          (or SECONDS), then hold it HOLD s
+ *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
+ *                                          context retain, ROUNDS times
  *
  * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
  * MODE:   kernel (default) ex coop graph
@@ -618,6 +624,72 @@ static int cmd_bypass(size_t bytes, const char *version) {
     return 0;
 }
 
+/* A process that holds a slot and nothing else. */
+static int cmd_idle(double secs) {
+    load_and_init();
+    CUdeviceptr p;
+    printf("idle_alloc_rc=%d\n", cu.cuMemAlloc_v2(&p, 1 << 20));
+    fflush(stdout);
+    double end = now_s() + secs;
+    while (now_s() < end) usleep(50000);
+    return 0;
+}
+
+/* Waits for room: how long the quota took to come back. */
+static int cmd_await(size_t bytes, double secs, double hold) {
+    double t0 = now_s();
+    setup();
+    CUdeviceptr p = 0;
+    CUresult rc;
+    while ((rc = cu.cuMemAlloc_v2(&p, bytes)) != CUDA_SUCCESS && now_s() < t0 + secs) usleep(50000);
+    printf("await_rc=%d await_ms=%.0f\n", rc, (now_s() - t0) * 1e3);
+    fflush(stdout);
+    double end = now_s() + hold;
+    while (now_s() < end) usleep(10000);
+    return 0;
+}
+
+struct ctxracer {
+    pthread_barrier_t *start, *done;
+    int rounds, refused;
+};
+
+static void *ctxrace_thread(void *arg) {
+    struct ctxracer *r = arg;
+    for (int i = 0; i < r->rounds; i++) {
+        CUcontext c;
+        pthread_barrier_wait(r->start);
+        CUresult rc = cu.cuDevicePrimaryCtxRetain(&c, g_dev);
+        r->refused += rc != CUDA_SUCCESS;
+        pthread_barrier_wait(r->done);
+        if (rc == CUDA_SUCCESS) cu.cuDevicePrimaryCtxRelease_v2(g_dev);
+    }
+    return NULL;
+}
+
+/* THREADS threads retain the primary context at once; all release it, so
+ * every round races a first context again. */
+static int cmd_ctxrace(int threads, int rounds) {
+    load_and_init();
+    if (threads > 256) threads = 256;
+    pthread_barrier_t start, done;
+    pthread_barrier_init(&start, NULL, threads);
+    pthread_barrier_init(&done, NULL, threads);
+    static struct ctxracer r[256];
+    pthread_t th[256];
+    for (int i = 0; i < threads; i++) {
+        r[i] = (struct ctxracer){&start, &done, rounds, 0};
+        pthread_create(&th[i], NULL, ctxrace_thread, &r[i]);
+    }
+    int refused = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        refused += r[i].refused;
+    }
+    printf("rounds=%d threads=%d refused=%d\n", rounds, threads, refused);
+    return 0;
+}
+
 static int cmd_info(void) {
     setup();
     int n = 0, ver = 0;
@@ -660,6 +732,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
     if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
+    if (!strcmp(cmd, "idle")) return cmd_idle(atof(ARG(2, "10")));
+    if (!strcmp(cmd, "await"))
+        return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));
+    if (!strcmp(cmd, "ctxrace")) return cmd_ctxrace(atoi(ARG(2, "64")), atoi(ARG(3, "100")));
     printf("error=unknown-command\n");
     return 2;
 }
