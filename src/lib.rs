@@ -48,5 +48,6 @@ mod init;
 mod interpose;
 mod limiter;
 mod nvml;
+mod tamper;
 mod view;
 mod watcher;

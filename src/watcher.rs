@@ -1,6 +1,8 @@
 //! The per-process background thread, started with the first context (or
 //! at `cuInit` when limits are set, so NVML comes up while the driver
 //! does). Every 100 ms, and at once when kicked, it:
+//! - beats in this process's slot, and checks the region file is intact
+//!   (`Attach::tick`);
 //! - resolves this process's host pid (`hostpid`);
 //! - measures context overhead on the devices this process uses;
 //! - picks up SM limits that appeared in the region;
@@ -72,6 +74,7 @@ fn run() {
         let Some(attach) = init::attach() else {
             continue;
         };
+        attach.tick();
         let now = crate::clock::monotonic_ns();
         for dev in overhead::devices_in_use() {
             if hostpid::resolve(attach, dev).is_none() {

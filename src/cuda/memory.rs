@@ -78,9 +78,7 @@ impl Charge {
         let Some(attach) = init::attach() else {
             return Ok(None);
         };
-        let Some(slot) = attach.slot() else {
-            return Ok(None);
-        };
+        let slot = counted_slot(attach)?;
         let dev = match on {
             On::CurrentContext => device::current_entry(attach).map(|(d, _)| d),
             On::Ordinal(o) => device::entry(attach, o),
@@ -144,7 +142,7 @@ fn reserve(
         }
         region.unreserve(slot, dev, kind, bytes);
     }
-    attach.reclaim_dead(&overhead::pids_on_device(attach, dev));
+    attach.reclaim_dead();
     overhead::reconcile_now(attach, slot, dev);
     match region.reserve(slot, dev, kind, bytes) {
         Reservation::Granted => Ok(()),
@@ -202,9 +200,7 @@ pub fn release(t: Tracked) {
 /// at its limit gets `CUDA_ERROR_OUT_OF_MEMORY`, as a full card would give.
 /// Returns the slot and bytes to give back if the creation fails.
 pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64)>, CUresult> {
-    let Some(slot) = attach.slot() else {
-        return Ok(None);
-    };
+    let slot = counted_slot(attach)?;
     // Processes starting together hold provisional figures for their new
     // contexts until each is measured, moments later: wait that long
     // before calling the container full.
@@ -217,6 +213,23 @@ pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
         }
     }
+}
+
+/// This process's slot, with the region checked first; without one it is
+/// not counted, so it gets no memory (fail closed, one line why).
+pub fn counted_slot(attach: &Attach) -> Result<usize, CUresult> {
+    if !attach.intact() {
+        return Err(CUresult::ERROR_OUT_OF_MEMORY);
+    }
+    attach.slot().ok_or_else(|| {
+        crate::warn_once!(
+            "{}: this process cannot be counted, so it gets no device memory (CUDA_ERROR_OUT_OF_MEMORY)",
+            attach
+                .claim_error()
+                .unwrap_or_else(|| "no process slot".into())
+        );
+        CUresult::ERROR_OUT_OF_MEMORY
+    })
 }
 
 /// How long a context reservation waits for room before it fails.

@@ -137,18 +137,6 @@ pub fn after_fork_child() {
     }
 }
 
-/// Host pids NVML lists on `dev` (empty when NVML is unavailable).
-pub fn pids_on_device(attach: &Attach, dev: usize) -> Vec<u32> {
-    let _internal = Guard::enter();
-    if !client::is_ready() {
-        return Vec::new();
-    }
-    client::device(&attach.region.device(dev).uuid())
-        .and_then(|nd| client::processes(nd).ok())
-        .map(|l| l.into_iter().map(|(p, _)| p).collect())
-        .unwrap_or_default()
-}
-
 /// Measures our overhead on `dev` now (the denial path, and the watcher).
 /// False when it could not be measured.
 pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {

@@ -64,6 +64,21 @@ pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
     per_dev
 }
 
+/// Bytes held per (device entry, kind), over every live allocation: what
+/// this process's slot must count when it is filled again.
+pub fn totals() -> Vec<(usize, Kind, u64)> {
+    let mut out: Vec<(usize, Kind, u64)> = Vec::new();
+    for s in TABLE.iter() {
+        for t in s.lock().values() {
+            match out.iter_mut().find(|(d, k, _)| *d == t.dev && *k == t.kind) {
+                Some((_, _, b)) => *b += t.bytes,
+                None => out.push((t.dev, t.kind, t.bytes)),
+            }
+        }
+    }
+    out
+}
+
 /// Removes and returns everything made in context `ctx`.
 pub fn drain_context(ctx: usize) -> Vec<Tracked> {
     let mut out = Vec::new();

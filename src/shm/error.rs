@@ -112,6 +112,12 @@ pub enum ShmError {
         path: PathBuf,
         why: Refusal,
     },
+    /// The filesystem could not give the region its space (full tmpfs):
+    /// mapping it anyway would end in SIGBUS.
+    NoSpace {
+        path: PathBuf,
+        source: io::Error,
+    },
     /// Every process slot is held by a live process.
     SlotsFull {
         path: PathBuf,
@@ -123,6 +129,13 @@ pub enum ShmError {
 }
 
 impl ShmError {
+    pub(crate) fn no_space(path: &std::path::Path, source: io::Error) -> ShmError {
+        ShmError::NoSpace {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     pub(crate) fn io(path: &std::path::Path, op: &'static str, source: io::Error) -> ShmError {
         ShmError::Io {
             path: path.to_path_buf(),
@@ -141,6 +154,12 @@ impl fmt::Display for ShmError {
             ShmError::Refused { path, why } => {
                 write!(f, "region {} refused: {why}", path.display())
             }
+            ShmError::NoSpace { path, source } => write!(
+                f,
+                "region {}: cannot reserve its {} bytes on disk ({source}); is the filesystem full?",
+                path.display(),
+                REGION_SIZE
+            ),
             ShmError::SlotsFull { path } => write!(
                 f,
                 "region {}: all {} process slots are held by live processes",

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use vgpu_shm::{Kind, OpenMode, Owners, ProcId, Region, format_uuid, procinfo};
+use vgpu_shm::{Kind, OpenMode, Owners, ProcView, Region, format_uuid, procinfo};
 
 fn region_path(arg: Option<&String>) -> PathBuf {
     arg.map(PathBuf::from)
@@ -31,6 +31,7 @@ fn open(path: &Path) -> Result<(Region, f64), String> {
 
 fn status(r: &Region, open_ms: f64) {
     let h = r.header();
+    let view = ProcView::current();
     println!(
         "region={} version={}.{} open_ms={open_ms:.3} slot_hwm={} reclaims={}",
         r.path().display(),
@@ -59,10 +60,20 @@ fn status(r: &Region, open_ms: f64) {
     for i in r.occupied_slots() {
         let s = r.slot(i);
         let pid = s.pid.load(Ordering::Relaxed);
+        let owner = r.owner(i);
+        let alive = match procinfo::liveness(&owner, &view) {
+            procinfo::Liveness::Alive => "1",
+            procinfo::Liveness::Dead => "0",
+            procinfo::Liveness::Unknown => "unknown",
+        };
+        let beat = r
+            .heartbeat_age_ms(i, procinfo::monotonic_ms())
+            .map_or("none".to_string(), |a| a.to_string());
         let mut line = format!(
-            "slot={i} pid={pid} host_pid={} alive={}",
-            s.host_pid.load(Ordering::Relaxed),
-            u8::from(procinfo::pid_exists(pid))
+            "slot={i} pid={pid} pidns={} host_pid={} host_pid_verified={} alive={alive} heartbeat_age_ms={beat}",
+            owner.pidns,
+            owner.host_pid,
+            u8::from(owner.host_pid_verified),
         );
         for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.slot_total(i, d) > 0) {
             line += &format!(" dev{dev}_total={}", r.slot_total(i, dev));
@@ -98,7 +109,7 @@ fn run(args: &[String]) -> Result<(), String> {
         Some("reclaim") => {
             let (r, _) = open(&region_path(args.get(1)))?;
             let n = r
-                .reclaim_dead(ProcId::current().pidns)
+                .reclaim_dead(&ProcView::current(), None)
                 .map_err(|e| e.to_string())?;
             println!("reclaimed={n}");
         }
