@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use vgpu_shm::procinfo::monotonic_ms;
-use vgpu_shm::{DeviceInfo, Kind, Limits, MAX_DEVICES, ProcId, ProcView, Region, format_uuid};
+use vgpu_shm::{
+    DeviceInfo, Kind, Limits, MAX_DEVICES, ProcId, ProcView, Region, ShmError, format_uuid,
+};
 
 use crate::config::Config;
 use crate::cuda::{overhead, tracker};
@@ -61,25 +63,40 @@ impl Attach {
     /// Our slot, claimed on first use (and again in a forked child). None
     /// when no slot can be had: callers refuse CUDA then.
     pub fn slot(&self) -> Option<usize> {
-        let s = self.slot.load(Ordering::Acquire);
-        if s != NO_SLOT {
+        if let Some(s) = self.slot_index() {
             return Some(s);
         }
-        let _one_claimer = self.claiming.lock();
-        let s = self.slot.load(Ordering::Acquire);
-        if s != NO_SLOT {
-            return Some(s);
+        let full = {
+            let _one_claimer = self.claiming.lock();
+            if let Some(s) = self.slot_index() {
+                return Some(s);
+            }
+            let now = monotonic_ms();
+            let last = self.last_claim_ms.load(Ordering::Acquire);
+            if last != 0 && now.saturating_sub(last) < CLAIM_RETRY_MS {
+                return None;
+            }
+            self.last_claim_ms.store(now, Ordering::Release);
+            match self.claim() {
+                Ok(i) => return Some(i),
+                Err(full) => full,
+            }
+        };
+        // Every slot is held; owners in other pid namespaces are the
+        // driver's to judge, asked outside our locks.
+        if full && self.reclaim_dead() > 0 {
+            let _one_claimer = self.claiming.lock();
+            return self.slot_index().or_else(|| self.claim().ok());
         }
-        let now = monotonic_ms();
-        let last = self.last_claim_ms.load(Ordering::Acquire);
-        if last != 0 && now.saturating_sub(last) < CLAIM_RETRY_MS {
-            return None;
-        }
-        self.last_claim_ms.store(now, Ordering::Release);
-        self.claim()
+        None
     }
 
-    fn claim(&self) -> Option<usize> {
+    /// Claims a slot (the caller holds `claiming`); `Err(true)` when every
+    /// slot is held.
+    fn claim(&self) -> Result<usize, bool> {
+        if !self.intact() {
+            return Err(false);
+        }
         let me = ProcId::current();
         let view = ProcView::current();
         match self.region.claim_slot_as(&me, view.host_pid) {
@@ -90,11 +107,13 @@ impl Attach {
                     hostpid::set_from_kernel(h as u32);
                 }
                 self.slot.store(i, Ordering::Release);
-                Some(i)
+                // It beats from now on, whatever path claimed it.
+                crate::watcher::start();
+                Ok(i)
             }
             Err(e) => {
                 *self.claim_error.lock() = Some(e.to_string());
-                None
+                Err(matches!(e, ShmError::SlotsFull { .. }))
             }
         }
     }
@@ -135,7 +154,7 @@ impl Attach {
         );
         let _one_claimer = self.claiming.lock();
         self.slot.store(NO_SLOT, Ordering::Release);
-        if let Some(n) = self.claim() {
+        if let Ok(n) = self.claim() {
             restore_usage(&self.region, n);
         }
     }
@@ -180,6 +199,9 @@ impl Attach {
         {
             return Some(cached as usize - 1);
         }
+        if !self.intact() {
+            return None;
+        }
         let index = self.register(n, &info()?)?;
         if let Some(c) = self.ordinals.get(n) {
             c.store(index as u32 + 1, Ordering::Release);
@@ -191,6 +213,9 @@ impl Attach {
     /// Registers it when the environment has limits for it, so that
     /// nvidia-smi shows the quota before any CUDA process ran.
     pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<usize> {
+        if !self.intact() {
+            return None;
+        }
         if let Some(i) = self.region.find_device(&info.uuid) {
             return Some(i);
         }
@@ -236,12 +261,21 @@ impl Attach {
     pub fn after_fork_child(&self) {
         self.slot.store(NO_SLOT, Ordering::Release);
         self.last_claim_ms.store(0, Ordering::Release);
+        // A lock held at fork time belonged to a parent thread that does
+        // not exist here.
         for m in [&self.claiming, &self.switching] {
             if m.is_locked() {
-                // SAFETY: a forked child runs one thread; a lock held at fork
-                // time belonged to a parent thread that does not exist here.
+                // SAFETY: a forked child runs one thread (see above).
                 unsafe { m.force_unlock() };
             }
+        }
+        if self.known.is_locked() {
+            // SAFETY: as above.
+            unsafe { self.known.force_unlock() };
+        }
+        if self.claim_error.is_locked() {
+            // SAFETY: as above.
+            unsafe { self.claim_error.force_unlock() };
         }
         if self.me.is_locked() {
             // SAFETY: as above.
