@@ -1,6 +1,6 @@
 //! A region file that shrinks under this process (anyone may `truncate`
 //! it: it is 0666) must not kill it with SIGBUS. Before the allocation,
-//! context and view paths touch the mapping, and at every watcher tick,
+//! free, context and view paths touch the mapping, and at every watcher tick,
 //! the file's size is checked (`fstat`); a shrunk or re-created file is
 //! swapped, in place, for a private copy holding this process's devices,
 //! the limits it last saw in the region, and what it holds. From then on

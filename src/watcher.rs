@@ -76,8 +76,10 @@ fn run() {
         };
         attach.tick();
         let now = crate::clock::monotonic_ns();
+        // Each step below checks the region file first: a truncation is
+        // caught microseconds before any access, not a tick later.
         for dev in overhead::devices_in_use() {
-            if hostpid::resolve(attach, dev).is_none() {
+            if !attach.intact() || hostpid::resolve(attach, dev).is_none() {
                 continue;
             }
             if let Some(slot) = attach.slot()
@@ -87,9 +89,13 @@ fn run() {
                 last_reconcile[dev] = now;
             }
         }
-        limiter::refresh(attach, overhead::devices_in_use());
+        if attach.intact() {
+            limiter::refresh(attach, overhead::devices_in_use());
+        }
         for dev in overhead::devices_in_use() {
-            leader.tick(attach, dev);
+            if attach.intact() {
+                leader.tick(attach, dev);
+            }
         }
     }
 }

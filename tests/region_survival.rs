@@ -48,15 +48,16 @@ fn monotonic_ns() -> u64 {
 fn threads_racing_the_first_context_reserve_it_once() {
     let _serial = serial();
     // 64 threads retain the primary context at once, and all release it,
-    // 300 times in a row: 19 200 racers for 300 first contexts. Before
-    // the fix each racer reserved a whole context (refusals in most runs
-    // of 300 rounds); one context fits the limit 3 times over.
+    // 1000 times in a row: 64 000 racers for 1000 first contexts (about a
+    // second). Before the fix each racer reserved a whole context: 40 to
+    // 84 refusals in every run of 300 rounds, at either limit; one context
+    // fits 1 GiB 4 times over.
     for limit in ["1g", "4g"] {
         let mut sim = Sim::new(1, "16g");
         sim.set("CUDA_DEVICE_MEMORY_LIMIT", limit);
-        let child = spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["ctxrace", "64", "300"]));
+        let child = spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["ctxrace", "64", "1000"]));
         let r = wait_for(child, 120.0).expect("ctxrace finished").ok();
-        assert_eq!(r.u64("rounds"), 300);
+        assert_eq!(r.u64("rounds"), 1000);
         assert_eq!(
             r.u64("refused"),
             0,
@@ -145,18 +146,21 @@ fn state_from_another_boot_is_reset() {
 }
 
 #[test]
-fn truncating_the_region_under_a_busy_process_is_one_error_line_not_a_crash() {
+fn truncating_the_region_under_busy_processes_is_one_error_line_not_a_crash() {
     let _serial = serial();
     let mut sim = Sim::new(1, "8g");
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .set("CUDA_DEVICE_SM_LIMIT", "50")
         .set("SIM_GPU_CTX_OVERHEAD", "128m");
-    // Two threads allocate and free 600 MiB for 4 s: at most one fits.
-    let child = spawn(&mut sim.client_cmd(
+    // Two threads allocate and free 600 MiB for 4 s (at most one fits),
+    // while another process launches 20 us kernels under the SM limit.
+    let racer = spawn(&mut sim.client_cmd(
         Path3::Link,
         true,
         &["race", "2", "4", &(600 * MIB).to_string()],
     ));
-    assert!(wait_until(5.0, || sim.region_used(0) >= 128 * MIB));
+    let spinner = spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["spin", "20000", "132", "4"]));
+    assert!(wait_until(5.0, || sim.region_used(0) >= 256 * MIB));
     std::thread::sleep(Duration::from_millis(500));
     let t = Command::new("truncate")
         .args(["-s", "0"])
@@ -164,17 +168,24 @@ fn truncating_the_region_under_a_busy_process_is_one_error_line_not_a_crash() {
         .status()
         .unwrap();
     assert!(t.success());
-    let r = wait_for(child, 20.0).expect("the racer finished");
-    assert!(
-        r.status.success(),
-        "killed by the truncation: {:?}\n{}",
-        r.status,
-        r.stderr
-    );
-    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("shrank")).collect();
-    assert_eq!(lines.len(), 1, "one error line:\n{}", r.stderr);
-    assert!(lines[0].contains(sim.region().to_str().unwrap()));
-    assert!(r.u64("granted") > 0 && r.u64("denied") > 0, "{}", r.stdout);
+    for (name, child) in [("racer", racer), ("spinner", spinner)] {
+        let r = wait_for(child, 20.0).expect("finished");
+        assert!(
+            r.status.success(),
+            "{name} killed by the truncation: {:?}\n{}",
+            r.status,
+            r.stderr
+        );
+        let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("shrank")).collect();
+        assert_eq!(lines.len(), 1, "{name}: one error line:\n{}", r.stderr);
+        assert!(lines[0].contains(sim.region().to_str().unwrap()));
+        if name == "racer" {
+            // Still limited, alone: one 600 MiB buffer at a time.
+            assert!(r.u64("granted") > 0 && r.u64("denied") > 0, "{}", r.stdout);
+        } else {
+            assert!(r.u64("launched") > 1000, "{}", r.stdout);
+        }
+    }
     // The next process makes a new region and is limited by it.
     let next = sim
         .client(

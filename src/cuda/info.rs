@@ -88,6 +88,7 @@ fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
         && !bytes.is_null()
         && let Some(attach) = init::attach()
         && let Some(entry) = device::entry(attach, dev)
+        && attach.intact()
     {
         let limit = attach.region.device(entry).limits().mem;
         if limit != 0 {

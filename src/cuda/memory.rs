@@ -189,6 +189,7 @@ pub fn fmt_bytes(b: u64) -> String {
 /// Releases what a tracked allocation held (the driver has freed it).
 pub fn release(t: Tracked) {
     if let Some(attach) = init::attach()
+        && attach.intact()
         && let Some(slot) = attach.slot()
     {
         attach.region.unreserve(slot, t.dev, t.kind, t.bytes);
