@@ -72,4 +72,6 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
 }
 
 #[cfg(test)]
+mod survival_tests;
+#[cfg(test)]
 mod tests;

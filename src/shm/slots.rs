@@ -225,7 +225,7 @@ impl Region {
     }
 }
 
-fn beat_word(pid: i32, ms: u64) -> u64 {
+pub(crate) fn beat_word(pid: i32, ms: u64) -> u64 {
     beat_tag(pid) << BEAT_MS_BITS | (ms & BEAT_MS_MASK)
 }
 
