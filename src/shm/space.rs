@@ -11,9 +11,10 @@ use std::os::unix::fs::FileExt;
 /// bytes of zeros with their blocks allocated.
 pub fn reserve_new(file: &File, len: u64) -> io::Result<()> {
     match fallocate(file, len) {
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-            // No fallocate here: writing the zeros allocates the blocks.
-            // (Safe only because nobody maps this file yet.)
+        Err(e) if !is_full(&e) => {
+            // No fallocate here (EOPNOTSUPP and the like): writing the
+            // zeros allocates the blocks. Safe only because nobody maps
+            // this file yet.
             file.set_len(0)?;
             let zeros = vec![0u8; 64 << 10];
             let mut at = 0;
@@ -28,14 +29,19 @@ pub fn reserve_new(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-/// Makes sure an existing region has no holes. On a filesystem without
-/// `fallocate` nothing can be checked without writing, which others'
-/// mappings forbid: it is left as it is.
+/// Makes sure an existing region has no holes: an error only when the
+/// filesystem is out of space for them. Where `fallocate` is missing
+/// nothing can be checked without writing, which others' mappings
+/// forbid: it is left as it is.
 pub fn reserve_existing(file: &File, len: u64) -> io::Result<()> {
     match fallocate(file, len) {
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+        Err(e) if !is_full(&e) => Ok(()),
         other => other,
     }
+}
+
+fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// `fallocate(fd, 0, 0, len)`: allocates without changing any byte (mode
