@@ -203,7 +203,7 @@ fn a_live_holder_in_another_namespace_is_never_reclaimed() {
     // own /proc, where /proc/2 is another process; asked past the grace.
     let r = sh_in_new_ns(
         &sim,
-        &format!("$C hold {gib} 8 >/dev/null & sleep 4; $C alloc buffer {gib}; kill %1"),
+        &format!("$C hold {gib} 8 >/dev/null & sleep 4; $C alloc buffer {gib}; kill $!"),
     );
     assert_eq!(r.i64("alloc_rc"), 2, "{}{}", r.stdout, r.stderr);
     // A holder in a namespace with its own /proc, asked from another such
