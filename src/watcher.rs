@@ -65,6 +65,10 @@ pub fn after_fork_child() {
 }
 
 fn run() {
+    // Beat before NVML's initialisation, which can take a while.
+    if let Some(attach) = init::attach() {
+        attach.tick();
+    }
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
