@@ -99,7 +99,11 @@ impl Attach {
         }
         let me = ProcId::current();
         let view = ProcView::current();
-        match self.region.claim_slot_as(&me, view.host_pid) {
+        let mut claimed = self.region.claim_slot_as(&me, view.host_pid);
+        if matches!(claimed, Err(ShmError::Tampered { .. })) && self.still_ours() {
+            claimed = self.region.claim_slot_as(&me, view.host_pid);
+        }
+        match claimed {
             Ok(i) => {
                 *self.me.lock() = Some(me);
                 *self.claim_error.lock() = None;
@@ -135,7 +139,7 @@ impl Attach {
     /// The watcher's tick: the file is still ours, so is the slot, and we
     /// are alive.
     pub fn tick(&self) {
-        if !self.intact() {
+        if !self.still_ours() {
             return;
         }
         let (Some(i), Some(me)) = (self.slot_index(), self.me()) else {
@@ -165,9 +169,19 @@ impl Attach {
         if !client::init() {
             return None;
         }
+        // The UUIDs are read first: NVML's calls are syscalls, after which
+        // the region file must be checked again (tamper.rs).
+        if !self.intact() {
+            return None;
+        }
+        let uuids: Vec<[u8; 16]> = (0..MAX_DEVICES)
+            .map(|d| self.region.device(d))
+            .filter(|d| d.is_used())
+            .map(|d| d.uuid())
+            .collect();
         let mut all = Vec::new();
-        for d in (0..MAX_DEVICES).filter(|&d| self.region.device(d).is_used()) {
-            let nd = client::device(&self.region.device(d).uuid())?;
+        for uuid in &uuids {
+            let nd = client::device(uuid)?;
             all.extend(client::processes(nd).ok()?.into_iter().map(|(p, _)| p));
         }
         Some(all)
@@ -179,12 +193,18 @@ impl Attach {
     /// to judge.
     pub fn reclaim_dead(&self) -> u32 {
         let driver = self.driver_pids();
-        self.region
+        match self
+            .region
             .reclaim_dead(&ProcView::current(), driver.as_deref())
-            .unwrap_or_else(|e| {
+        {
+            Ok(n) => n,
+            // Said once, when the next check swaps in a private copy.
+            Err(ShmError::Tampered { .. }) => 0,
+            Err(e) => {
                 crate::warn_once!("{e}");
                 0
-            })
+            }
+        }
     }
 
     /// The device entry of CUDA ordinal `ordinal`; `info` is asked only the
@@ -232,7 +252,11 @@ impl Attach {
             sm: self.config.sm_limit_for(ordinal),
             policy: self.config.policy as u32,
         };
-        match self.region.register_device(info, wanted) {
+        let mut registered = self.region.register_device(info, wanted);
+        if matches!(registered, Err(ShmError::Tampered { .. })) && self.still_ours() {
+            registered = self.region.register_device(info, wanted);
+        }
+        match registered {
             Ok(reg) => {
                 if reg.conflict {
                     crate::warn_once!(

@@ -58,7 +58,7 @@ pub fn before_first_context(attach: &Attach, dev: usize) {
     if get().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
         return;
     }
-    if !client::init() {
+    if !client::init() || !attach.intact() {
         return;
     }
     let uuid = attach.region.device(dev).uuid();
@@ -107,6 +107,9 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
     if let Some(p) = get() {
         return Some(p);
     }
+    if !attach.intact() {
+        return None;
+    }
     let uuid = attach.region.device(dev).uuid();
     let nd = client::device(&uuid)?;
     let now: Vec<u32> = client::processes(nd)
@@ -114,6 +117,9 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
         .into_iter()
         .map(|(p, _)| p)
         .collect();
+    if !attach.intact() {
+        return None;
+    }
     let slot = attach.slot();
     let before = BEFORE
         .lock()
@@ -127,11 +133,11 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
         before.as_deref(),
         &claimed_by_others(&attach.region, slot),
     )?;
-    if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
-        log::debug!("host pid {pid}");
-    }
     if let Some(s) = slot {
         attach.region.set_host_pid(s, pid as i32, false);
+    }
+    if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
+        log::debug!("host pid {pid}");
     }
     Some(pid)
 }

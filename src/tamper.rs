@@ -15,9 +15,19 @@ use vgpu_shm::Tamper;
 use crate::attach::{Attach, restore_usage};
 
 impl Attach {
-    /// Whether the region may be touched now. On a tampered file this
+    /// Whether the region may be touched now (one `fstat`: call it right
+    /// before the accesses, after any slow step). On a shrunk file this
     /// switches to a private copy first; false only when even that failed.
     pub fn intact(&self) -> bool {
+        match self.region.check_size() {
+            Ok(()) => true,
+            Err(why) => self.go_private(why),
+        }
+    }
+
+    /// [`Attach::intact`], and the file is still the region we mapped (not
+    /// truncated and created again): each watcher tick.
+    pub fn still_ours(&self) -> bool {
         match self.region.check_intact() {
             Ok(()) => true,
             Err(why) => self.go_private(why),

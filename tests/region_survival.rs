@@ -161,14 +161,17 @@ fn truncating_the_region_under_busy_processes_is_one_error_line_not_a_crash() {
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .set("CUDA_DEVICE_SM_LIMIT", "50")
         .set("SIM_GPU_CTX_OVERHEAD", "128m");
-    // Two threads allocate and free 600 MiB for 4 s (at most one fits),
-    // while another process launches 20 us kernels under the SM limit.
+    // The case: two threads allocate and free 600 MiB every 10 ms
+    // for 4 s (at most one fits); and a process launching 1 ms kernels
+    // under the SM limit. (A thread preempted between its check and its
+    // access can still fault: docs/reliability.md measures that window.)
     let racer = spawn(&mut sim.client_cmd(
         Path3::Link,
         true,
-        &["race", "2", "4", &(600 * MIB).to_string()],
+        &["race", "2", "4", &(600 * MIB).to_string(), "0", "10"],
     ));
-    let spinner = spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["spin", "20000", "132", "4"]));
+    let spinner =
+        spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["spin", "1000000", "132", "4"]));
     assert!(wait_until(5.0, || sim.region_used(0) >= 256 * MIB));
     std::thread::sleep(Duration::from_millis(500));
     let t = Command::new("truncate")
@@ -192,7 +195,7 @@ fn truncating_the_region_under_busy_processes_is_one_error_line_not_a_crash() {
             // Still limited, alone: one 600 MiB buffer at a time.
             assert!(r.u64("granted") > 0 && r.u64("denied") > 0, "{}", r.stdout);
         } else {
-            assert!(r.u64("launched") > 1000, "{}", r.stdout);
+            assert!(r.u64("launched") > 500, "{}", r.stdout);
         }
     }
     // The next process makes a new region and is limited by it.

@@ -136,8 +136,10 @@ fn created(
         let _in_driver = entry.map(|(_, dev)| overhead::in_driver(dev));
         create()
     };
+    // The creation took a while: the region file is checked again.
+    let usable = entry.is_none_or(|(a, _)| a.intact());
     let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
-        if let (Some((attach, dev)), Some((slot, bytes))) = (entry, reserved) {
+        if let (Some((attach, dev)), Some((slot, bytes)), true) = (entry, reserved, usable) {
             attach
                 .region
                 .unreserve(slot, dev, vgpu_shm::Kind::Context, bytes);
@@ -153,9 +155,12 @@ fn created(
         ordinal,
         primary,
     };
-    if CONTEXTS.lock().insert(ctx as usize, live).is_none() {
+    if CONTEXTS.lock().insert(ctx as usize, live).is_none() && usable {
         overhead::context_created(attach, dev);
-        limiter::device_in_use(attach, dev);
+        // (The measurement may have asked NVML: check the file again.)
+        if attach.intact() {
+            limiter::device_in_use(attach, dev);
+        }
         watcher::start();
         watcher::kick();
     }

@@ -118,6 +118,11 @@ pub enum ShmError {
         path: PathBuf,
         source: io::Error,
     },
+    /// The file shrank or was created again under our mapping.
+    Tampered {
+        path: PathBuf,
+        why: crate::private::Tamper,
+    },
     /// Every process slot is held by a live process.
     SlotsFull {
         path: PathBuf,
@@ -160,6 +165,7 @@ impl fmt::Display for ShmError {
                 path.display(),
                 REGION_SIZE
             ),
+            ShmError::Tampered { path, why } => write!(f, "region {}: {why}", path.display()),
             ShmError::SlotsFull { path } => write!(
                 f,
                 "region {}: all {} process slots are held by live processes",

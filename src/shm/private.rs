@@ -9,6 +9,7 @@
 
 use std::ffi::c_void;
 use std::fmt;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use crate::Region;
@@ -38,23 +39,34 @@ impl fmt::Display for Tamper {
 }
 
 impl Region {
-    /// Whether the file still holds the region we mapped, checked with
-    /// `fstat` before the mapping is read. A private region is intact.
-    pub fn check_intact(&self) -> Result<(), Tamper> {
+    /// Whether the file is still long enough for the mapping: one `fstat`,
+    /// made just before the mapping is touched. A private region passes.
+    pub fn check_size(&self) -> Result<(), Tamper> {
         let Some(file) = self.shared_file() else {
             return Ok(());
         };
         // An fd that cannot be stat'ed says nothing about the size.
-        let Ok(meta) = file.metadata() else {
+        match file.metadata() {
+            Ok(meta) if meta.len() < REGION_SIZE as u64 => Err(Tamper::Shrunk { len: meta.len() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Region::check_size`], and that the file still holds the region we
+    /// mapped (its id is read with `pread`, never through the mapping, so
+    /// the check itself cannot fault).
+    pub fn check_intact(&self) -> Result<(), Tamper> {
+        self.check_size()?;
+        let Some(file) = self.shared_file() else {
             return Ok(());
         };
-        if meta.len() < REGION_SIZE as u64 {
-            return Err(Tamper::Shrunk { len: meta.len() });
+        let mut id = [0u8; 8];
+        let at = std::mem::offset_of!(crate::layout::Header, region_id) as u64;
+        match file.read_exact_at(&mut id, at) {
+            Ok(()) if u64::from_le_bytes(id) != self.mapped_id => Err(Tamper::Replaced),
+            Ok(()) => Ok(()),
+            Err(_) => Err(Tamper::Shrunk { len: 0 }),
         }
-        if self.header().region_id.load(Ordering::Acquire) != self.mapped_id {
-            return Err(Tamper::Replaced);
-        }
-        Ok(())
     }
 
     /// Replaces the mapping with private memory that `fill` prepares first

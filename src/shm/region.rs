@@ -171,9 +171,16 @@ impl Region {
     }
 
     /// Takes the region lock (in-process mutex, then the file's OFD lock).
+    /// The file is checked once the lock is held (waiting for it can take
+    /// a while): a truncated file is [`ShmError::Tampered`], not a SIGBUS.
     pub fn lock(&self) -> Result<RegionGuard<'_>, ShmError> {
-        RegionGuard::acquire(&self.local, self.shared_file())
-            .map_err(|e| ShmError::io(&self.path, "lock", e))
+        let guard = RegionGuard::acquire(&self.local, self.shared_file())
+            .map_err(|e| ShmError::io(&self.path, "lock", e))?;
+        self.check_intact().map_err(|why| ShmError::Tampered {
+            path: self.path.clone(),
+            why,
+        })?;
+        Ok(guard)
     }
 
     /// The in-process half of the lock, for `pthread_atfork` handlers: hold

@@ -173,15 +173,25 @@ impl Region {
         view: &ProcView,
         driver: Option<&[u32]>,
     ) -> u32 {
-        let mut reclaimed = 0;
         let now = monotonic_ms();
-        for i in 0..self.slot_hwm() {
-            let owner = self.owner(i);
-            if owner.pid == 0 {
-                continue;
-            }
-            let listed = |host: i32| host > 0 && driver.is_some_and(|l| l.contains(&(host as u32)));
-            let free = match liveness(&owner, view) {
+        // Read every owner first, then judge them (reading /proc: syscalls,
+        // during which the file may be truncated), and touch the mapping
+        // again only after checking the file (see private.rs).
+        let owners: Vec<(usize, Owner, Option<u64>)> = (0..self.slot_hwm())
+            .map(|i| (i, self.owner(i), self.heartbeat_age_ms(i, now)))
+            .filter(|(_, o, _)| o.pid != 0)
+            .collect();
+        let judged: Vec<_> = owners
+            .into_iter()
+            .map(|(i, o, beat)| (i, o, beat, liveness(&o, view)))
+            .collect();
+        if self.check_size().is_err() {
+            return 0;
+        }
+        let listed = |host: i32| host > 0 && driver.is_some_and(|l| l.contains(&(host as u32)));
+        let mut reclaimed = 0;
+        for (i, owner, beat, verdict) in judged {
+            let free = match verdict {
                 Liveness::Alive => false,
                 Liveness::Dead => {
                     let slot = self.slot(i);
@@ -200,9 +210,7 @@ impl Region {
                 }
                 Liveness::Unknown => {
                     driver.is_some()
-                        && self
-                            .heartbeat_age_ms(i, now)
-                            .is_some_and(|age| age >= STALE_MS)
+                        && beat.is_some_and(|age| age >= STALE_MS)
                         && !listed(owner.host_pid)
                 }
             };

@@ -10,9 +10,10 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
- *   cuclient race THREADS SECONDS BYTES [QUIET]
+ *   cuclient race THREADS SECONDS BYTES [QUIET [PAUSE_MS]]
  *                                          threads allocate and free at once
- *                                          (after QUIET seconds with a context)
+ *                                          (after QUIET seconds with a context,
+ *                                          PAUSE_MS between rounds)
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
  *                                          ("started" once SIGTERM is handled)
@@ -469,6 +470,7 @@ struct racer {
     size_t bytes;
     double end;
     long granted, denied;
+    useconds_t pause;
 };
 
 static void *race_thread(void *arg) {
@@ -482,12 +484,14 @@ static void *race_thread(void *arg) {
         } else {
             r->denied++;
         }
+        if (r->pause) usleep(r->pause);
     }
     return NULL;
 }
 
-/* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds. */
-static int cmd_race(int threads, double secs, size_t bytes, double quiet) {
+/* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds,
+ * each pausing PAUSE ms after each round. */
+static int cmd_race(int threads, double secs, size_t bytes, double quiet, double pause_ms) {
     setup();
     if (quiet > 0) usleep((useconds_t)(quiet * 1e6));
     struct racer r[64];
@@ -495,7 +499,7 @@ static int cmd_race(int threads, double secs, size_t bytes, double quiet) {
     if (threads > 64) threads = 64;
     double end = now_s() + secs;
     for (int i = 0; i < threads; i++) {
-        r[i] = (struct racer){bytes, end, 0, 0};
+        r[i] = (struct racer){bytes, end, 0, 0, (useconds_t)(pause_ms * 1e3)};
         pthread_create(&th[i], NULL, race_thread, &r[i]);
     }
     long g = 0, d = 0;
@@ -725,7 +729,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "race"))
         return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0),
-                        atof(ARG(5, "0")));
+                        atof(ARG(5, "0")), atof(ARG(6, "0")));
     if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
