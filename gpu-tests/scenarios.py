@@ -4,8 +4,8 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours demo (every one but demo by default), and the probes
-mechanism and nvml_raw (issue 9's measurements). With --sim DIR, the driver-API sections run against the
+compute pair neighbours restarts demo (every one but demo by default), and the
+probes mechanism and nvml_raw (issue 9's measurements). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
 Each check appends a row to $OUT/results.tsv; the table is printed last.
@@ -512,6 +512,68 @@ def storm():
            not procs and leaked <= 0 and after == 0)
 
 
+def children(pid):
+    """Pids whose parent is pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    s = f.read()
+                if int(s[s.rindex(")") + 2:].split()[1]) == pid:
+                    out.append(int(d))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def restarts():
+    """A container restarted in a fresh pid namespace (with and without its
+    own /proc) gets its quota back from the previous run, which exited or
+    was killed; the card never holds more than the limit meanwhile."""
+    sec = "restarts"
+    if SIM:
+        return  # CI covers it (tests/restarts.rs)
+    if subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode != 0:
+        record(sec, "unshare --pid permitted", "no", "(skipped)", True)
+        return
+    import threading
+
+    for mount_proc in (True, False):
+        region = new_region()
+        env = make_env(True, {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, region)
+        peak, done = [0], [False]
+
+        def sample():
+            while not done[0]:
+                peak[0] = max(peak[0], nvml_used())
+                time.sleep(0.05)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        waits = []
+        ns = ["unshare", "-pf"] + (["--mount-proc"] if mount_proc else [])
+        for i, end in enumerate(["exit", "kill9", "exit"]):
+            p = spawn(ns + [client(), "await", str(3 * GIB), "10", "2" if end == "exit" else "60"], env,
+                      f"restart-{int(mount_proc)}-{i}")
+            r = kv(wait_line(p, "await_rc", 20) or "")
+            waits.append(float(r.get("await_ms", "nan")) if r.get("await_rc") == "0" else float("inf"))
+            if end == "kill9":
+                time.sleep(0.5)
+                for c in children(p.pid):
+                    os.kill(c, signal.SIGKILL)
+            p.wait(timeout=70)
+        done[0] = True
+        t.join()
+        status = region_status(region)
+        own = "own /proc" if mount_proc else "the host's /proc"
+        record(sec, f"restarts with {own}: ms until 3 GiB of 4 GiB came back after exit, kill -9",
+               ", ".join(f"{w:.0f}" for w in waits[1:]), "<= 5000 each", all(w <= 5000 for w in waits[1:]))
+        record(sec, f"restarts with {own}: NVML peak of the container's processes",
+               f"{peak[0] / GIB:.2f} GiB (region counts {status['used'] / GIB:.2f} GiB at the end)", "<= 4.00 GiB",
+               peak[0] <= 4 * GIB)
+
+
 def demo():
     """A short tour: memory quota and compute quota on whatever GPU there is."""
     sec = "demo"
@@ -551,8 +613,8 @@ def nvml_raw():
     neighbours.nvml_raw(sys.modules[__name__])
 
 
-SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair, demo,
-                                    mechanism, nvml_raw, neighbours]}
+SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
+                                    restarts, demo, mechanism, nvml_raw, neighbours]}
 
 
 def main():
@@ -562,7 +624,7 @@ def main():
         SIM, args = args[1], args[2:]
     os.makedirs(LOGS, exist_ok=True)
     for name in args or ["transparency", "memory", "overhead", "startup", "launchcost", "graphs", "storm", "compute",
-                         "pair", "neighbours"]:
+                         "pair", "neighbours", "restarts"]:
         t = time.time()
         try:
             SECTIONS[name]()

@@ -14,11 +14,12 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 1u
-#define VGPU_SHM_VERSION_MINOR 0u
+#define VGPU_SHM_VERSION_MINOR 1u
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
 #define VGPU_SHM_NUM_KINDS 5
 #define VGPU_SHM_STATE_READY 1u
+#define VGPU_SHM_SLOT_HOST_PID_VERIFIED 1u /* vgpu_shm_slot.flags */
 
 /* Index into vgpu_shm_slot.usage[dev][kind]. */
 enum vgpu_shm_kind {
@@ -57,7 +58,10 @@ typedef struct vgpu_shm_slot {
     uint32_t sm_util[VGPU_SHM_MAX_DEVICES];
     uint64_t usage[VGPU_SHM_MAX_DEVICES][VGPU_SHM_NUM_KINDS]; /* bytes */
     uint64_t dead_since_ms;     /* CLOCK_MONOTONIC ms a reclaim found it dead */
-    uint64_t reserved[35];
+    uint64_t heartbeat_ms;      /* CLOCK_MONOTONIC ms of the owner's last tick (1.1) */
+    uint32_t flags;             /* VGPU_SHM_SLOT_HOST_PID_VERIFIED (1.1) */
+    uint32_t pad;
+    uint64_t reserved[33];
 } vgpu_shm_slot;
 
 typedef struct vgpu_shm_header {
@@ -73,7 +77,9 @@ typedef struct vgpu_shm_header {
     uint32_t slot_hwm;          /* one past the highest slot ever claimed */
     uint64_t created_unix_s;
     uint64_t reclaims;
-    uint64_t reserved[8];
+    uint64_t boot_id[2];        /* /proc/sys/kernel/random/boot_id, as 16 bytes (1.1) */
+    uint64_t region_id;         /* random, new at each initialisation (1.1) */
+    uint64_t reserved[5];
     vgpu_shm_device devices[VGPU_SHM_MAX_DEVICES];
 } vgpu_shm_header;
 

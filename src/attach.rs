@@ -1,24 +1,47 @@
 //! This process's attachment to the container's region: its slot, and the
 //! map from its CUDA ordinals to the region's UUID-keyed device entries.
+//!
+//! The slot is claimed at `cuInit` (or first use). When none can be had
+//! (all 1024 held by live processes), CUDA is refused: a process that is
+//! not counted must not run. The watcher keeps the slot alive
+//! ([`Attach::tick`]): it beats, notices a slot taken from it, and notices
+//! a region file that shrank or was re-created (see `tamper.rs`).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::{DeviceInfo, Limits, ProcId, Region, format_uuid};
+use vgpu_shm::procinfo::monotonic_ms;
+use vgpu_shm::{
+    DeviceInfo, Kind, Limits, MAX_DEVICES, ProcId, ProcView, Region, ShmError, format_uuid,
+};
 
 use crate::config::Config;
+use crate::cuda::{overhead, tracker};
+use crate::hostpid;
+use crate::nvml::client;
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.
 const ORDINALS: usize = 64;
+/// A failed claim is tried again at most this often: each try scans every
+/// slot under the region's lock.
+const CLAIM_RETRY_MS: u64 = 1_000;
 
 pub struct Attach {
     pub region: Region,
     config: Config,
     slot: AtomicUsize,
     claiming: Mutex<()>,
+    /// Who our slot says we are, as claimed.
+    me: Mutex<Option<ProcId>>,
+    last_claim_ms: AtomicU64,
+    claim_error: Mutex<Option<String>>,
     /// CUDA ordinal -> device entry index + 1 (0: not looked up yet).
     ordinals: [AtomicU32; ORDINALS],
+    /// Entries this process registered, with the limits then in force: what
+    /// a private copy of the region needs (`tamper.rs`).
+    pub(crate) known: Mutex<Vec<(usize, DeviceInfo, Limits)>>,
+    pub(crate) switching: Mutex<()>,
 }
 
 impl Attach {
@@ -28,44 +51,160 @@ impl Attach {
             config,
             slot: AtomicUsize::new(NO_SLOT),
             claiming: Mutex::new(()),
+            me: Mutex::new(None),
+            last_claim_ms: AtomicU64::new(0),
+            claim_error: Mutex::new(None),
             ordinals: [const { AtomicU32::new(0) }; ORDINALS],
+            known: Mutex::new(Vec::new()),
+            switching: Mutex::new(()),
         }
     }
 
-    /// Our slot, claimed on first use (and again in a forked child).
+    /// Our slot, claimed on first use (and again in a forked child). None
+    /// when no slot can be had: callers refuse CUDA then.
     pub fn slot(&self) -> Option<usize> {
-        let s = self.slot.load(Ordering::Acquire);
-        if s != NO_SLOT {
+        if let Some(s) = self.slot_index() {
             return Some(s);
         }
-        let _one_claimer = self.claiming.lock();
-        let s = self.slot.load(Ordering::Acquire);
-        if s != NO_SLOT {
-            return Some(s);
+        let full = {
+            let _one_claimer = self.claiming.lock();
+            if let Some(s) = self.slot_index() {
+                return Some(s);
+            }
+            let now = monotonic_ms();
+            let last = self.last_claim_ms.load(Ordering::Acquire);
+            if last != 0 && now.saturating_sub(last) < CLAIM_RETRY_MS {
+                return None;
+            }
+            self.last_claim_ms.store(now, Ordering::Release);
+            match self.claim() {
+                Ok(i) => return Some(i),
+                Err(full) => full,
+            }
+        };
+        // Every slot is held; owners in other pid namespaces are the
+        // driver's to judge, asked outside our locks.
+        if full && self.reclaim_dead() > 0 {
+            let _one_claimer = self.claiming.lock();
+            return self.slot_index().or_else(|| self.claim().ok());
         }
-        match self.region.claim_slot(&ProcId::current()) {
+        None
+    }
+
+    /// Claims a slot (the caller holds `claiming`); `Err(true)` when every
+    /// slot is held.
+    fn claim(&self) -> Result<usize, bool> {
+        if !self.intact() {
+            return Err(false);
+        }
+        let me = ProcId::current();
+        let view = ProcView::current();
+        let mut claimed = self.region.claim_slot_as(&me, view.host_pid);
+        if matches!(claimed, Err(ShmError::Tampered { .. })) && self.still_ours() {
+            claimed = self.region.claim_slot_as(&me, view.host_pid);
+        }
+        match claimed {
             Ok(i) => {
+                *self.me.lock() = Some(me);
+                *self.claim_error.lock() = None;
+                if let Some(h) = view.host_pid {
+                    hostpid::set_from_kernel(h as u32);
+                }
                 self.slot.store(i, Ordering::Release);
-                Some(i)
+                // It beats from now on, whatever path claimed it.
+                crate::watcher::start();
+                Ok(i)
             }
             Err(e) => {
-                crate::warn_once!("{e}: this process is not counted");
-                None
+                *self.claim_error.lock() = Some(e.to_string());
+                Err(matches!(e, ShmError::SlotsFull { .. }))
             }
         }
     }
 
-    /// Frees the slots of dead processes; returns how many. `on_gpu` lists
-    /// the host pids the driver still holds memory for (a killed process's
-    /// memory is freed moments after it is gone); their slots wait.
-    pub fn reclaim_dead(&self, on_gpu: &[u32]) -> u32 {
-        let still_held = |pid: i32| on_gpu.contains(&(pid as u32));
-        self.region
-            .reclaim_dead_unless(ProcId::current().pidns, still_held)
-            .unwrap_or_else(|e| {
+    /// Why the last claim failed.
+    pub fn claim_error(&self) -> Option<String> {
+        self.claim_error.lock().clone()
+    }
+
+    /// The slot index, without claiming one.
+    pub(crate) fn slot_index(&self) -> Option<usize> {
+        Some(self.slot.load(Ordering::Acquire)).filter(|&s| s != NO_SLOT)
+    }
+
+    pub(crate) fn me(&self) -> Option<ProcId> {
+        *self.me.lock()
+    }
+
+    /// The watcher's tick: the file is still ours, so is the slot, and we
+    /// are alive.
+    pub fn tick(&self) {
+        if !self.still_ours() {
+            return;
+        }
+        let (Some(i), Some(me)) = (self.slot_index(), self.me()) else {
+            return;
+        };
+        let o = self.region.owner(i);
+        if (o.pid, o.start_time, o.pidns) == (me.pid, me.start_time, me.pidns) {
+            self.region.beat(i, me.pid);
+            return;
+        }
+        // Reclaimed by a process that judged us dead (we were frozen past
+        // the heartbeat's limit, holding no memory NVML could see).
+        log::warn!(
+            "region {}: slot {i} was reclaimed from this live process; claiming another",
+            self.region.path().display()
+        );
+        let _one_claimer = self.claiming.lock();
+        self.slot.store(NO_SLOT, Ordering::Release);
+        if let Ok(n) = self.claim() {
+            restore_usage(&self.region, n);
+        }
+    }
+
+    /// Host pids the driver lists on any device of the region; None when
+    /// NVML cannot tell.
+    fn driver_pids(&self) -> Option<Vec<u32>> {
+        if !client::init() {
+            return None;
+        }
+        // The UUIDs are read first: NVML's calls are syscalls, after which
+        // the region file must be checked again (tamper.rs).
+        if !self.intact() {
+            return None;
+        }
+        let uuids: Vec<[u8; 16]> = (0..MAX_DEVICES)
+            .map(|d| self.region.device(d))
+            .filter(|d| d.is_used())
+            .map(|d| d.uuid())
+            .collect();
+        let mut all = Vec::new();
+        for uuid in &uuids {
+            let nd = client::device(uuid)?;
+            all.extend(client::processes(nd).ok()?.into_iter().map(|(p, _)| p));
+        }
+        Some(all)
+    }
+
+    /// Frees the slots of dead processes; returns how many. Asks NVML
+    /// first (never under the region lock): a dead process's memory may
+    /// still be held, and owners in other pid namespaces are the driver's
+    /// to judge.
+    pub fn reclaim_dead(&self) -> u32 {
+        let driver = self.driver_pids();
+        match self
+            .region
+            .reclaim_dead(&ProcView::current(), driver.as_deref())
+        {
+            Ok(n) => n,
+            // Said once, when the next check swaps in a private copy.
+            Err(ShmError::Tampered { .. }) => 0,
+            Err(e) => {
                 crate::warn_once!("{e}");
                 0
-            })
+            }
+        }
     }
 
     /// The device entry of CUDA ordinal `ordinal`; `info` is asked only the
@@ -80,6 +219,9 @@ impl Attach {
         {
             return Some(cached as usize - 1);
         }
+        if !self.intact() {
+            return None;
+        }
         let index = self.register(n, &info()?)?;
         if let Some(c) = self.ordinals.get(n) {
             c.store(index as u32 + 1, Ordering::Release);
@@ -91,6 +233,9 @@ impl Attach {
     /// Registers it when the environment has limits for it, so that
     /// nvidia-smi shows the quota before any CUDA process ran.
     pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<usize> {
+        if !self.intact() {
+            return None;
+        }
         if let Some(i) = self.region.find_device(&info.uuid) {
             return Some(i);
         }
@@ -107,7 +252,11 @@ impl Attach {
             sm: self.config.sm_limit_for(ordinal),
             policy: self.config.policy as u32,
         };
-        match self.region.register_device(info, wanted) {
+        let mut registered = self.region.register_device(info, wanted);
+        if matches!(registered, Err(ShmError::Tampered { .. })) && self.still_ours() {
+            registered = self.region.register_device(info, wanted);
+        }
+        match registered {
             Ok(reg) => {
                 if reg.conflict {
                     crate::warn_once!(
@@ -120,6 +269,9 @@ impl Attach {
                         reg.limits.sm
                     );
                 }
+                let mut known = self.known.lock();
+                known.retain(|(i, _, _)| *i != reg.index);
+                known.push((reg.index, *info, reg.limits));
                 Some(reg.index)
             }
             Err(e) => {
@@ -132,10 +284,39 @@ impl Attach {
     /// In a forked child: the parent's slot is not ours.
     pub fn after_fork_child(&self) {
         self.slot.store(NO_SLOT, Ordering::Release);
-        if self.claiming.is_locked() {
-            // SAFETY: a forked child runs one thread; a lock held at fork
-            // time belonged to a parent thread that does not exist here.
-            unsafe { self.claiming.force_unlock() };
+        self.last_claim_ms.store(0, Ordering::Release);
+        // A lock held at fork time belonged to a parent thread that does
+        // not exist here.
+        for m in [&self.claiming, &self.switching] {
+            if m.is_locked() {
+                // SAFETY: a forked child runs one thread (see above).
+                unsafe { m.force_unlock() };
+            }
         }
+        if self.known.is_locked() {
+            // SAFETY: as above.
+            unsafe { self.known.force_unlock() };
+        }
+        if self.claim_error.is_locked() {
+            // SAFETY: as above.
+            unsafe { self.claim_error.force_unlock() };
+        }
+        if self.me.is_locked() {
+            // SAFETY: as above.
+            unsafe { self.me.force_unlock() };
+        }
+        *self.me.lock() = None;
+    }
+}
+
+/// Counts again, in slot `slot` of `region`, what this process holds: every
+/// tracked allocation, and a provisional context on each device it uses
+/// (re-measured by the watcher moments later).
+pub(crate) fn restore_usage(region: &Region, slot: usize) {
+    for (dev, kind, bytes) in tracker::totals() {
+        region.add_usage(slot, dev, kind, bytes);
+    }
+    for dev in overhead::devices_in_use() {
+        region.set_usage(slot, dev, Kind::Context, overhead::PROVISIONAL);
     }
 }

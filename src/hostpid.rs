@@ -2,6 +2,10 @@
 //! differs from it, so it is found without a lock and without an extra
 //! context:
 //! - in the initial pid namespace, it is `getpid()`;
+//! - where `/proc` shows the initial namespace (`unshare -pf` without
+//!   `--mount-proc`), the kernel says it: the first `NSpid` entry
+//!   (`vgpu_shm::ProcView`, set when the slot is claimed). These two are
+//!   marked verified in the slot: a reclaimer may look them up in /proc;
 //! - otherwise, the pids that appear in NVML's process list for a device
 //!   between just before our first context on it and just after, less the
 //!   pids other processes of the container already claimed.
@@ -12,8 +16,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
+use vgpu_shm::Region;
 use vgpu_shm::procinfo::INIT_PIDNS;
-use vgpu_shm::{ProcId, Region};
 
 use crate::attach::Attach;
 use crate::nvml::client;
@@ -24,6 +28,11 @@ static BEFORE: Mutex<Option<(usize, Vec<u32>)>> = Mutex::new(None);
 
 pub fn get() -> Option<u32> {
     Some(HOST_PID.load(Ordering::Acquire)).filter(|&p| p != 0)
+}
+
+/// The kernel told us (see the module docs).
+pub fn set_from_kernel(pid: u32) {
+    HOST_PID.store(pid, Ordering::Release);
 }
 
 pub fn after_fork_child() {
@@ -37,16 +46,19 @@ pub fn after_fork_child() {
 }
 
 fn in_initial_namespace() -> bool {
-    ProcId::current().pidns == INIT_PIDNS
+    vgpu_shm::procinfo::my_pidns() == INIT_PIDNS
 }
 
 /// Records NVML's pids on `dev` before our first context is created there.
-/// Costs one NVML query; skipped when NVML is not up within 50 ms.
+/// Costs one NVML query, once per process outside the initial namespace,
+/// and waits for NVML's initialisation (started at `cuInit`, so usually
+/// done; at most 2 s): without this list the host pid is never found, and
+/// the context's cost never measured.
 pub fn before_first_context(attach: &Attach, dev: usize) {
     if get().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
         return;
     }
-    if !client::wait_ready(std::time::Duration::from_millis(50)) {
+    if !client::init() || !attach.intact() {
         return;
     }
     let uuid = attach.region.device(dev).uuid();
@@ -95,6 +107,9 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
     if let Some(p) = get() {
         return Some(p);
     }
+    if !attach.intact() {
+        return None;
+    }
     let uuid = attach.region.device(dev).uuid();
     let nd = client::device(&uuid)?;
     let now: Vec<u32> = client::processes(nd)
@@ -102,6 +117,9 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
         .into_iter()
         .map(|(p, _)| p)
         .collect();
+    if !attach.intact() {
+        return None;
+    }
     let slot = attach.slot();
     let before = BEFORE
         .lock()
@@ -115,15 +133,11 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
         before.as_deref(),
         &claimed_by_others(&attach.region, slot),
     )?;
+    if let Some(s) = slot {
+        attach.region.set_host_pid(s, pid as i32, false);
+    }
     if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
         log::debug!("host pid {pid}");
-    }
-    if let Some(s) = slot {
-        attach
-            .region
-            .slot(s)
-            .host_pid
-            .store(pid as i32, Ordering::Release);
     }
     Some(pid)
 }

@@ -49,6 +49,7 @@ mod init;
 mod interpose;
 mod limiter;
 mod nvml;
+mod tamper;
 mod unwind;
 mod view;
 mod watcher;

@@ -17,6 +17,9 @@ pub struct View {
 
 /// The view of device entry `dev`, or None when it has no memory limit.
 pub fn of(attach: &Attach, dev: usize, physical_free: u64) -> Option<View> {
+    if !attach.intact() {
+        return None;
+    }
     let limit = attach.region.device(dev).limits().mem;
     if limit == 0 {
         return None;

@@ -1,6 +1,8 @@
 //! The per-process background thread, started with the first context (or
 //! at `cuInit` when limits are set, so NVML comes up while the driver
 //! does). Every 100 ms, and at once when kicked, it:
+//! - beats in this process's slot, and checks the region file is intact
+//!   (`Attach::tick`);
 //! - resolves this process's host pid (`hostpid`);
 //! - measures context overhead on the devices this process uses;
 //! - picks up SM limits that appeared in the region;
@@ -63,6 +65,10 @@ pub fn after_fork_child() {
 }
 
 fn run() {
+    // Beat before NVML's initialisation, which can take a while.
+    if let Some(attach) = init::attach() {
+        attach.tick();
+    }
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
@@ -72,9 +78,12 @@ fn run() {
         let Some(attach) = init::attach() else {
             continue;
         };
+        attach.tick();
         let now = crate::clock::monotonic_ns();
+        // Each step below checks the region file first: a truncation is
+        // caught microseconds before any access, not a tick later.
         for dev in overhead::devices_in_use() {
-            if hostpid::resolve(attach, dev).is_none() {
+            if !attach.intact() || hostpid::resolve(attach, dev).is_none() {
                 continue;
             }
             if let Some(slot) = attach.slot()
@@ -84,9 +93,13 @@ fn run() {
                 last_reconcile[dev] = now;
             }
         }
-        limiter::refresh(attach, overhead::devices_in_use());
+        if attach.intact() {
+            limiter::refresh(attach, overhead::devices_in_use());
+        }
         for dev in overhead::devices_in_use() {
-            leader.tick(attach, dev);
+            if attach.intact() {
+                leader.tick(attach, dev);
+            }
         }
     }
 }

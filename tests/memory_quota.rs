@@ -187,11 +187,11 @@ fn frees_racing_with_a_measurement_do_not_inflate_the_context_estimate() {
     while racer.try_wait().unwrap().is_none() {
         let status = sim.ctl(&["status", sim.region().to_str().unwrap()]);
         for line in status.stdout.lines().filter(|l| l.starts_with("slot=")) {
+            // (A slot claimed at cuInit holds nothing before the context.)
             let ctx = line
                 .split_whitespace()
                 .find_map(|t| t.strip_prefix("dev0_context="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .expect("a slot line names its context bytes");
+                .map_or(0, |v| v.parse::<u64>().unwrap());
             // Until measured, a provisional figure stands in (640 MiB).
             measured |= ctx > 0 && ctx <= 300 * MIB;
             if measured {

@@ -71,6 +71,8 @@ fn the_c_header_matches_the_rust_layout() {
             offset_of!(Header, created_unix_s),
         ),
         ("vgpu_shm_header.reclaims", offset_of!(Header, reclaims)),
+        ("vgpu_shm_header.boot_id", offset_of!(Header, boot_id)),
+        ("vgpu_shm_header.region_id", offset_of!(Header, region_id)),
         ("vgpu_shm_header.devices", offset_of!(Header, devices)),
         ("vgpu_shm_device.in_use", offset_of!(DeviceEntry, in_use)),
         (
@@ -118,6 +120,11 @@ fn the_c_header_matches_the_rust_layout() {
             "vgpu_shm_slot.dead_since_ms",
             offset_of!(ProcSlot, dead_since_ms),
         ),
+        (
+            "vgpu_shm_slot.heartbeat_ms",
+            offset_of!(ProcSlot, heartbeat_ms),
+        ),
+        ("vgpu_shm_slot.flags", offset_of!(ProcSlot, flags)),
     ];
     for (field, offset) in expect {
         assert_eq!(c.u64(field), offset as u64, "{field}");
@@ -145,8 +152,10 @@ fn a_version_bump_is_detected_by_readers() {
         .err()
         .expect("refused");
     assert!(
-        err.to_string()
-            .contains(&format!("layout version {}.0 is newer", VERSION_MAJOR + 1)),
+        err.to_string().contains(&format!(
+            "layout version {}.{VERSION_MINOR} is newer",
+            VERSION_MAJOR + 1
+        )),
         "{err}"
     );
     // The C reader refuses it too (exit 3).

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -48,6 +50,54 @@ struct Live {
 /// Our contexts, by handle.
 static CONTEXTS: LazyLock<Mutex<HashMap<usize, Live>>> = LazyLock::new(Default::default);
 
+/// Per device entry, this process's primary context reservation: threads
+/// racing the first retain reserve it once (the driver makes one context
+/// for all of them), the others wait for that reservation's outcome.
+static PRIMARY: [AtomicU8; vgpu_shm::MAX_DEVICES] =
+    [const { AtomicU8::new(NONE) }; vgpu_shm::MAX_DEVICES];
+const NONE: u8 = 0;
+const RESERVING: u8 = 1;
+const RESERVED: u8 = 2;
+
+/// This thread reserves the primary context of a device for every racer;
+/// dropped unsettled (an error, a panic), it lets the next one try.
+struct Ticket(Option<usize>);
+
+impl Ticket {
+    /// The reservation stands (or is given up) for the other racers.
+    fn settle(&mut self, reserved: bool) {
+        if let Some(dev) = self.0.take() {
+            PRIMARY[dev].store(if reserved { RESERVED } else { NONE }, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
+/// Whether this thread must reserve the primary context of `dev`: Some for
+/// the one that wins the race, None once it is reserved. Waits (not in
+/// the driver, holding nothing) while another thread reserves; after
+/// [`TICKET_WAIT`] it reserves on its own rather than wait on.
+fn primary_ticket(dev: usize) -> Option<Ticket> {
+    let state = &PRIMARY[dev];
+    let until = std::time::Instant::now() + TICKET_WAIT;
+    loop {
+        match state.compare_exchange(NONE, RESERVING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(Ticket(Some(dev))),
+            Err(RESERVED) => return None,
+            Err(_) if std::time::Instant::now() >= until => return Some(Ticket(None)),
+            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+}
+
+/// Longer than a context reservation may wait for room (one second).
+const TICKET_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs a context-creating call: reserves what a new context costs, then
 /// registers what it made.
 fn created(
@@ -56,15 +106,29 @@ fn created(
     out: *mut CUcontext,
     create: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    if let Some(attach) = init::attach()
+        && let Err(rc) = memory::counted_slot(attach)
+    {
+        return rc;
+    }
     let entry = init::attach().and_then(|a| Some((a, device::entry(a, ordinal)?)));
-    // Retaining a primary context that exists costs nothing new.
+    // Retaining a primary context that exists costs nothing new; nor does
+    // one another thread is creating and has reserved.
     let fresh = !(primary && primary_of(ordinal).is_some());
     let mut reserved = None;
     if let Some((attach, dev)) = entry.filter(|_| fresh) {
-        hostpid::before_first_context(attach, dev);
-        match memory::reserve_context(attach, dev) {
-            Ok(r) => reserved = r,
-            Err(rc) => return rc,
+        let ticket = if primary {
+            primary_ticket(dev)
+        } else {
+            Some(Ticket(None))
+        };
+        if let Some(mut t) = ticket {
+            hostpid::before_first_context(attach, dev);
+            match memory::reserve_context(attach, dev) {
+                Ok(r) => reserved = r,
+                Err(rc) => return rc,
+            }
+            t.settle(true);
         }
     }
     let rc = {
@@ -72,11 +136,17 @@ fn created(
         let _in_driver = entry.map(|(_, dev)| overhead::in_driver(dev));
         create()
     };
+    // The creation took a while: the region file is checked again.
+    let usable = entry.is_none_or(|(a, _)| a.intact());
     let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
-        if let (Some((attach, dev)), Some((slot, bytes))) = (entry, reserved) {
+        if let (Some((attach, dev)), Some((slot, bytes)), true) = (entry, reserved, usable) {
             attach
                 .region
                 .unreserve(slot, dev, vgpu_shm::Kind::Context, bytes);
+        }
+        if let (true, Some((_, dev)), Some(_)) = (primary, entry, reserved) {
+            // The primary's reservation is gone: the next racer reserves.
+            PRIMARY[dev].store(NONE, Ordering::Release);
         }
         return rc;
     };
@@ -85,9 +155,12 @@ fn created(
         ordinal,
         primary,
     };
-    if CONTEXTS.lock().insert(ctx as usize, live).is_none() {
+    if CONTEXTS.lock().insert(ctx as usize, live).is_none() && usable {
         overhead::context_created(attach, dev);
-        limiter::device_in_use(attach, dev);
+        // (The measurement may have asked NVML: check the file again.)
+        if attach.intact() {
+            limiter::device_in_use(attach, dev);
+        }
         watcher::start();
         watcher::kick();
     }
@@ -99,6 +172,9 @@ fn forget(ctx: usize) {
     let Some(live) = CONTEXTS.lock().remove(&ctx) else {
         return;
     };
+    if live.primary {
+        PRIMARY[live.dev].store(NONE, Ordering::Release);
+    }
     for t in tracker::drain_context(ctx) {
         memory::release(t);
     }
@@ -226,4 +302,7 @@ pub fn fork_child() {
     // SAFETY: as fork_parent().
     unsafe { CONTEXTS.force_unlock() };
     CONTEXTS.lock().clear();
+    for p in &PRIMARY {
+        p.store(NONE, Ordering::Release);
+    }
 }

@@ -23,7 +23,17 @@ fn cu_init(flags: c_uint) -> CUresult {
         // The reason was logged once, naming the variable.
         return CUresult::ERROR_INVALID_VALUE;
     }
-    if rt.attach.is_some() {
+    if let Some(attach) = &rt.attach {
+        // A process that cannot be counted must not run: fail closed.
+        if attach.slot().is_none() {
+            log::error!(
+                "{}; cuInit returns CUDA_ERROR_OUT_OF_MEMORY: a process the quota cannot count must not use the GPU",
+                attach
+                    .claim_error()
+                    .unwrap_or_else(|| "no process slot".into())
+            );
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        }
         // NVML comes up on the watcher while the driver initialises.
         watcher::start();
     }
@@ -78,6 +88,7 @@ fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
         && !bytes.is_null()
         && let Some(attach) = init::attach()
         && let Some(entry) = device::entry(attach, dev)
+        && attach.intact()
     {
         let limit = attach.region.device(entry).limits().mem;
         if limit != 0 {

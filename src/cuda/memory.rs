@@ -69,6 +69,8 @@ struct Charge {
     dev: usize,
     kind: Kind,
     bytes: u64,
+    /// What `tracker::flight_started` was told.
+    in_flight: u64,
 }
 
 impl Charge {
@@ -78,29 +80,32 @@ impl Charge {
         let Some(attach) = init::attach() else {
             return Ok(None);
         };
-        let Some(slot) = attach.slot() else {
-            return Ok(None);
-        };
+        let slot = counted_slot(attach)?;
         let dev = match on {
             On::CurrentContext => device::current_entry(attach).map(|(d, _)| d),
             On::Ordinal(o) => device::entry(attach, o),
         };
         let Some(dev) = dev else { return Ok(None) };
         reserve(attach, slot, dev, kind, bytes)?;
+        tracker::flight_started(dev, kind, bytes);
         Ok(Some(Charge {
             attach,
             slot,
             dev,
             kind,
             bytes,
+            in_flight: bytes,
         }))
     }
 
     /// The allocation failed: give the bytes back.
     fn refund(self) {
-        self.attach
-            .region
-            .unreserve(self.slot, self.dev, self.kind, self.bytes);
+        tracker::flight_ended(self.dev, self.kind, self.in_flight);
+        if self.attach.intact() {
+            self.attach
+                .region
+                .unreserve(self.slot, self.dev, self.kind, self.bytes);
+        }
     }
 
     /// The allocation succeeded: remember what it holds.
@@ -119,6 +124,7 @@ impl Charge {
         }
         overhead::allocated(self.dev, self.bytes);
         tracker::insert(key, t);
+        tracker::flight_ended(self.dev, self.kind, self.in_flight);
     }
 }
 
@@ -132,10 +138,20 @@ fn reserve(
     bytes: u64,
 ) -> Result<(), CUresult> {
     let region = &attach.region;
+    // The region file is checked right before the accesses, and again
+    // after each slow step (NVML, the lock): tamper.rs.
+    let intact = || {
+        attach
+            .intact()
+            .then_some(())
+            .ok_or(CUresult::ERROR_OUT_OF_MEMORY)
+    };
+    intact()?;
     if region.reserve(slot, dev, kind, bytes) == Reservation::Granted {
         if !near_limit(attach, dev) || !overhead::reconcile_now(attach, slot, dev) {
-            return Ok(());
+            return intact();
         }
+        intact()?;
         // Close to the limit, the overhead was just re-measured (the
         // driver's page tables grow with every allocation): still within?
         let limit = region.device(dev).limits().mem;
@@ -144,8 +160,9 @@ fn reserve(
         }
         region.unreserve(slot, dev, kind, bytes);
     }
-    attach.reclaim_dead(&overhead::pids_on_device(attach, dev));
+    attach.reclaim_dead();
     overhead::reconcile_now(attach, slot, dev);
+    intact()?;
     match region.reserve(slot, dev, kind, bytes) {
         Reservation::Granted => Ok(()),
         Reservation::Denied { limit, used, asked } => {
@@ -191,6 +208,7 @@ pub fn fmt_bytes(b: u64) -> String {
 /// Releases what a tracked allocation held (the driver has freed it).
 pub fn release(t: Tracked) {
     if let Some(attach) = init::attach()
+        && attach.intact()
         && let Some(slot) = attach.slot()
     {
         attach.region.unreserve(slot, t.dev, t.kind, t.bytes);
@@ -202,9 +220,7 @@ pub fn release(t: Tracked) {
 /// at its limit gets `CUDA_ERROR_OUT_OF_MEMORY`, as a full card would give.
 /// Returns the slot and bytes to give back if the creation fails.
 pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64)>, CUresult> {
-    let Some(slot) = attach.slot() else {
-        return Ok(None);
-    };
+    let slot = counted_slot(attach)?;
     // Processes starting together hold provisional figures for their new
     // contexts until each is measured, moments later: wait that long
     // before calling the container full.
@@ -216,7 +232,26 @@ pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64
             Err(rc) if crate::clock::monotonic_ns() >= deadline => return Err(rc),
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
         }
+        if !attach.intact() {
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
+        }
     }
+}
+
+/// This process's slot, with the region checked first; without one it is
+/// not counted, so it gets no memory (fail closed, one line why).
+pub fn counted_slot(attach: &Attach) -> Result<usize, CUresult> {
+    // (A claim checks the region file itself; `reserve` checks it before
+    // it counts.)
+    attach.slot().ok_or_else(|| {
+        crate::warn_once!(
+            "{}: this process cannot be counted, so it gets no device memory (CUDA_ERROR_OUT_OF_MEMORY)",
+            attach
+                .claim_error()
+                .unwrap_or_else(|| "no process slot".into())
+        );
+        CUresult::ERROR_OUT_OF_MEMORY
+    })
 }
 
 /// How long a context reservation waits for room before it fails.
@@ -324,6 +359,11 @@ fn alloc_pitch(
         return rc;
     };
     let actual = (row as u64).saturating_mul(height as u64);
+    if !c.attach.intact() {
+        // (Counted in the private copy from here on, at the estimate.)
+        c.keep(Key::Ptr(p));
+        return rc;
+    }
     if actual > estimate {
         if let Err(deny) = reserve(c.attach, c.slot, c.dev, Kind::Buffer, actual - estimate) {
             c.refund();

@@ -108,6 +108,7 @@ pub fn context_destroyed(attach: &Attach, dev: usize) {
         })
         .unwrap_or(0);
     if before <= 1
+        && attach.intact()
         && let Some(slot) = attach.slot()
     {
         attach.region.set_usage(slot, dev, Kind::Context, 0);
@@ -137,18 +138,6 @@ pub fn after_fork_child() {
     }
 }
 
-/// Host pids NVML lists on `dev` (empty when NVML is unavailable).
-pub fn pids_on_device(attach: &Attach, dev: usize) -> Vec<u32> {
-    let _internal = Guard::enter();
-    if !client::is_ready() {
-        return Vec::new();
-    }
-    client::device(&attach.region.device(dev).uuid())
-        .and_then(|nd| client::processes(nd).ok())
-        .map(|l| l.into_iter().map(|(p, _)| p).collect())
-        .unwrap_or_default()
-}
-
 /// Measures our overhead on `dev` now (the denial path, and the watcher).
 /// False when it could not be measured.
 pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
@@ -171,6 +160,10 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     let Some(pid) = hostpid::resolve(attach, dev) else {
         return false;
     };
+    // (NVML calls came before: the region file is checked again.)
+    if !attach.intact() {
+        return false;
+    }
     let Some(nd) = client::device(&attach.region.device(dev).uuid()) else {
         return false;
     };
@@ -183,6 +176,9 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
         return false;
     };
     let freed_after = FREED[dev].load(Ordering::SeqCst);
+    if !attach.intact() {
+        return false;
+    }
     let exact = idle_before && STARTED[dev].load(Ordering::SeqCst) == started;
     let Some(&(_, used)) = list.iter().find(|(p, _)| *p == pid) else {
         return false;

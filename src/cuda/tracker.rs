@@ -5,8 +5,11 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
-use vgpu_shm::Kind;
+use vgpu_shm::layout::NUM_KINDS;
+use vgpu_shm::{Kind, MAX_DEVICES};
 
 /// An allocation's identity: device pointers, VMM handles and array
 /// handles live in different name spaces.
@@ -64,6 +67,52 @@ pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
     per_dev
 }
 
+/// Bytes reserved for allocations inside the driver now, per device entry
+/// and kind: not in the table yet, but in the slot.
+static IN_FLIGHT: [[AtomicU64; NUM_KINDS]; MAX_DEVICES] =
+    [const { [const { AtomicU64::new(0) }; NUM_KINDS] }; MAX_DEVICES];
+
+/// An allocation of `bytes` was reserved and goes to the driver.
+pub fn flight_started(dev: usize, kind: Kind, bytes: u64) {
+    IN_FLIGHT[dev][kind as usize].fetch_add(bytes, Ordering::AcqRel);
+}
+
+/// It came back: [`insert`]ed first when it succeeded, so that
+/// [`totals`] never misses it.
+pub fn flight_ended(dev: usize, kind: Kind, bytes: u64) {
+    let _ = IN_FLIGHT[dev][kind as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        Some(v.saturating_sub(bytes))
+    });
+}
+
+/// Bytes this process's slot must count when it is filled again (a new
+/// slot, a private copy): allocations in flight, read first, then every
+/// live allocation. One ending meanwhile may be counted twice, never not.
+pub fn totals() -> Vec<(usize, Kind, u64)> {
+    let mut out: Vec<(usize, Kind, u64)> = Vec::new();
+    let mut add = |dev: usize, kind: Kind, bytes: u64| match out
+        .iter_mut()
+        .find(|(d, k, _)| *d == dev && *k == kind)
+    {
+        Some((_, _, b)) => *b += bytes,
+        None => out.push((dev, kind, bytes)),
+    };
+    for (dev, kinds) in IN_FLIGHT.iter().enumerate() {
+        for kind in Kind::ALL {
+            match kinds[kind as usize].load(Ordering::Acquire) {
+                0 => {}
+                b => add(dev, kind, b),
+            }
+        }
+    }
+    for s in TABLE.iter() {
+        for t in s.lock().values() {
+            add(t.dev, t.kind, t.bytes);
+        }
+    }
+    out
+}
+
 /// Removes and returns everything made in context `ctx`.
 pub fn drain_context(ctx: usize) -> Vec<Tracked> {
     let mut out = Vec::new();
@@ -99,6 +148,9 @@ pub fn unlock_all() {
 
 /// After `fork`, in the child: its device memory is not the parent's.
 pub fn reset_in_child() {
+    for c in IN_FLIGHT.iter().flatten() {
+        c.store(0, Ordering::Release);
+    }
     for s in TABLE.iter() {
         // SAFETY: as unlock_all(): locked by lock_all() before fork.
         unsafe { s.force_unlock() };

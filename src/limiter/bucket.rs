@@ -19,6 +19,11 @@ use vgpu_shm::layout::DeviceEntry;
 /// shows in a one-second window (at most this much wall time of work).
 pub const BURST_NS: u64 = 4_000_000;
 
+/// The furthest ahead of now the shared schedule may stand: a `tat_ns`
+/// from before a reboot, another clock or a hand edit is clamped to it,
+/// so no launch ever waits more than one second of bucket depth.
+pub const MAX_AHEAD_NS: u64 = 1_000_000_000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
     Now,
@@ -49,7 +54,20 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     };
     let step = schedule_ns(cost_ns, percent, scale);
     let mut tat = entry.tat_ns.load(Ordering::Acquire);
+    let ceiling = now.saturating_add(MAX_AHEAD_NS);
     loop {
+        if tat > ceiling {
+            tat = match entry.tat_ns.compare_exchange_weak(
+                tat,
+                ceiling,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => ceiling,
+                Err(seen) => seen,
+            };
+            continue;
+        }
         if tat > now + BURST_NS {
             return Admit::Wait(tat - BURST_NS - now);
         }
@@ -128,6 +146,21 @@ mod tests {
         }
         // 4 ms of schedule at 30% is 1.2 ms of GPU time (+1 launch).
         assert!(burst <= 1_300_000, "burst {burst}");
+    }
+
+    #[test]
+    fn a_schedule_from_the_future_costs_at_most_a_second() {
+        let (r, i) = entry(50);
+        let d = r.device(i);
+        let now = 5_000_000_000u64;
+        d.tat_ns.store(now + 3_600_000_000_000, Ordering::Relaxed);
+        match admit(d, 100_000, now) {
+            Admit::Wait(ns) => assert!(ns <= MAX_AHEAD_NS, "waits {ns} ns"),
+            Admit::Now => panic!("a full bucket admitted"),
+        }
+        assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + MAX_AHEAD_NS);
+        d.tat_ns.store(u64::MAX, Ordering::Relaxed);
+        assert!(matches!(admit(d, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
     }
 
     #[test]

@@ -263,6 +263,10 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
             return None;
         }
     };
+    // NVML took a while: the region file is checked again (tamper.rs).
+    if !attach.intact() {
+        return None;
+    }
     let mut per_pid: HashMap<u32, (u64, u32)> = HashMap::new();
     let mut neighbours = false;
     for s in &samples {

@@ -33,6 +33,11 @@ use crate::{clock, init};
 
 /// Some device this process uses has an SM limit in force.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Per device entry, whether an SM limit is in force there, as the region
+/// said at the last look (a new context, every watcher tick): a launch
+/// reads no shared memory until it buys time, and checks the region file
+/// first (`Attach::intact`: a truncated file must not fault it).
+static ENFORCED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// The device entry this process uses, while it uses exactly one
 /// (`NONE` before the first, `MANY` after a second): spares the launch
 /// path a driver call to find the current context.
@@ -93,7 +98,9 @@ pub fn device_in_use(attach: &Attach, dev: usize) {
         d if d == dev || d == MANY => None,
         _ => Some(MANY),
     });
-    if enforced(attach.region.device(dev)) {
+    let on = enforced(attach.region.device(dev));
+    ENFORCED[dev].store(on, Ordering::Release);
+    if on {
         ACTIVE.store(true, Ordering::Release);
     }
 }
@@ -142,8 +149,7 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
     let Some((attach, dev)) = current_device() else {
         return go();
     };
-    let entry = attach.region.device(dev);
-    if !enforced(entry) {
+    if !ENFORCED[dev].load(Ordering::Relaxed) {
         return go();
     }
     let slot = estimate::slot(l.key);
@@ -154,7 +160,7 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
         0 => estimate::DEFAULT_NS,
         c => c,
     };
-    pay(entry, dev, cost);
+    pay(attach, dev, cost);
     let sample = if capture {
         None
     } else {
@@ -179,7 +185,7 @@ const LEASE_NS: u64 = 2_000_000;
 
 /// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
 /// bucket when this process has no credit left.
-fn pay(entry: &DeviceEntry, dev: usize, cost: u64) {
+fn pay(attach: &Attach, dev: usize, cost: u64) {
     let credit = &CREDIT[dev];
     let cost_i = i64::try_from(cost).unwrap_or(i64::MAX / 2);
     if credit.fetch_sub(cost_i, Ordering::Relaxed) >= cost_i {
@@ -188,7 +194,12 @@ fn pay(entry: &DeviceEntry, dev: usize, cost: u64) {
     credit.fetch_add(cost_i, Ordering::Relaxed);
     let lease = cost.max(LEASE_NS);
     let mut now = clock::monotonic_ns();
-    while let Admit::Wait(ns) = bucket::admit(entry, lease, now) {
+    // (Not intact only when even a private copy failed: the launch goes.)
+    while attach.intact() {
+        let entry = attach.region.device(dev);
+        let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
+            break;
+        };
         entry.waits.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();

@@ -48,6 +48,24 @@ impl DeviceEntry {
     }
 }
 
+impl Region {
+    /// Writes entry `index` outright, without the lock: for a private copy
+    /// of a region, which keeps this process's entry indices.
+    pub fn put_device(&self, index: usize, info: &DeviceInfo, limits: Limits) {
+        let d = self.device(index);
+        for (slot, b) in d.uuid.iter().zip(info.uuid) {
+            slot.store(b, Ordering::Relaxed);
+        }
+        d.total_mem.store(info.total_mem, Ordering::Relaxed);
+        d.sm_count.store(info.sm_count, Ordering::Relaxed);
+        d.mem_limit.store(limits.mem, Ordering::Relaxed);
+        d.sm_limit.store(limits.sm, Ordering::Relaxed);
+        d.policy.store(limits.policy, Ordering::Relaxed);
+        d.rate_scale_milli.store(1000, Ordering::Relaxed);
+        d.in_use.store(1, Ordering::Release);
+    }
+}
+
 /// The outcome of [`Region::register_device`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Registered {

@@ -150,6 +150,17 @@ pub enum ShmError {
         owner: u32,
         me: u32,
     },
+    /// The filesystem could not give the region its space (full tmpfs):
+    /// mapping it anyway would end in SIGBUS.
+    NoSpace {
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// The file shrank or was created again under our mapping.
+    Tampered {
+        path: PathBuf,
+        why: crate::private::Tamper,
+    },
     /// Every process slot is held by a live process.
     SlotsFull {
         path: PathBuf,
@@ -161,6 +172,13 @@ pub enum ShmError {
 }
 
 impl ShmError {
+    pub(crate) fn no_space(path: &std::path::Path, source: io::Error) -> ShmError {
+        ShmError::NoSpace {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     pub(crate) fn io(path: &std::path::Path, op: &'static str, source: io::Error) -> ShmError {
         ShmError::Io {
             path: path.to_path_buf(),
@@ -198,6 +216,13 @@ impl fmt::Display for ShmError {
                 "region {} refused: owned by uid {owner}, neither this user (uid {me}) nor root, and whoever owns a region can change its limits (VGPU_REGION_ANY_OWNER=1 accepts any owner)",
                 path.display()
             ),
+            ShmError::NoSpace { path, source } => write!(
+                f,
+                "region {}: cannot reserve its {} bytes on disk ({source}); is the filesystem full?",
+                path.display(),
+                REGION_SIZE
+            ),
+            ShmError::Tampered { path, why } => write!(f, "region {}: {why}", path.display()),
             ShmError::SlotsFull { path } => write!(
                 f,
                 "region {}: all {} process slots are held by live processes",

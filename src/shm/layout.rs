@@ -18,13 +18,17 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// Bumped when a field moves or changes meaning; readers refuse other majors.
 pub const VERSION_MAJOR: u32 = 1;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 0;
+pub const VERSION_MINOR: u32 = 1;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLOTS: usize = 1024;
 pub const NUM_KINDS: usize = 5;
 
 /// `Header::state` once the creator has finished initialising the file.
 pub const STATE_READY: u32 = 1;
+
+/// `ProcSlot::flags`: the host pid was read from the kernel (`NSpid` in a
+/// /proc of the initial pid namespace), not inferred from NVML's list.
+pub const SLOT_HOST_PID_VERIFIED: u32 = 1;
 
 /// What a counted byte is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,7 +120,14 @@ pub struct ProcSlot {
     /// never). A dead owner whose host pid is unknown keeps its slot for a
     /// grace period: the driver may still be freeing its memory.
     pub dead_since_ms: AtomicU64,
-    pub _reserved: [AtomicU64; 35],
+    /// The owner's watcher writes CLOCK_MONOTONIC ms here every tick (since
+    /// 1.1): a reclaimer that cannot see the owner in any /proc judges it
+    /// by this and by NVML.
+    pub heartbeat_ms: AtomicU64,
+    /// [`SLOT_HOST_PID_VERIFIED`] (since 1.1).
+    pub flags: AtomicU32,
+    pub _pad: AtomicU32,
+    pub _reserved: [AtomicU64; 33],
 }
 
 #[repr(C)]
@@ -137,7 +148,13 @@ pub struct Header {
     pub created_unix_s: AtomicU64,
     /// Slots reclaimed from dead processes since creation.
     pub reclaims: AtomicU64,
-    pub _reserved: [AtomicU64; 8],
+    /// `/proc/sys/kernel/random/boot_id` of the boot that last used the
+    /// region (since 1.1): slots and bucket state of another boot are reset.
+    pub boot_id: [AtomicU64; 2],
+    /// A random value set at each initialisation (since 1.1): a process
+    /// notices when the file it mapped was re-created under it.
+    pub region_id: AtomicU64,
+    pub _reserved: [AtomicU64; 5],
     pub devices: [DeviceEntry; MAX_DEVICES],
 }
 
@@ -160,9 +177,13 @@ const _: () = {
     assert!(offset_of!(ProcSlot, sm_util) == 32);
     assert!(offset_of!(ProcSlot, usage) == 96);
     assert!(offset_of!(ProcSlot, dead_since_ms) == 736);
+    assert!(offset_of!(ProcSlot, heartbeat_ms) == 744);
+    assert!(offset_of!(ProcSlot, flags) == 752);
     assert!(offset_of!(Header, size) == 16);
     assert!(offset_of!(Header, state) == 40);
     assert!(offset_of!(Header, slot_hwm) == 44);
+    assert!(offset_of!(Header, boot_id) == 64);
+    assert!(offset_of!(Header, region_id) == 80);
     assert!(offset_of!(Header, devices) == 128);
     assert!(HEADER_SIZE == 128 + MAX_DEVICES * 256);
     assert!(HEADER_SIZE.is_multiple_of(8));

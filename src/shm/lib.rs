@@ -15,24 +15,31 @@
 //! - `slots`: claim, release, reclaim dead slots
 //! - `devices`: the UUID-keyed device table and limit precedence
 //! - `quota`: reserve-then-check without a lock
-//! - [`procinfo`]: process identity and liveness from /proc
+//! - [`procinfo`]: process identity and liveness across pid namespaces
+//! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
+//! - `boot`: state of another boot is reset
+//! - `private`: a file that shrinks under us is swapped for a private copy
 
+mod boot;
 pub mod devices;
 pub mod error;
 pub mod file;
 pub mod layout;
 mod lock;
+mod private;
 pub mod procinfo;
 pub mod quota;
 pub mod region;
-mod slots;
+pub mod slots;
+mod space;
 
 pub use devices::{DeviceInfo, Limits, Registered};
 pub use error::{Refusal, ShmError, check};
 pub use file::{DEFAULT_CREATE_MODE, FileOptions};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
 pub use lock::RegionGuard;
-pub use procinfo::ProcId;
+pub use private::Tamper;
+pub use procinfo::{ProcId, ProcView};
 pub use quota::{Owners, Reservation};
 pub use region::{OpenMode, Region};
 
@@ -67,5 +74,7 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+#[cfg(test)]
+mod survival_tests;
 #[cfg(test)]
 mod tests;

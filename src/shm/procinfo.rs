@@ -1,9 +1,30 @@
-//! Who a process is, and whether it is still alive: pid, start time and pid
-//! namespace, read from /proc. A reused pid has another start time; a zombie
-//! holds no GPU memory (the driver freed it when its files closed).
+//! Who a process is, and whether it is still alive, across pid namespaces.
+//!
+//! A slot records the owner's pid *in its own namespace*, its start time,
+//! the inode of that namespace, and (when known) its host pid. The rules,
+//! for a reclaimer that reads the `/proc` mounted where it runs:
+//!
+//! 1. A pid is looked up only in a `/proc` of its own namespace: the slot's
+//!    pid when the slot's namespace is the one `/proc` shows, the host pid
+//!    when `/proc` shows the initial namespace and the host pid came from
+//!    the kernel (not inferred from NVML). Then pid + start time decide.
+//! 2. A slot of our own namespace whose pid does not exist there (`kill`
+//!    works in our namespace whatever `/proc` shows) is dead.
+//! 3. Anything else is [`Liveness::Unknown`]: the caller decides by the
+//!    owner's heartbeat and the driver (see `slots.rs`).
+//!
+//! Which namespace `/proc` shows: `NSpid` in `/proc/self/status` lists our
+//! pid from the namespace of that `/proc` down to ours, so one entry means
+//! it is ours. With more (`unshare -pf` without `--mount-proc`), an
+//! ancestor listed with one entry lives in the namespace `/proc` shows.
+//!
+//! A reused pid has another start time; a zombie holds no GPU memory (the
+//! driver freed it when its files closed).
 
 use std::fs;
+use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Identifies one process for its whole life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,15 +41,96 @@ pub const INIT_PIDNS: u64 = 0xEFFF_FFFC;
 
 impl ProcId {
     pub fn current() -> ProcId {
-        let pid = std::process::id() as i32;
-        let start_time = stat_of("self").map_or(0, |s| s.start_time);
-        let pidns = fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
         ProcId {
-            pid,
-            start_time,
-            pidns,
+            pid: std::process::id() as i32,
+            start_time: stat_of("self").map_or(0, |s| s.start_time),
+            pidns: my_pidns(),
         }
     }
+}
+
+/// The inode of our pid namespace, cached per pid (a forked child of a
+/// process that called `unshare(CLONE_NEWPID)` lives in another one).
+pub fn my_pidns() -> u64 {
+    static CACHE: AtomicU64 = AtomicU64::new(0);
+    let pid = u64::from(std::process::id());
+    let cached = CACHE.load(Ordering::Acquire);
+    if cached != 0 && cached >> 32 == pid {
+        return cached & 0xffff_ffff;
+    }
+    let ns = fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+    // Namespace inodes are 32-bit (proc_inum); keep the pid beside it.
+    if ns >> 32 == 0 {
+        CACHE.store(pid << 32 | ns, Ordering::Release);
+    }
+    ns
+}
+
+/// What this process's `/proc` can tell about pids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcView {
+    /// Our pid namespace.
+    pub my_ns: u64,
+    /// The pid namespace whose pids `/proc` shows; 0 when unknown.
+    pub procfs_ns: u64,
+    /// Our pid in the initial namespace, when the kernel said so.
+    pub host_pid: Option<i32>,
+}
+
+impl ProcView {
+    pub fn current() -> ProcView {
+        let my_ns = my_pidns();
+        let Some(status) = fs::read_to_string("/proc/self/status").ok() else {
+            return ProcView {
+                my_ns,
+                procfs_ns: 0,
+                host_pid: None,
+            };
+        };
+        let nspid = status_field(&status, "NSpid:").unwrap_or_default();
+        let procfs_ns = match nspid.len() {
+            1 => my_ns,
+            0 => 0,
+            _ => status_field(&status, "PPid:")
+                .and_then(|p| p.first().copied())
+                .map_or(0, procfs_ns_from_ancestors),
+        };
+        let host_pid = (procfs_ns == INIT_PIDNS).then(|| nspid[0]);
+        ProcView {
+            my_ns,
+            procfs_ns,
+            host_pid,
+        }
+    }
+}
+
+/// The namespace `/proc` shows: that of the nearest ancestor (pids as
+/// `/proc` shows them) that lives in it, i.e. has a one-entry `NSpid`.
+fn procfs_ns_from_ancestors(mut pid: i32) -> u64 {
+    for _ in 0..64 {
+        if pid <= 0 {
+            return 0;
+        }
+        let Some(status) = fs::read_to_string(format!("/proc/{pid}/status")).ok() else {
+            return 0;
+        };
+        if status_field(&status, "NSpid:").is_some_and(|n| n.len() == 1) {
+            return fs::metadata(format!("/proc/{pid}/ns/pid")).map_or(0, |m| m.ino());
+        }
+        pid = status_field(&status, "PPid:")
+            .and_then(|p| p.first().copied())
+            .unwrap_or(0);
+    }
+    0
+}
+
+/// The numbers of a `/proc/<pid>/status` line such as `NSpid:\t835\t2`.
+pub fn status_field(status: &str, key: &str) -> Option<Vec<i32>> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..]
+        .split_ascii_whitespace()
+        .map(|t| t.parse().ok())
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,27 +161,62 @@ pub enum Liveness {
     Alive,
     /// Gone, a zombie, or its pid now belongs to another process.
     Dead,
-    /// In another pid namespace: we cannot see it, so we leave it alone.
+    /// Not visible from here: heartbeat and driver decide.
     Unknown,
 }
 
-/// Checks the owner of a slot from our pid namespace `my_ns`.
-pub fn liveness(pid: i32, start_time: u64, pidns: u64, my_ns: u64) -> Liveness {
-    if pid <= 0 {
+/// A slot's owner as the slot records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub pid: i32,
+    pub start_time: u64,
+    pub pidns: u64,
+    /// 0 while unknown.
+    pub host_pid: i32,
+    /// The host pid came from the kernel, not from NVML.
+    pub host_pid_verified: bool,
+}
+
+/// Judges `owner` by the rules in the module docs.
+pub fn liveness(owner: &Owner, view: &ProcView) -> Liveness {
+    if owner.pid <= 0 {
         return Liveness::Dead;
     }
-    if pidns != my_ns {
-        return Liveness::Unknown;
+    let ours = owner.pidns != 0 && owner.pidns == view.my_ns;
+    if view.procfs_ns != 0 && owner.pidns == view.procfs_ns {
+        return by_proc(owner.pid, owner.start_time, ours);
     }
-    match stat_of(&pid.to_string()) {
-        None => Liveness::Dead,
-        Some(s) if s.state == 'Z' || s.state == 'X' => Liveness::Dead,
-        Some(s) if start_time != 0 && s.start_time != start_time => Liveness::Dead,
-        Some(_) => Liveness::Alive,
+    if view.procfs_ns == INIT_PIDNS && owner.host_pid_verified && owner.host_pid > 0 {
+        return by_proc(owner.host_pid, owner.start_time, false);
+    }
+    if ours && !pid_exists(owner.pid) {
+        return Liveness::Dead;
+    }
+    Liveness::Unknown
+}
+
+/// Pid + start time in the `/proc` we read. `in_our_ns`: the pid is also
+/// valid for `kill`, which tells a hidden process (`hidepid`) from a gone one.
+fn by_proc(pid: i32, start_time: u64, in_our_ns: bool) -> Liveness {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(line) => match parse_stat(&line) {
+            Some(s) if s.state == 'Z' || s.state == 'X' => Liveness::Dead,
+            Some(s) if start_time != 0 && s.start_time != start_time => Liveness::Dead,
+            Some(_) => Liveness::Alive,
+            None => Liveness::Unknown,
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            if in_our_ns && pid_exists(pid) {
+                Liveness::Unknown
+            } else {
+                Liveness::Dead
+            }
+        }
+        Err(_) => Liveness::Unknown,
     }
 }
 
-/// A cheaper check for read-only views: does the pid exist at all?
+/// Does `pid` exist in our pid namespace?
 pub fn pid_exists(pid: i32) -> bool {
     if pid <= 0 {
         return false;
@@ -88,6 +225,17 @@ pub fn pid_exists(pid: i32) -> bool {
     // checks; it sends nothing.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// `CLOCK_MONOTONIC` in milliseconds.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec that we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 #[cfg(test)]
@@ -104,20 +252,69 @@ mod tests {
     }
 
     #[test]
+    fn parses_nspid() {
+        let status = "Name:\tx\nPPid:\t7\nNSpid:\t835\t2\n";
+        assert_eq!(status_field(status, "NSpid:"), Some(vec![835, 2]));
+        assert_eq!(status_field(status, "PPid:"), Some(vec![7]));
+        assert_eq!(status_field(status, "Tgid:"), None);
+    }
+
+    fn owner(me: &ProcId) -> Owner {
+        Owner {
+            pid: me.pid,
+            start_time: me.start_time,
+            pidns: me.pidns,
+            host_pid: 0,
+            host_pid_verified: false,
+        }
+    }
+
+    #[test]
     fn own_process_is_alive_and_a_fake_start_time_is_not() {
         let me = ProcId::current();
+        let view = ProcView::current();
         assert!(me.start_time > 0);
-        assert_eq!(
-            liveness(me.pid, me.start_time, me.pidns, me.pidns),
-            Liveness::Alive
-        );
-        assert_eq!(
-            liveness(me.pid, me.start_time + 1, me.pidns, me.pidns),
-            Liveness::Dead
-        );
-        assert_eq!(
-            liveness(me.pid, me.start_time, me.pidns + 1, me.pidns),
-            Liveness::Unknown
-        );
+        assert_eq!(view.procfs_ns, me.pidns, "tests run with their own /proc");
+        assert_eq!(liveness(&owner(&me), &view), Liveness::Alive);
+        let reused = Owner {
+            start_time: me.start_time + 1,
+            ..owner(&me)
+        };
+        assert_eq!(liveness(&reused, &view), Liveness::Dead);
+        // Another namespace, not visible here: never judged by its pid.
+        let foreign = Owner {
+            pidns: me.pidns + 1,
+            ..owner(&me)
+        };
+        assert_eq!(liveness(&foreign, &view), Liveness::Unknown);
+    }
+
+    #[test]
+    fn a_verified_host_pid_is_looked_up_only_in_the_initial_namespace() {
+        let me = ProcId::current();
+        let foreign = Owner {
+            pid: 1,
+            start_time: me.start_time,
+            pidns: 12345,
+            host_pid: me.pid,
+            host_pid_verified: true,
+        };
+        let view = ProcView {
+            my_ns: 999,
+            procfs_ns: INIT_PIDNS,
+            host_pid: None,
+        };
+        // (Our /proc shows our own pid either way.)
+        assert_eq!(liveness(&foreign, &view), Liveness::Alive);
+        let gone = Owner {
+            start_time: me.start_time + 1,
+            ..foreign
+        };
+        assert_eq!(liveness(&gone, &view), Liveness::Dead);
+        let inferred = Owner {
+            host_pid_verified: false,
+            ..foreign
+        };
+        assert_eq!(liveness(&inferred, &view), Liveness::Unknown);
     }
 }

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Region;
 use crate::layout::Kind;
-use crate::procinfo::pid_exists;
+use crate::procinfo::{monotonic_ms, my_pidns, pid_exists};
+use crate::slots::STALE_MS;
 
 /// The answer to a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +32,9 @@ pub enum Owners {
     /// Every claimed slot, dead or alive: what the quota check must count
     /// until a reclaim has run.
     All,
-    /// Slots whose pid still exists: what a view (nvidia-smi) should show.
+    /// Slots whose owner may still live (its pid exists, for our own
+    /// namespace; a fresh heartbeat, for others): what a view
+    /// (nvidia-smi) should show.
     Live,
 }
 
@@ -69,6 +72,12 @@ impl Region {
         sub_saturating(&self.slot(slot).usage[dev][kind as usize], bytes);
     }
 
+    /// Adds bytes without a check: memory this process already holds,
+    /// counted again in a new slot.
+    pub fn add_usage(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) {
+        self.slot(slot).usage[dev][kind as usize].fetch_add(bytes, Ordering::SeqCst);
+    }
+
     /// Sets a counter outright: context overhead measured from NVML.
     pub fn set_usage(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) {
         self.slot(slot).usage[dev][kind as usize].store(bytes, Ordering::SeqCst);
@@ -88,16 +97,31 @@ impl Region {
 
     /// The container's usage of device `dev`.
     pub fn device_usage(&self, dev: usize, owners: Owners) -> u64 {
+        let (my_ns, now) = match owners {
+            Owners::Live => (my_pidns(), monotonic_ms()),
+            Owners::All => (0, 0),
+        };
         let mut total = 0u64;
         for i in 0..self.slot_hwm() {
             let slot = self.slot(i);
             let pid = slot.pid.load(Ordering::SeqCst);
-            if pid == 0 || (owners == Owners::Live && !pid_exists(pid)) {
+            if pid == 0 || (owners == Owners::Live && !self.may_live(i, my_ns, now)) {
                 continue;
             }
             total = total.saturating_add(self.slot_total(i, dev));
         }
         total
+    }
+
+    /// A cheap liveness guess for views: `kill(pid, 0)` in our own
+    /// namespace, the heartbeat elsewhere.
+    pub fn may_live(&self, slot: usize, my_ns: u64, now: u64) -> bool {
+        let s = self.slot(slot);
+        if s.pidns.load(Ordering::Acquire) == my_ns {
+            return pid_exists(s.pid.load(Ordering::Acquire));
+        }
+        self.heartbeat_age_ms(slot, now)
+            .is_none_or(|age| age < STALE_MS)
     }
 }
 

@@ -2,10 +2,11 @@
 //! before it is mapped, or make a private anonymous one.
 
 use std::fs::File;
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -18,6 +19,7 @@ use crate::layout::{
     REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::lock::RegionGuard;
+use crate::{boot, space};
 
 /// Whether [`Region::open`] may create the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,10 +30,14 @@ pub enum OpenMode {
 
 /// A mapped region. Everything in it is atomic; see `layout.rs`.
 pub struct Region {
-    map: MmapRaw,
+    pub(crate) map: MmapRaw,
     file: Option<File>,
     path: PathBuf,
     local: Mutex<()>,
+    /// `Header::region_id` of the file when it was mapped.
+    pub(crate) mapped_id: u64,
+    /// The mapping was replaced by a private copy (see `private.rs`).
+    pub(crate) private: AtomicBool,
 }
 
 impl Region {
@@ -78,23 +84,40 @@ impl Region {
             // can be using it): (re)initialise.
             // Truncating to zero first zeroes every slot and device entry.
             file.set_len(0)
-                .and_then(|()| file.set_len(REGION_SIZE as u64))
                 .map_err(|e| ShmError::io(path, "ftruncate", e))?;
+            if let Err(e) = space::reserve_new(&file, REGION_SIZE as u64) {
+                // Left empty: the next process tries again.
+                let _ = file.set_len(0);
+                return Err(ShmError::no_space(path, e));
+            }
+            // The mode is left as it is: `file.rs` set it when vgpu created
+            // the file, and a file someone else made keeps theirs.
+        } else {
+            space::reserve_existing(&file, REGION_SIZE as u64)
+                .map_err(|e| ShmError::no_space(path, e))?;
         }
         let map = MmapOptions::new()
             .len(REGION_SIZE)
             .map_raw(&file)
             .map_err(|e| ShmError::io(path, "mmap", e))?;
-        if !ready {
-            initialise(header_in(&map));
-        }
-        drop(guard);
-        Ok(Region {
+        let mut region = Region {
             map,
-            file: Some(file),
+            file: None,
             path: path.to_path_buf(),
-            local,
-        })
+            local: Mutex::new(()),
+            mapped_id: 0,
+            private: AtomicBool::new(false),
+        };
+        if ready {
+            region.settle_boot(&guard, boot::current());
+        } else {
+            initialise(region.header());
+        }
+        region.mapped_id = region.header().region_id.load(Ordering::Acquire);
+        drop(guard);
+        region.local = local;
+        region.file = Some(file);
+        Ok(region)
     }
 
     /// A region in private anonymous memory: the same accounting, for this
@@ -107,11 +130,14 @@ impl Region {
             .map_err(|e| ShmError::io(&path, "mmap", e))?;
         let map: MmapRaw = map.into();
         initialise(header_in(&map));
+        let mapped_id = header_in(&map).region_id.load(Ordering::Acquire);
         Ok(Region {
             map,
             file: None,
             path,
             local: Mutex::new(()),
+            mapped_id,
+            private: AtomicBool::new(false),
         })
     }
     pub fn path(&self) -> &Path {
@@ -120,7 +146,14 @@ impl Region {
 
     /// Whether this region is shared through a file (not private memory).
     pub fn is_shared(&self) -> bool {
-        self.file.is_some()
+        self.file.is_some() && !self.private.load(Ordering::Acquire)
+    }
+
+    /// The file, while the region is shared through it.
+    pub(crate) fn shared_file(&self) -> Option<&File> {
+        self.file
+            .as_ref()
+            .filter(|_| !self.private.load(Ordering::Acquire))
     }
 
     pub fn header(&self) -> &Header {
@@ -147,9 +180,16 @@ impl Region {
     }
 
     /// Takes the region lock (in-process mutex, then the file's OFD lock).
+    /// The file is checked once the lock is held (waiting for it can take
+    /// a while): a truncated file is [`ShmError::Tampered`], not a SIGBUS.
     pub fn lock(&self) -> Result<RegionGuard<'_>, ShmError> {
-        RegionGuard::acquire(&self.local, self.file.as_ref())
-            .map_err(|e| ShmError::io(&self.path, "lock", e))
+        let guard = RegionGuard::acquire(&self.local, self.shared_file())
+            .map_err(|e| ShmError::io(&self.path, "lock", e))?;
+        self.check_intact().map_err(|why| ShmError::Tampered {
+            path: self.path.clone(),
+            why,
+        })?;
+        Ok(guard)
     }
 
     /// The in-process half of the lock, for `pthread_atfork` handlers: hold
@@ -183,7 +223,7 @@ fn header_in(map: &MmapRaw) -> &Header {
 }
 
 /// Writes a fresh header; `state` goes READY last, with Release ordering.
-fn initialise(h: &Header) {
+pub(crate) fn initialise(h: &Header) {
     h.version_major.store(VERSION_MAJOR, Ordering::Relaxed);
     h.version_minor.store(VERSION_MINOR, Ordering::Relaxed);
     h.size.store(REGION_SIZE as u64, Ordering::Relaxed);
@@ -196,6 +236,12 @@ fn initialise(h: &Header) {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     h.created_unix_s.store(now, Ordering::Relaxed);
+    let [hi, lo] = boot::current().unwrap_or([0, 0]);
+    h.boot_id[0].store(hi, Ordering::Relaxed);
+    h.boot_id[1].store(lo, Ordering::Relaxed);
+    // Never 0: 0 is what a file re-created as zeros would show.
+    let id = RandomState::new().hash_one((now, std::process::id())) | 1;
+    h.region_id.store(id, Ordering::Relaxed);
     h.magic.store(MAGIC, Ordering::Relaxed);
     h.state.store(STATE_READY, Ordering::Release);
 }

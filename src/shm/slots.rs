@@ -10,26 +10,46 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::Region;
 use crate::error::ShmError;
-use crate::layout::{MAX_SLOTS, ProcSlot};
+use crate::layout::{MAX_SLOTS, ProcSlot, SLOT_HOST_PID_VERIFIED};
 use crate::lock::RegionGuard;
-use crate::procinfo::{Liveness, ProcId, liveness};
+use crate::procinfo::{INIT_PIDNS, Liveness, Owner, ProcId, ProcView, liveness, monotonic_ms};
+
+/// How long the slot of a dead process whose host pid was never learnt
+/// is kept, in case the driver is still freeing its memory.
+pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
+/// A slot whose owner no `/proc` here can see is the driver's to judge
+/// once its heartbeat is this old (the owner beats every 100 ms).
+pub const STALE_MS: u64 = 3_000;
+
+/// The heartbeat word: the owner's pid (low 24 bits) above 40 bits of
+/// CLOCK_MONOTONIC ms, so a beat left by a previous owner of the slot
+/// (or never written, by a library older than 1.1) is not taken for one.
+const BEAT_MS_BITS: u32 = 40;
+const BEAT_MS_MASK: u64 = (1 << BEAT_MS_BITS) - 1;
+
+fn beat_tag(pid: i32) -> u64 {
+    u64::from(pid as u32 & 0xff_ffff)
+}
 
 impl Region {
-    /// Claims a slot for `me`. A slot already held by the same process
-    /// (same pid and start time: an `exec`ed image) is reset and reused.
-    /// Dead processes' slots are reclaimed here only when no slot is free:
-    /// the driver may still be freeing their memory, so the allocation
-    /// path reclaims them once it has checked (see `reclaim_dead_unless`).
-    pub fn claim_slot(&self, me: &ProcId) -> Result<usize, ShmError> {
+    /// Claims a slot for `me`, whose host pid the kernel gave as
+    /// `host_pid` (None: unknown; in the initial namespace it is the pid).
+    /// A slot already held by the same process (same pid, start time and
+    /// namespace: an `exec`ed image) is reset and reused. Dead processes'
+    /// slots are reclaimed here only when no slot is free: the driver may
+    /// still be freeing their memory, so the allocation path reclaims them
+    /// once it has asked NVML (see [`Region::reclaim_dead`]).
+    pub fn claim_slot_as(&self, me: &ProcId, host_pid: Option<i32>) -> Result<usize, ShmError> {
         let guard = self.lock()?;
         if (0..MAX_SLOTS).all(|i| self.slot(i).pid.load(Ordering::Acquire) != 0) {
-            self.reclaim_dead_locked(&guard, me.pidns, |_| false);
+            self.reclaim_dead_locked(&guard, &ProcView::current(), None);
         }
         let hwm = self.slot_hwm();
         let reuse = (0..hwm).find(|&i| {
             let s = self.slot(i);
             s.pid.load(Ordering::Acquire) == me.pid
                 && s.start_time.load(Ordering::Acquire) == me.start_time
+                && s.pidns.load(Ordering::Acquire) == me.pidns
         });
         let free = || (0..MAX_SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == 0);
         let Some(index) = reuse.or_else(free) else {
@@ -37,17 +57,7 @@ impl Region {
                 path: self.path().to_path_buf(),
             });
         };
-        let slot = self.slot(index);
-        clear_counters(slot);
-        slot.host_pid.store(0, Ordering::Relaxed);
-        slot.start_time.store(me.start_time, Ordering::Relaxed);
-        slot.pidns.store(me.pidns, Ordering::Relaxed);
-        // In the initial pid namespace NVML reports our own pid.
-        if me.pidns == crate::procinfo::INIT_PIDNS {
-            slot.host_pid.store(me.pid, Ordering::Relaxed);
-        }
-        slot.claimed_unix_s.store(unix_now(), Ordering::Relaxed);
-        slot.pid.store(me.pid, Ordering::Release);
+        self.fill_slot(index, me, host_pid);
         if index >= hwm {
             self.header()
                 .slot_hwm
@@ -56,68 +66,155 @@ impl Region {
         Ok(index)
     }
 
-    /// Gives a slot back (normal process exit): counters first, then the pid.
+    /// [`Region::claim_slot_as`] with no host pid from the kernel.
+    pub fn claim_slot(&self, me: &ProcId) -> Result<usize, ShmError> {
+        self.claim_slot_as(me, None)
+    }
+
+    /// Puts `me` in slot `index` outright, without the lock: for a private
+    /// copy of a region, which keeps this process's slot index.
+    pub fn claim_slot_at(&self, index: usize, me: &ProcId, host_pid: Option<i32>) {
+        self.fill_slot(index, me, host_pid);
+        let hwm = &self.header().slot_hwm;
+        hwm.fetch_max(index as u32 + 1, Ordering::AcqRel);
+    }
+
+    fn fill_slot(&self, index: usize, me: &ProcId, host_pid: Option<i32>) {
+        let slot = self.slot(index);
+        clear_counters(slot);
+        slot.start_time.store(me.start_time, Ordering::Relaxed);
+        slot.pidns.store(me.pidns, Ordering::Relaxed);
+        let host = host_pid.or((me.pidns == INIT_PIDNS).then_some(me.pid));
+        slot.host_pid.store(host.unwrap_or(0), Ordering::Relaxed);
+        let flags = if host.is_some() {
+            SLOT_HOST_PID_VERIFIED
+        } else {
+            0
+        };
+        slot.flags.store(flags, Ordering::Relaxed);
+        slot.claimed_unix_s.store(unix_now(), Ordering::Relaxed);
+        slot.heartbeat_ms
+            .store(beat_word(me.pid, monotonic_ms()), Ordering::Relaxed);
+        slot.pid.store(me.pid, Ordering::Release);
+    }
+
+    /// Gives a slot back: counters first, then the pid.
     pub fn release_slot(&self, index: usize) {
         let slot = self.slot(index);
         clear_counters(slot);
+        slot.host_pid.store(0, Ordering::Relaxed);
+        slot.flags.store(0, Ordering::Relaxed);
+        slot.heartbeat_ms.store(0, Ordering::Relaxed);
         slot.pid.store(0, Ordering::Release);
     }
 
-    /// Frees the slots of dead processes so their memory returns to the
-    /// quota. Returns how many were reclaimed.
-    pub fn reclaim_dead(&self, my_ns: u64) -> Result<u32, ShmError> {
-        self.reclaim_dead_unless(my_ns, |_| false)
+    /// The owner of slot `index` says it is alive (its watcher, each tick).
+    pub fn beat(&self, index: usize, pid: i32) {
+        self.slot(index)
+            .heartbeat_ms
+            .store(beat_word(pid, monotonic_ms()), Ordering::Release);
     }
 
-    /// As [`Region::reclaim_dead`], but keeps a dead process's slot while
-    /// `still_held(host_pid)` says the driver still holds its memory (it
-    /// frees a killed process's memory moments after the process is gone).
-    pub fn reclaim_dead_unless(
-        &self,
-        my_ns: u64,
-        still_held: impl Fn(i32) -> bool,
-    ) -> Result<u32, ShmError> {
+    /// How long ago slot `index`'s owner last beat, at `now` (ms); None
+    /// when its owner never beat (a library older than 1.1 wrote it). A
+    /// beat from the future (another clock) counts as stale.
+    pub fn heartbeat_age_ms(&self, index: usize, now: u64) -> Option<u64> {
+        let s = self.slot(index);
+        let word = s.heartbeat_ms.load(Ordering::Acquire);
+        if word == 0 || word >> BEAT_MS_BITS != beat_tag(s.pid.load(Ordering::Acquire)) {
+            return None;
+        }
+        let at = word & BEAT_MS_MASK;
+        let now = now & BEAT_MS_MASK;
+        Some(if at > now + 1_000 {
+            STALE_MS
+        } else {
+            now.saturating_sub(at)
+        })
+    }
+
+    /// Records the host pid NVML (`verified` false) or the kernel gave.
+    pub fn set_host_pid(&self, index: usize, host_pid: i32, verified: bool) {
+        let s = self.slot(index);
+        let flags = if verified { SLOT_HOST_PID_VERIFIED } else { 0 };
+        s.flags.store(flags, Ordering::Release);
+        s.host_pid.store(host_pid, Ordering::Release);
+    }
+
+    /// Slot `index`'s owner, as the slot records it.
+    pub fn owner(&self, index: usize) -> Owner {
+        let s = self.slot(index);
+        Owner {
+            pid: s.pid.load(Ordering::Acquire),
+            start_time: s.start_time.load(Ordering::Acquire),
+            pidns: s.pidns.load(Ordering::Acquire),
+            host_pid: s.host_pid.load(Ordering::Acquire),
+            host_pid_verified: s.flags.load(Ordering::Acquire) & SLOT_HOST_PID_VERIFIED != 0,
+        }
+    }
+
+    /// Frees the slots of dead processes so their memory returns to the
+    /// quota; returns how many. `driver` lists the host pids NVML shows on
+    /// any of the container's devices (None: NVML cannot be asked).
+    /// - An owner `/proc` shows dead keeps its slot while the driver lists
+    ///   its host pid (it frees a killed process's memory moments later),
+    ///   or for [`UNKNOWN_PID_GRACE_MS`] when its host pid is unknown.
+    /// - An owner no `/proc` here can see is reclaimed once its heartbeat
+    ///   is [`STALE_MS`] old and the driver does not list its host pid.
+    ///   Without the driver's list it is kept.
+    pub fn reclaim_dead(&self, view: &ProcView, driver: Option<&[u32]>) -> Result<u32, ShmError> {
         let guard = self.lock()?;
-        Ok(self.reclaim_dead_locked(&guard, my_ns, still_held))
+        Ok(self.reclaim_dead_locked(&guard, view, driver))
     }
 
     fn reclaim_dead_locked(
         &self,
         _guard: &RegionGuard<'_>,
-        my_ns: u64,
-        still_held: impl Fn(i32) -> bool,
+        view: &ProcView,
+        driver: Option<&[u32]>,
     ) -> u32 {
+        let now = monotonic_ms();
+        // Read every owner first, then judge them (reading /proc: syscalls,
+        // during which the file may be truncated), and touch the mapping
+        // again only after checking the file (see private.rs).
+        let owners: Vec<(usize, Owner, Option<u64>)> = (0..self.slot_hwm())
+            .map(|i| (i, self.owner(i), self.heartbeat_age_ms(i, now)))
+            .filter(|(_, o, _)| o.pid != 0)
+            .collect();
+        let judged: Vec<_> = owners
+            .into_iter()
+            .map(|(i, o, beat)| (i, o, beat, liveness(&o, view)))
+            .collect();
+        if self.check_size().is_err() {
+            return 0;
+        }
+        let listed = |host: i32| host > 0 && driver.is_some_and(|l| l.contains(&(host as u32)));
         let mut reclaimed = 0;
-        for i in 0..self.slot_hwm() {
-            let slot = self.slot(i);
-            let pid = slot.pid.load(Ordering::Acquire);
-            if pid == 0 {
-                continue;
-            }
-            let owner = liveness(
-                pid,
-                slot.start_time.load(Ordering::Acquire),
-                slot.pidns.load(Ordering::Acquire),
-                my_ns,
-            );
-            if owner != Liveness::Dead {
-                continue;
-            }
-            let host_pid = slot.host_pid.load(Ordering::Acquire);
-            let now = monotonic_ms();
-            let since = match slot.dead_since_ms.load(Ordering::Acquire) {
-                0 => {
-                    slot.dead_since_ms.store(now, Ordering::Release);
-                    now
+        for (i, owner, beat, verdict) in judged {
+            let free = match verdict {
+                Liveness::Alive => false,
+                Liveness::Dead => {
+                    let slot = self.slot(i);
+                    let since = match slot.dead_since_ms.load(Ordering::Acquire) {
+                        0 => {
+                            slot.dead_since_ms.store(now, Ordering::Release);
+                            now
+                        }
+                        t => t,
+                    };
+                    if owner.host_pid > 0 {
+                        !listed(owner.host_pid)
+                    } else {
+                        now.saturating_sub(since) >= UNKNOWN_PID_GRACE_MS
+                    }
                 }
-                t => t,
+                Liveness::Unknown => {
+                    driver.is_some()
+                        && beat.is_some_and(|age| age >= STALE_MS)
+                        && !listed(owner.host_pid)
+                }
             };
-            let held = if host_pid > 0 {
-                still_held(host_pid)
-            } else {
-                now.saturating_sub(since) < UNKNOWN_PID_GRACE_MS
-            };
-            if !held {
+            if free {
                 self.release_slot(i);
                 reclaimed += 1;
             }
@@ -136,18 +233,8 @@ impl Region {
     }
 }
 
-/// How long the slot of a dead process whose host pid was never learnt
-/// is kept, in case the driver is still freeing its memory.
-pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
-
-fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec that we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
+pub(crate) fn beat_word(pid: i32, ms: u64) -> u64 {
+    beat_tag(pid) << BEAT_MS_BITS | (ms & BEAT_MS_MASK)
 }
 
 fn clear_counters(slot: &ProcSlot) {

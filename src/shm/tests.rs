@@ -216,7 +216,7 @@ fn reclaim_frees_slots_of_dead_processes_only() {
         Reservation::Granted
     );
     assert_eq!(r.device_usage(dev, Owners::All), 1100);
-    assert_eq!(r.reclaim_dead(me.pidns).unwrap(), 1);
+    assert_eq!(r.reclaim_dead(&ProcView::current(), None).unwrap(), 1);
     assert_eq!(r.device_usage(dev, Owners::All), 100);
     assert_eq!(r.slot(mine).pid.load(Ordering::Relaxed), me.pid);
 }
@@ -306,18 +306,17 @@ fn a_dead_owner_with_an_unknown_host_pid_keeps_its_slot_for_a_grace_period() {
     let slot = r.claim_slot(&dead).unwrap();
     r.slot(slot).host_pid.store(0, Ordering::Relaxed);
     assert_eq!(
-        r.reclaim_dead(me.pidns).unwrap(),
+        r.reclaim_dead(&ProcView::current(), None).unwrap(),
         0,
         "kept: the driver may still hold its memory"
     );
     assert_ne!(r.slot(slot).dead_since_ms.load(Ordering::Relaxed), 0);
     // Known host pid: kept exactly while the driver lists it.
     r.slot(slot).host_pid.store(dead.pid, Ordering::Relaxed);
-    assert_eq!(
-        r.reclaim_dead_unless(me.pidns, |p| p == dead.pid).unwrap(),
-        0
-    );
-    assert_eq!(r.reclaim_dead_unless(me.pidns, |_| false).unwrap(), 1);
+    let view = ProcView::current();
+    let listed = [dead.pid as u32];
+    assert_eq!(r.reclaim_dead(&view, Some(&listed)).unwrap(), 0);
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 1);
 }
 
 /// An empty directory of its own for one test.

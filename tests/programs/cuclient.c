@@ -10,15 +10,22 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
- *   cuclient race THREADS SECONDS BYTES [QUIET]
+ *   cuclient race THREADS SECONDS BYTES [QUIET [PAUSE_MS]]
  *                                          threads allocate and free at once
- *                                          (after QUIET seconds with a context)
+ *                                          (after QUIET seconds with a context,
+ *                                          PAUSE_MS between rounds)
  *   cuclient pairs ROUNDS BYTES            two processes race at the limit
  *   cuclient storm SECONDS MAXBYTES SEED   random allocate/free until SIGTERM
  *                                          ("started" once SIGTERM is handled)
  *   cuclient nulls                         NULL out-parameters
  *   cuclient badfree                       frees of things never allocated
  *   cuclient bypass BYTES [VERSION]        dlsym(RTLD_NEXT)/dlvsym routes
+ *   cuclient idle SECONDS                  cuInit, one allocation without a
+ *                                          context (refused), then sleep
+ *   cuclient await BYTES SECONDS HOLD      retry an allocation until granted
+ *                                          (or SECONDS), then hold it HOLD s
+ *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
+ *                                          context retain, ROUNDS times
  *
  * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
  * MODE:   kernel (default) ex coop graph
@@ -465,6 +472,7 @@ struct racer {
     size_t bytes;
     double end;
     long granted, denied;
+    useconds_t pause;
 };
 
 static void *race_thread(void *arg) {
@@ -478,12 +486,14 @@ static void *race_thread(void *arg) {
         } else {
             r->denied++;
         }
+        if (r->pause) usleep(r->pause);
     }
     return NULL;
 }
 
-/* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds. */
-static int cmd_race(int threads, double secs, size_t bytes, double quiet) {
+/* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds,
+ * each pausing PAUSE ms after each round. */
+static int cmd_race(int threads, double secs, size_t bytes, double quiet, double pause_ms) {
     setup();
     if (quiet > 0) usleep((useconds_t)(quiet * 1e6));
     struct racer r[64];
@@ -491,7 +501,7 @@ static int cmd_race(int threads, double secs, size_t bytes, double quiet) {
     if (threads > 64) threads = 64;
     double end = now_s() + secs;
     for (int i = 0; i < threads; i++) {
-        r[i] = (struct racer){bytes, end, 0, 0};
+        r[i] = (struct racer){bytes, end, 0, 0, (useconds_t)(pause_ms * 1e3)};
         pthread_create(&th[i], NULL, race_thread, &r[i]);
     }
     long g = 0, d = 0;
@@ -620,6 +630,72 @@ static int cmd_bypass(size_t bytes, const char *version) {
     return 0;
 }
 
+/* A process that holds a slot and nothing else. */
+static int cmd_idle(double secs) {
+    load_and_init();
+    CUdeviceptr p;
+    printf("idle_alloc_rc=%d\n", cu.cuMemAlloc_v2(&p, 1 << 20));
+    fflush(stdout);
+    double end = now_s() + secs;
+    while (now_s() < end) usleep(50000);
+    return 0;
+}
+
+/* Waits for room: how long the quota took to come back. */
+static int cmd_await(size_t bytes, double secs, double hold) {
+    double t0 = now_s();
+    setup();
+    CUdeviceptr p = 0;
+    CUresult rc;
+    while ((rc = cu.cuMemAlloc_v2(&p, bytes)) != CUDA_SUCCESS && now_s() < t0 + secs) usleep(50000);
+    printf("await_rc=%d await_ms=%.0f\n", rc, (now_s() - t0) * 1e3);
+    fflush(stdout);
+    double end = now_s() + hold;
+    while (now_s() < end) usleep(10000);
+    return 0;
+}
+
+struct ctxracer {
+    pthread_barrier_t *start, *done;
+    int rounds, refused;
+};
+
+static void *ctxrace_thread(void *arg) {
+    struct ctxracer *r = arg;
+    for (int i = 0; i < r->rounds; i++) {
+        CUcontext c;
+        pthread_barrier_wait(r->start);
+        CUresult rc = cu.cuDevicePrimaryCtxRetain(&c, g_dev);
+        r->refused += rc != CUDA_SUCCESS;
+        pthread_barrier_wait(r->done);
+        if (rc == CUDA_SUCCESS) cu.cuDevicePrimaryCtxRelease_v2(g_dev);
+    }
+    return NULL;
+}
+
+/* THREADS threads retain the primary context at once; all release it, so
+ * every round races a first context again. */
+static int cmd_ctxrace(int threads, int rounds) {
+    load_and_init();
+    if (threads > 256) threads = 256;
+    pthread_barrier_t start, done;
+    pthread_barrier_init(&start, NULL, threads);
+    pthread_barrier_init(&done, NULL, threads);
+    static struct ctxracer r[256];
+    pthread_t th[256];
+    for (int i = 0; i < threads; i++) {
+        r[i] = (struct ctxracer){&start, &done, rounds, 0};
+        pthread_create(&th[i], NULL, ctxrace_thread, &r[i]);
+    }
+    int refused = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        refused += r[i].refused;
+    }
+    printf("rounds=%d threads=%d refused=%d\n", rounds, threads, refused);
+    return 0;
+}
+
 static int cmd_info(void) {
     setup();
     int n = 0, ver = 0;
@@ -655,13 +731,17 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "race"))
         return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0),
-                        atof(ARG(5, "0")));
+                        atof(ARG(5, "0")), atof(ARG(6, "0")));
     if (!strcmp(cmd, "pairs")) return cmd_pairs(atol(ARG(2, "1000")), strtoull(ARG(3, "1048576"), 0, 0));
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
     if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
+    if (!strcmp(cmd, "idle")) return cmd_idle(atof(ARG(2, "10")));
+    if (!strcmp(cmd, "await"))
+        return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));
+    if (!strcmp(cmd, "ctxrace")) return cmd_ctxrace(atoi(ARG(2, "64")), atoi(ARG(3, "100")));
     printf("error=unknown-command\n");
     return 2;
 }

@@ -16,14 +16,15 @@ int main(int argc, char **argv) {
            sizeof(vgpu_shm_device), sizeof(vgpu_shm_slot), (size_t)VGPU_SHM_REGION_SIZE);
     F(vgpu_shm_header, version_major); F(vgpu_shm_header, size); F(vgpu_shm_header, header_size);
     F(vgpu_shm_header, state); F(vgpu_shm_header, slot_hwm); F(vgpu_shm_header, created_unix_s);
-    F(vgpu_shm_header, reclaims); F(vgpu_shm_header, devices);
+    F(vgpu_shm_header, reclaims); F(vgpu_shm_header, boot_id); F(vgpu_shm_header, region_id);
+    F(vgpu_shm_header, devices);
     F(vgpu_shm_device, in_use); F(vgpu_shm_device, sm_limit); F(vgpu_shm_device, mem_limit);
     F(vgpu_shm_device, total_mem); F(vgpu_shm_device, sm_count); F(vgpu_shm_device, policy);
     F(vgpu_shm_device, tat_ns); F(vgpu_shm_device, rate_scale_milli); F(vgpu_shm_device, util_milli);
     F(vgpu_shm_device, leader); F(vgpu_shm_device, waits); F(vgpu_shm_device, context_bytes);
     F(vgpu_shm_slot, host_pid); F(vgpu_shm_slot, start_time); F(vgpu_shm_slot, pidns);
     F(vgpu_shm_slot, claimed_unix_s); F(vgpu_shm_slot, sm_util); F(vgpu_shm_slot, usage);
-    F(vgpu_shm_slot, dead_since_ms);
+    F(vgpu_shm_slot, dead_since_ms); F(vgpu_shm_slot, heartbeat_ms); F(vgpu_shm_slot, flags);
     if (argc < 2) return 0;
     int fd = open(argv[1], O_RDONLY);
     if (fd < 0) return 2;

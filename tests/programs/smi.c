@@ -3,9 +3,11 @@
  *
  *   smi                       devices, memory (v1 and v2), processes
  *   smi watch DEV MS SECONDS  samples memory used; prints the maximum
+ *                             (at the end, or at SIGTERM)
  *   smi putil DEV SINCE_MS    per-process SM utilisation over the last SINCE_MS
  */
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,11 @@ typedef struct { unsigned pid; unsigned long long ts; unsigned sm, mem, enc, dec
 #define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
 static void *lib;
+static volatile sig_atomic_t g_term;
+static void on_term(int sig) {
+    (void)sig;
+    g_term = 1;
+}
 #define SYM(name, params) nvmlReturn_t(*name) params = (nvmlReturn_t(*) params)dlsym(lib, #name)
 
 int main(int argc, char **argv) {
@@ -55,6 +62,7 @@ int main(int argc, char **argv) {
         double secs = argc > 4 ? atof(argv[4]) : 1;
         nvmlDevice_t d;
         nvmlDeviceGetHandleByIndex_v2(dev, &d);
+        signal(SIGTERM, on_term);
         unsigned long long max_used = 0;
         long samples = 0;
         struct timespec t0, t;
@@ -67,7 +75,7 @@ int main(int argc, char **argv) {
             }
             usleep(ms * 1000);
             clock_gettime(CLOCK_MONOTONIC, &t);
-        } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 < secs);
+        } while (!g_term && (t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 < secs);
         printf("max_used=%llu samples=%ld\n", max_used, samples);
         return 0;
     }

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use vgpu_shm::{FileOptions, Kind, Owners, ProcId, Region, format_uuid, procinfo};
+use vgpu_shm::{FileOptions, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 fn region_path(arg: Option<&String>) -> PathBuf {
     arg.map(PathBuf::from)
@@ -40,6 +40,7 @@ fn open(path: &Path) -> Result<(Region, f64), String> {
 
 fn status(out: &mut String, r: &Region, open_ms: f64) {
     let h = r.header();
+    let view = ProcView::current();
     let _ = writeln!(
         out,
         "region={} version={}.{} open_ms={open_ms:.3} slot_hwm={} reclaims={}",
@@ -70,10 +71,20 @@ fn status(out: &mut String, r: &Region, open_ms: f64) {
     for i in r.occupied_slots() {
         let s = r.slot(i);
         let pid = s.pid.load(Ordering::Relaxed);
+        let owner = r.owner(i);
+        let alive = match procinfo::liveness(&owner, &view) {
+            procinfo::Liveness::Alive => "1",
+            procinfo::Liveness::Dead => "0",
+            procinfo::Liveness::Unknown => "unknown",
+        };
+        let beat = r
+            .heartbeat_age_ms(i, procinfo::monotonic_ms())
+            .map_or("none".to_string(), |a| a.to_string());
         let mut line = format!(
-            "slot={i} pid={pid} host_pid={} alive={}",
-            s.host_pid.load(Ordering::Relaxed),
-            u8::from(procinfo::pid_exists(pid))
+            "slot={i} pid={pid} pidns={} host_pid={} host_pid_verified={} alive={alive} heartbeat_age_ms={beat}",
+            owner.pidns,
+            owner.host_pid,
+            u8::from(owner.host_pid_verified),
         );
         for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.slot_total(i, d) > 0) {
             line += &format!(" dev{dev}_total={}", r.slot_total(i, dev));
@@ -112,7 +123,7 @@ fn run(args: &[String]) -> Result<String, String> {
         Some("reclaim") => {
             let (r, _) = open(&region_path(args.get(1)))?;
             let n = r
-                .reclaim_dead(ProcId::current().pidns)
+                .reclaim_dead(&ProcView::current(), None)
                 .map_err(|e| e.to_string())?;
             let _ = writeln!(out, "reclaimed={n}");
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use crate::ffi::*;
 use crate::local::{Local, current_ctx, local};
-use crate::state::{self, MAX_DEV, shared};
+use crate::state::{MAX_DEV, shared};
 
 pub type Dptr = u64;
 pub type Handle = *mut c_void;
@@ -74,7 +74,7 @@ pub fn device_uuid(dev: usize) -> [u8; 16] {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(_flags: c_uint) -> CUresult {
     let ndev = shared().ndev.load(Ordering::Relaxed) as usize;
-    state::me();
+    // No entry yet: a process takes one with its first context or memory.
     let mut l = local();
     if !l.initialized {
         l.visible = visible_devices(ndev);

@@ -22,19 +22,29 @@
 //! - NVML memory info, process lists with used memory, per-process
 //!   utilisation samples as the real NVML gives them under time-slicing
 //!   (nvml_util.rs: each sample period goes to one process), and an option
-//!   to report pids with an offset as a pid namespace would.
+//!   to report pids with an offset as a pid namespace would;
+//! - like the real driver, whatever pid namespace a process runs in, NVML
+//!   lists it by its *host* pid and frees its memory when it dies. The
+//!   host is the namespace of the `/proc` named by `SIM_GPU_HOST_PROC_FD`
+//!   (an inherited directory fd, which survives `unshare --mount-proc`),
+//!   else of the `/proc` the process sees. A process holds a POSIX lock
+//!   on its own entry's byte of the state file for life (taken with its
+//!   first context or memory): the kernel drops it at death, whatever the
+//!   namespace, so liveness needs no pid at all; the scheduler drops a
+//!   dead process's queued work the same way.
 //!
 //! Configuration (read by the process that creates the state file):
 //! `SIM_GPU_STATE` (path of the state file), `SIM_GPU_COUNT`,
 //! `SIM_GPU_MEMORY` (bytes, k/m/g), `SIM_GPU_SMS`, `SIM_GPU_CTX_OVERHEAD`,
 //! `SIM_GPU_BLOCK_NS`, `SIM_GPU_TIMESLICE_NS` (2 ms), `SIM_GPU_SWITCH_NS`
 //! (0.2 ms) and `SIM_GPU_NVML_PERIOD_US` (166667, 1/6 s); and per process
-//! `SIM_GPU_PID_OFFSET` and `SIM_GPU_NVML_DELAY_US` (how stale a process
-//! list is when it returns). The defaults are an H200's, measured with
-//! driver 580: two processes that always have 1 ms kernels queued get
-//! 0.456 of their solo throughput each (2 / 2.2 = 0.909 together here), a
-//! kernel's completion waits 3.4 ms when the other context's slice comes
-//! in between, and NVML hands each 1/6 s period to one process.
+//! `SIM_GPU_PID_OFFSET`, `SIM_GPU_NVML_DELAY_US` (how stale a process
+//! list is when it returns) and `SIM_GPU_HOST_PROC_FD`. The defaults are
+//! an H200's, measured with driver 580: two processes that always have
+//! 1 ms kernels queued get 0.456 of their solo throughput each (2 / 2.2 =
+//! 0.909 together here), a kernel's completion waits 3.4 ms when the
+//! other context's slice comes in between, and NVML hands each 1/6 s
+//! period to one process.
 //!
 //! Kernels: `vgpu_spin(ns, counter)` (tests/programs/spin_ptx.h) runs `ns`
 //! per wave of blocks (one block per SM per wave), `vgpu_empty` 0.1 µs, any

@@ -13,8 +13,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use vgpu_shm::procinfo::{Liveness, liveness};
-
 use crate::sched::{self, MARKER, QUEUE, index};
 use crate::state::{self, MAX_DEV, MAX_PROC, now_ns, shared};
 
@@ -79,7 +77,8 @@ impl Drop for Guard {
 
 /// When this process last found each process entry's owner alive.
 static SEEN_ALIVE: [AtomicU64; MAX_PROC] = [const { AtomicU64::new(0) }; MAX_PROC];
-/// Liveness is read from /proc at most this often per process.
+/// Liveness (the entry's lock, state.rs) is asked at most this often per
+/// process.
 const ALIVE_CHECK_NS: u64 = 20_000_000;
 
 fn alive(slot: usize) -> bool {
@@ -87,13 +86,7 @@ fn alive(slot: usize) -> bool {
     if now.saturating_sub(SEEN_ALIVE[slot].load(Ordering::Relaxed)) < ALIVE_CHECK_NS {
         return true;
     }
-    let p = &shared().procs[slot];
-    let live = liveness(
-        p.pid.load(Ordering::Acquire),
-        p.start_time.load(Ordering::Acquire),
-        p.pidns.load(Ordering::Acquire),
-        state::my_ns(),
-    ) != Liveness::Dead;
+    let live = state::alive(slot);
     if live {
         SEEN_ALIVE[slot].store(now, Ordering::Relaxed);
     }

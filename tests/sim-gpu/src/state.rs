@@ -2,25 +2,32 @@
 //! schedulers, and per process its memory, its work queues and the
 //! intervals in which it kept each device busy (sched.rs runs the queues).
 //! Physical usage is the sum over live processes, so a killed process's
-//! memory comes back the way the real driver frees it at exit.
+//! memory comes back the way the real driver frees it at exit. Liveness is
+//! a POSIX lock each process holds on its entry's byte of the state file:
+//! the kernel releases it at exit (or exec), in any pid namespace.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vgpu_shm::procinfo::{Liveness, ProcId, liveness};
+use parking_lot::Mutex;
+use vgpu_shm::procinfo::ProcId;
 
 use crate::config::Config;
 use crate::queue;
 use crate::sched::{Queue, Sched};
 
 pub const MAX_DEV: usize = 2;
+/// Processes with a context or memory at once (a process that only calls
+/// `cuInit` takes no entry, so thousands of those are cheap).
 pub const MAX_PROC: usize = 48;
 pub const RING: usize = 16384;
-const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU03");
+/// Entries are claimed and judged alive through locks (not pids): a
+/// process of an older build at the same path would read them otherwise.
+const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU04");
 /// Sequence numbers of one claim of a process entry: each claim starts its
 /// queues at a fresh multiple, so a stale number (a forked child's copy of
 /// its parent's streams) is never mistaken for pending work.
@@ -47,8 +54,11 @@ pub struct Dev {
 
 #[repr(C)]
 pub struct Proc {
+    /// The host pid (what NVML reports, before `SIM_GPU_PID_OFFSET`);
+    /// 0: free entry.
     pub pid: AtomicI32,
-    pub _pad: AtomicU32,
+    /// The pid in the process's own namespace.
+    pub local_pid: AtomicI32,
     pub start_time: AtomicU64,
     pub pidns: AtomicU64,
     /// Device memory this process holds, context overhead included.
@@ -82,13 +92,15 @@ pub struct Shared {
 
 struct State {
     map: MmapRaw,
-    /// Kept open: the schedulers' locks are record locks on it.
-    file: std::fs::File,
+    /// Never closed, and the only descriptor of the file this process
+    /// opens: closing any would drop every POSIX lock the process holds on
+    /// it, its entry's lock and the schedulers' locks alike.
+    file: File,
+    claiming: Mutex<()>,
     pid_offset: u32,
     nvml_delay_us: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
     me: AtomicU64,
-    my_ns: u64,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -122,10 +134,10 @@ fn state() -> &'static State {
         let st = State {
             map,
             file,
+            claiming: Mutex::new(()),
             pid_offset: cfg.pid_offset,
             nvml_delay_us: cfg.nvml_delay_us,
             me: AtomicU64::new(0),
-            my_ns: ProcId::current().pidns,
         };
         let sh = st.shared();
         if sh.magic.load(Ordering::Acquire) != MAGIC {
@@ -164,14 +176,10 @@ pub fn shared() -> &'static Shared {
     state().shared()
 }
 
-/// The state file's descriptor, for record locks.
+/// The state file's descriptor, for the schedulers' record locks (bytes
+/// `0..MAX_DEV`; the entries' locks lie past the shared state).
 pub fn fd() -> i32 {
     state().file.as_raw_fd()
-}
-
-/// This process's pid namespace.
-pub fn my_ns() -> u64 {
-    state().my_ns
 }
 
 pub fn pid_offset() -> u32 {
@@ -203,66 +211,138 @@ pub fn unix_us() -> u64 {
 pub fn me() -> &'static Proc {
     let st = state();
     let pid = std::process::id() as i32;
-    let cached = st.me.load(Ordering::Acquire);
-    if cached >> 32 == pid as u64 {
-        return &st.shared().procs[(cached & 0xffff_ffff) as usize];
+    if let Some(p) = cached(st, pid) {
+        return p;
+    }
+    let _one = st.claiming.lock();
+    if let Some(p) = cached(st, pid) {
+        return p;
     }
     let id = ProcId::current();
     let sh = st.shared();
-    for attempt in 0..2 {
-        for (i, p) in sh.procs.iter().enumerate() {
-            if p.pid
-                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                p.start_time.store(id.start_time, Ordering::Release);
-                p.pidns.store(id.pidns, Ordering::Release);
-                for u in &p.used {
-                    u.store(0, Ordering::Release);
-                }
-                for c in &p.contexts {
-                    c.store(0, Ordering::Release);
-                }
-                let base = sh.next_seq.fetch_add(SEQ_SPAN, Ordering::AcqRel);
-                for dev in 0..MAX_DEV {
-                    let _g = queue::lock(dev);
-                    p.head[dev].store(0, Ordering::Release);
-                    p.queue[dev].reset(base, pid);
-                }
-                st.me
-                    .store((pid as u64) << 32 | i as u64, Ordering::Release);
-                return p;
-            }
-        }
-        if attempt == 0 {
-            reclaim_dead();
-        }
-    }
-    panic!("sim-gpu: more than {MAX_PROC} live processes");
-}
-
-/// Forgets processes that have died: their memory is free again.
-pub fn reclaim_dead() {
-    let st = state();
-    for p in &st.shared().procs {
-        let pid = p.pid.load(Ordering::Acquire);
-        if pid == 0 {
+    let host = host_pid();
+    for (i, p) in sh.procs.iter().enumerate() {
+        // Free, or its owner died: the lock is ours to take.
+        if !lock_entry(&st.file, i, true) {
             continue;
         }
-        let alive = liveness(
-            pid,
-            p.start_time.load(Ordering::Acquire),
-            p.pidns.load(Ordering::Acquire),
-            st.my_ns,
-        );
-        if alive == Liveness::Dead
-            && p.pid
-                .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
+        p.local_pid.store(pid, Ordering::Relaxed);
+        p.start_time.store(id.start_time, Ordering::Release);
+        p.pidns.store(id.pidns, Ordering::Release);
+        for u in &p.used {
+            u.store(0, Ordering::Release);
+        }
+        for c in &p.contexts {
+            c.store(0, Ordering::Release);
+        }
+        // The scheduler reads the queues and writes the busy intervals
+        // under its lock. Until `pid` is stored, the queue's owner differs
+        // from it and the scheduler leaves the entry alone.
+        let base = sh.next_seq.fetch_add(SEQ_SPAN, Ordering::AcqRel);
+        for dev in 0..MAX_DEV {
+            let _g = queue::lock(dev);
+            p.head[dev].store(0, Ordering::Release);
+            p.queue[dev].reset(base, host);
+        }
+        p.pid.store(host, Ordering::Release);
+        st.me
+            .store((pid as u64) << 32 | i as u64, Ordering::Release);
+        return p;
+    }
+    panic!("sim-gpu: more than {MAX_PROC} live processes with a context");
+}
+
+fn cached(st: &State, pid: i32) -> Option<&Proc> {
+    let c = st.me.load(Ordering::Acquire);
+    (c >> 32 == pid as u64).then(|| &st.shared().procs[(c & 0xffff_ffff) as usize])
+}
+
+/// Our entry's index, if we have one.
+fn my_index(st: &State) -> Option<usize> {
+    let c = st.me.load(Ordering::Acquire);
+    (c >> 32 == u64::from(std::process::id())).then_some((c & 0xffff_ffff) as usize)
+}
+
+/// Whether entry `i`'s process still runs: it is ours, or another process
+/// holds its lock (the kernel dropped the lock if its process died).
+pub fn alive(i: usize) -> bool {
+    let st = state();
+    if my_index(st) == Some(i) {
+        return true;
+    }
+    let mut fl = entry_lock(i, libc::F_WRLCK);
+    // SAFETY: fcntl on the state file's descriptor, which stays open; it
+    // writes the conflicting lock, if any, into `fl`, which we own.
+    let rc = unsafe { libc::fcntl(st.file.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
+/// Byte `i` past the shared state: entry `i`'s lock. The schedulers' locks
+/// (bytes `0..MAX_DEV`, queue.rs) never overlap these, so releasing one
+/// never releases the other.
+fn lock_offset(i: usize) -> libc::off_t {
+    (std::mem::size_of::<Shared>() + i) as libc::off_t
+}
+
+/// Takes entry `i`'s lock (true when taken: no other process holds it),
+/// or with `take` false releases it.
+fn lock_entry(file: &File, i: usize, take: bool) -> bool {
+    let fl = entry_lock(i, if take { libc::F_WRLCK } else { libc::F_UNLCK });
+    // SAFETY: the fd is open for the process's life; fcntl reads `fl`, a
+    // flock we own.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) };
+    rc == 0
+}
+
+fn entry_lock(i: usize, kind: i32) -> libc::flock {
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: lock_offset(i),
+        l_len: 1,
+        l_pid: 0,
+    }
+}
+
+/// Our pid as the host sees it (see lib.rs).
+fn host_pid() -> i32 {
+    let own = || std::process::id() as i32;
+    let link = match std::env::var("SIM_GPU_HOST_PROC_FD")
+        .ok()
+        .and_then(|v| v.parse::<libc::c_int>().ok())
+    {
+        Some(fd) => readlink_at(fd, c"self"),
+        None => std::fs::read_link("/proc/self")
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
+    };
+    link.and_then(|l| l.parse().ok()).unwrap_or_else(own)
+}
+
+fn readlink_at(dir: libc::c_int, name: &std::ffi::CStr) -> Option<String> {
+    let mut buf = [0u8; 32];
+    // SAFETY: `name` is NUL-terminated and `buf` is ours; readlinkat
+    // writes at most buf.len() bytes and returns how many.
+    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = usize::try_from(n).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Forgets processes that have died: their memory is free again. A dead
+/// entry is cleared under its lock, so no claimer can take it meanwhile.
+pub fn reclaim_dead() {
+    let st = state();
+    let mine = my_index(st);
+    for (i, p) in st.shared().procs.iter().enumerate() {
+        if p.pid.load(Ordering::Acquire) == 0 || Some(i) == mine {
+            continue;
+        }
+        if lock_entry(&st.file, i, true) {
             for u in &p.used {
                 u.store(0, Ordering::Release);
             }
+            p.pid.store(0, Ordering::Release);
+            lock_entry(&st.file, i, false);
         }
     }
 }

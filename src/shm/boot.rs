@@ -1,0 +1,88 @@
+//! A region on persistent storage outlives a reboot. Nothing of the old
+//! boot's state is true in the new one: its processes are gone, and its
+//! bucket times are on a `CLOCK_MONOTONIC` that restarted. So a region
+//! records the boot that last used it, and the first process of another
+//! boot resets the slots and the buckets (limits and learnt context costs
+//! stay: they are configuration and knowledge, not state).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+
+use crate::Region;
+use crate::layout::{Header, MAX_SLOTS};
+use crate::lock::RegionGuard;
+
+/// `/proc/sys/kernel/random/boot_id` as two words; None when unreadable.
+pub fn current() -> Option<[u64; 2]> {
+    parse(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?)
+}
+
+/// Parses a boot id (`364d7662-5658-4ea3-994f-679d53d3f26c`).
+pub fn parse(text: &str) -> Option<[u64; 2]> {
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let hi = u64::from_str_radix(hex.get(..16)?, 16).ok()?;
+    let lo = u64::from_str_radix(hex.get(16..)?, 16).ok()?;
+    Some([hi, lo])
+}
+
+fn recorded(h: &Header) -> [u64; 2] {
+    [
+        h.boot_id[0].load(Ordering::Acquire),
+        h.boot_id[1].load(Ordering::Acquire),
+    ]
+}
+
+fn record(h: &Header, id: [u64; 2]) {
+    h.boot_id[0].store(id[0], Ordering::Release);
+    h.boot_id[1].store(id[1], Ordering::Release);
+}
+
+impl Region {
+    /// Under the lock, at attach: resets state left by another boot, and
+    /// records this boot. A region with no boot recorded (written by a
+    /// library older than 1.1, whose processes may be alive) is only
+    /// stamped. Returns whether it reset anything.
+    pub(crate) fn settle_boot(&self, _guard: &RegionGuard<'_>, now: Option<[u64; 2]>) -> bool {
+        let Some(now) = now else { return false };
+        let h = self.header();
+        let was = recorded(h);
+        if was == now {
+            return false;
+        }
+        let other_boot = was != [0, 0];
+        if other_boot {
+            for i in 0..MAX_SLOTS {
+                if self.slot(i).pid.load(Ordering::Acquire) != 0 {
+                    self.release_slot(i);
+                }
+            }
+            h.slot_hwm.store(0, Ordering::Release);
+            for d in &h.devices {
+                d.tat_ns.store(0, Ordering::Release);
+                d.leader.store(0, Ordering::Release);
+                d.util_milli.store(0, Ordering::Release);
+                d.rate_scale_milli.store(1000, Ordering::Release);
+            }
+        }
+        record(h, now);
+        other_boot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_kernel_form() {
+        assert_eq!(
+            parse("364d7662-5658-4ea3-994f-679d53d3f26c\n"),
+            Some([0x364d_7662_5658_4ea3, 0x994f_679d_53d3_f26c])
+        );
+        assert_eq!(parse("nonsense"), None);
+        assert!(current().is_some());
+    }
+}

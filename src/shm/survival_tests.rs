@@ -1,0 +1,149 @@
+//! Unit tests of what issue 13 added: owners only the driver can judge,
+//! another boot's state, and a file truncated under its mapping.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::procinfo::{monotonic_ms, my_pidns};
+use crate::slots::{STALE_MS, beat_word};
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("vgpu-shm-survival-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn device(r: &Region) -> usize {
+    let info = DeviceInfo {
+        uuid: [9; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let limits = Limits {
+        mem: 1 << 20,
+        sm: 30,
+        policy: 0,
+    };
+    r.register_device(&info, limits).unwrap().index
+}
+
+#[test]
+fn an_owner_no_proc_can_see_is_the_drivers_to_judge_once_its_beat_is_stale() {
+    let r = Region::anonymous().unwrap();
+    let dev = device(&r);
+    // Pid 1 of another namespace, host pid 4242 (inferred from NVML).
+    let foreign = ProcId {
+        pid: 1,
+        start_time: 7,
+        pidns: my_pidns() ^ 0x5a5a,
+    };
+    let slot = r.claim_slot(&foreign).unwrap();
+    r.set_host_pid(slot, 4242, false);
+    r.add_usage(slot, dev, Kind::Buffer, 1000);
+    let view = ProcView::current();
+    // A fresh beat: alive, whatever the driver says.
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 0);
+    let stale = beat_word(1, monotonic_ms().saturating_sub(STALE_MS + 1));
+    r.slot(slot).heartbeat_ms.store(stale, Ordering::Release);
+    // Stale, but the driver lists it (frozen, holding memory): kept.
+    assert_eq!(r.reclaim_dead(&view, Some(&[4242])).unwrap(), 0);
+    // No driver to ask: kept.
+    assert_eq!(r.reclaim_dead(&view, None).unwrap(), 0);
+    // A beat left by another pid is no beat: kept.
+    r.slot(slot)
+        .heartbeat_ms
+        .store(beat_word(2, 1), Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 0);
+    // Stale and not listed: reclaimed, its memory back.
+    r.slot(slot).heartbeat_ms.store(stale, Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&[7])).unwrap(), 1);
+    assert_eq!(r.device_usage(dev, Owners::All), 0);
+}
+
+#[test]
+fn another_boots_slots_and_bucket_are_reset_and_limits_kept() {
+    let p = temp_path("boot.cache");
+    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+    let dev = device(&r);
+    let me = ProcId::current();
+    let slot = r.claim_slot(&me).unwrap();
+    r.add_usage(slot, dev, Kind::Buffer, 999);
+    r.device(dev).tat_ns.store(u64::MAX / 2, Ordering::Release);
+    r.header().boot_id[1].fetch_xor(1, Ordering::AcqRel);
+    drop(r);
+    let r = Region::open(&p, OpenMode::ExistingOnly).unwrap();
+    assert_eq!(r.occupied_slots().count(), 0);
+    assert_eq!(r.device(dev).tat_ns.load(Ordering::Acquire), 0);
+    assert_eq!(r.device(dev).limits().mem, 1 << 20);
+    // A 1.0 file (no boot recorded) is only stamped.
+    let slot = r.claim_slot(&me).unwrap();
+    r.header().boot_id[0].store(0, Ordering::Release);
+    r.header().boot_id[1].store(0, Ordering::Release);
+    drop(r);
+    let r = Region::open(&p, OpenMode::ExistingOnly).unwrap();
+    assert_eq!(r.slot(slot).pid.load(Ordering::Acquire), me.pid);
+    assert_ne!(r.header().boot_id[0].load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn a_truncated_file_is_noticed_and_swapped_for_a_private_copy_in_place() {
+    let p = temp_path("truncated.cache");
+    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+    assert_eq!(r.check_intact(), Ok(()));
+    let dev = device(&r);
+    let header: &layout::Header = r.header();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert_eq!(r.check_intact(), Err(Tamper::Shrunk { len: 0 }));
+    let me = ProcId::current();
+    r.become_private(|fresh| {
+        let info = DeviceInfo {
+            uuid: [9; 16],
+            total_mem: 1 << 30,
+            sm_count: 4,
+        };
+        fresh.put_device(
+            dev,
+            &info,
+            Limits {
+                mem: 1 << 20,
+                sm: 30,
+                policy: 0,
+            },
+        );
+        fresh.claim_slot_at(5, &me, None);
+    })
+    .unwrap();
+    // The same addresses, now private memory holding the copy.
+    assert!(!r.is_shared());
+    assert_eq!(r.check_intact(), Ok(()));
+    assert_eq!(
+        header.devices[dev].mem_limit.load(Ordering::Acquire),
+        1 << 20
+    );
+    assert_eq!(r.slot(5).pid.load(Ordering::Acquire), me.pid);
+    assert_eq!(
+        r.reserve(5, dev, Kind::Buffer, 2 << 20),
+        Reservation::Denied {
+            limit: 1 << 20,
+            used: 0,
+            asked: 2 << 20
+        }
+    );
+    // A file created again under the same name is another region.
+    let a = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
+    assert_eq!(a.check_intact(), Err(Tamper::Replaced));
+}
