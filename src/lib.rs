@@ -26,6 +26,7 @@
 //! - `watcher`: the background thread
 //! - `guard`: reentrancy flag and the panic-proof `extern "C"` boundary
 //! - `fork`: `pthread_atfork` handlers
+//! - `tamper`: truncation checks before the region is touched
 //! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
 //! - `ffi`, `clock`, `log`: small edges
 

@@ -1,11 +1,11 @@
-//! A region file that shrinks under this process (anyone may `truncate`
-//! it: it is 0666) must not kill it with SIGBUS. The mapping is touched
-//! only right after [`Attach::intact`] (one `fstat`), never across a
-//! syscall: callers check again after every slow step (a driver or NVML
-//! call, the region lock, /proc reads, a sleep). A shrunk or re-created
-//! file is swapped, in place, for a private copy holding this process's
-//! devices, the limits it last saw in the region, and what it holds. From
-//! then on it is limited alone, and says so once.
+//! A region file that shrinks under this process (whoever may write it
+//! may `truncate` it, and it is 0666 by default) must not kill it with
+//! SIGBUS. The mapping is touched only right after [`Attach::intact`] (one
+//! `fstat`), never across a syscall: callers check again after every slow
+//! step (a driver or NVML call, the region lock, /proc reads, a sleep). A
+//! shrunk or re-created file is swapped, in place, for a private copy
+//! holding this process's devices, the limits it last saw in the region,
+//! and what it holds. From then on it is limited alone, and says so once.
 //!
 //! What is left (docs/reliability.md): a thread preempted between its
 //! check and its accesses faults if the truncation lands meanwhile.
