@@ -7,8 +7,9 @@
 //! holding this process's devices, the limits it last saw in the region,
 //! and what it holds. From then on it is limited alone, and says so once.
 //!
-//! What is left (docs/reliability.md): a thread preempted between its
-//! check and its accesses faults if the truncation lands meanwhile.
+//! A thread preempted between its check and its accesses would fault if
+//! the truncation landed meanwhile; `vgpu_shm::sigbus` repairs that fault
+//! (zero pages over the mapping) and the next check swaps in the copy.
 
 use vgpu_shm::Tamper;
 

@@ -19,6 +19,7 @@
 //! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
 //! - `boot`: state of another boot is reset
 //! - `private`: a file that shrinks under us is swapped for a private copy
+//! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 
 mod boot;
 pub mod devices;
@@ -30,6 +31,7 @@ mod private;
 pub mod procinfo;
 pub mod quota;
 pub mod region;
+pub mod sigbus;
 pub mod slots;
 mod space;
 

@@ -30,6 +30,9 @@ pub enum OpenMode {
 
 /// A mapped region. Everything in it is atomic; see `layout.rs`.
 pub struct Region {
+    /// Repairs a SIGBUS in `map` (a file truncated under us); dropped
+    /// first, before `map` is unmapped. Only held, never read.
+    _watch: Option<crate::sigbus::Watch>,
     pub(crate) map: MmapRaw,
     file: Option<File>,
     path: PathBuf,
@@ -101,6 +104,7 @@ impl Region {
             .map_raw(&file)
             .map_err(|e| ShmError::io(path, "mmap", e))?;
         let mut region = Region {
+            _watch: crate::sigbus::Watch::new(map.as_ptr(), REGION_SIZE),
             map,
             file: None,
             path: path.to_path_buf(),
@@ -132,6 +136,7 @@ impl Region {
         initialise(header_in(&map));
         let mapped_id = header_in(&map).region_id.load(Ordering::Acquire);
         Ok(Region {
+            _watch: None,
             map,
             file: None,
             path,
