@@ -613,8 +613,35 @@ def nvml_raw():
     neighbours.nvml_raw(sys.modules[__name__])
 
 
+def safety():
+    """Issues 13 and 14 on the real driver: threads racing the first
+    context, the per-exec cost of preloading, a panic inside a hook."""
+    sec = "safety"
+    if SIM:
+        return
+    rc, out, _ = run([client("procaddr"), "ctxrace", "64", "20"],
+                     make_env(True, {"CUDA_DEVICE_MEMORY_LIMIT": "2g"}, new_region()), 300, "ctxrace")
+    refused = kv(out).get("refused", "?")
+    record(sec, "64 threads race the first primary context, 20 rounds, 2 GiB limit: refused",
+           refused, "0", rc == 0 and refused == "0")
+    bench = os.path.join(BIN, "exec_cost")
+    if subprocess.run(["cc", "-O2", "-o", bench, os.path.join(ROOT, "benches/exec_cost.c")]).returncode == 0:
+        rc, out, _ = run([bench, "-n", "3000", "-c", "2", LIB], base_env(), 300, "exec-cost")
+        f = kv(out)
+        record(sec, f"posix_spawn of /bin/true, 3000 interleaved pairs: extra median with the library "
+                    f"(bare {f.get('bare_median_us', '?')} us)",
+               f"{f.get('extra_median_us', '?')} us (p25 {f.get('extra_p25_us', '?')}, p75 {f.get('extra_p75_us', '?')})",
+               "<= 50 us", rc == 0 and float(f.get("extra_median_us", "1e9")) <= 50)
+    outs = [run([PY, PROBE, "transparent"], make_env(True, extra), 300, f"panic-{bool(extra)}")
+            for extra in (None, {"VGPU_TEST_PANIC": "cuMemGetInfo_v2"})]
+    caught = "internal error in cuMemGetInfo_v2" in outs[1][2]
+    same = outs[0][0] == outs[1][0] == 0 and outs[0][1] == outs[1][1]
+    record(sec, "PyTorch with a panic in cuMemGetInfo_v2: caught, logged, output unchanged",
+           f"caught={caught} same={same}", "caught, same", caught and same)
+
+
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, demo, mechanism, nvml_raw, neighbours]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours]}
 
 
 def main():
@@ -624,7 +651,7 @@ def main():
         SIM, args = args[1], args[2:]
     os.makedirs(LOGS, exist_ok=True)
     for name in args or ["transparency", "memory", "overhead", "startup", "launchcost", "graphs", "storm", "compute",
-                         "pair", "neighbours", "restarts"]:
+                         "pair", "neighbours", "restarts", "safety"]:
         t = time.time()
         try:
             SECTIONS[name]()
