@@ -10,6 +10,7 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
+ *   cuclient allocab N ROUNDS BYTES        cuMemAlloc+cuMemFree, vgpu's entry points vs the driver's
  *   cuclient race THREADS SECONDS BYTES [QUIET [PAUSE_MS]]
  *                                          threads allocate and free at once
  *                                          (after QUIET seconds with a context,
@@ -466,6 +467,44 @@ static int cmd_launchab(long n, int rounds) {
     return 0;
 }
 
+/* cuMemAlloc_v2 + cuMemFree_v2 of BYTES through the entry points the program
+ * resolved against the driver's own, alternating batches of N pairs in one
+ * process, as launchab does for launches. */
+static int cmd_allocab(long n, int rounds, size_t bytes) {
+    setup();
+    typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+    typedef CUresult (*free_t)(CUdeviceptr);
+    alloc_t alloc[2] = {(alloc_t)driver_symbol("cuMemAlloc_v2"), cu.cuMemAlloc_v2};
+    free_t release_[2] = {(free_t)driver_symbol("cuMemFree_v2"), cu.cuMemFree_v2};
+    if (!alloc[0] || !release_[0]) {
+        printf("error=no-driver-symbol\n");
+        return 2;
+    }
+    printf("distinct=%d\n", alloc[0] != alloc[1]);
+    double t[2][64];
+    if (rounds > 64) rounds = 64;
+    CUdeviceptr p;
+    for (int i = 0; i < 200; i++) {
+        CHECK(alloc[1](&p, bytes));
+        CHECK(release_[1](p));
+    }
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            int which = (r + k) % 2;
+            double t0 = now_s();
+            for (long i = 0; i < n; i++) {
+                CHECK(alloc[which](&p, bytes));
+                CHECK(release_[which](p));
+            }
+            t[which][r] = (now_s() - t0) * 1e6 / n;
+        }
+    qsort(t[0], rounds, sizeof(double), cmp_double);
+    qsort(t[1], rounds, sizeof(double), cmp_double);
+    double a = t[0][rounds / 2], b = t[1][rounds / 2];
+    printf("native_us=%.4f hooked_us=%.4f overhead_pct=%.3f\n", a, b, (b / a - 1) * 100);
+    return 0;
+}
+
 /* ---- races, storms ---------------------------------------------------------- */
 
 struct racer {
@@ -729,6 +768,8 @@ int main(int argc, char **argv) {
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
+    if (!strcmp(cmd, "allocab"))
+        return cmd_allocab(atol(ARG(2, "2000")), atoi(ARG(3, "21")), strtoull(ARG(4, "1048576"), 0, 0));
     if (!strcmp(cmd, "race"))
         return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0),
                         atof(ARG(5, "0")), atof(ARG(6, "0")));
