@@ -1,7 +1,6 @@
 //! Contexts: creation registers the device and starts overhead accounting
 //! (and the watcher); destruction and primary-context reset release
 //! everything the context held.
-
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::LazyLock;
@@ -10,34 +9,11 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::exports::real;
 use super::sys::*;
 use super::{device, driver, memory, overhead, tracker};
 use crate::ffi::get;
-use crate::interpose::real::Lib;
 use crate::{hostpid, init, limiter, watcher};
-
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => create_v2;
-    fn cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult => create_v3;
-    fn cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult => create_v4;
-    fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => destroy;
-    fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult => primary_retain;
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => primary_release_v2;
-    fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => primary_release_v1;
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => primary_reset_v2;
-    fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => primary_reset_v1;
-}
-
-macro_rules! real_call {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match real::$f() {
-            // SAFETY: the program's arguments pass through unchanged.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUresult::ERROR_NOT_FOUND,
-        }
-    };
-}
 
 #[derive(Clone, Copy)]
 struct Live {
@@ -192,13 +168,11 @@ fn primary_of(ordinal: CUdevice) -> Option<usize> {
         .map(|(&c, _)| c)
 }
 
-fn create_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
-    created(dev, false, ctx, || {
-        real_call!(cuCtxCreate_v2(ctx, flags, dev))
-    })
+pub fn create_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    created(dev, false, ctx, || real::cuCtxCreate_v2(ctx, flags, dev))
 }
 
-fn create_v3(
+pub fn create_v3(
     ctx: *mut CUcontext,
     params: *mut c_void,
     n: c_int,
@@ -206,29 +180,33 @@ fn create_v3(
     dev: CUdevice,
 ) -> CUresult {
     created(dev, false, ctx, || {
-        real_call!(cuCtxCreate_v3(ctx, params, n, flags, dev))
+        real::cuCtxCreate_v3(ctx, params, n, flags, dev)
     })
 }
 
-fn create_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult {
+pub fn create_v4(
+    ctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     created(dev, false, ctx, || {
-        real_call!(cuCtxCreate_v4(ctx, params, flags, dev))
+        real::cuCtxCreate_v4(ctx, params, flags, dev)
     })
 }
 
-fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    created(dev, true, ctx, || {
-        real_call!(cuDevicePrimaryCtxRetain(ctx, dev))
-    })
+pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    created(dev, true, ctx, || real::cuDevicePrimaryCtxRetain(ctx, dev))
 }
 
-fn destroy(ctx: CUcontext) -> CUresult {
+pub fn destroy(ctx: CUcontext) -> CUresult {
     let held = tracker::context_bytes(ctx as usize);
     let _in_driver: Vec<_> = held.iter().map(|&(d, _)| overhead::in_driver(d)).collect();
     for &(dev, bytes) in &held {
         overhead::freeing(dev, bytes);
     }
-    let rc = real_call!(cuCtxDestroy_v2(ctx));
+    limiter::context_ending(ctx as usize);
+    let rc = real::cuCtxDestroy_v2(ctx);
     if rc.is_ok() {
         forget(ctx as usize);
     } else {
@@ -250,12 +228,12 @@ fn released(dev: CUdevice, rc: CUresult) -> CUresult {
     rc
 }
 
-fn primary_release_v2(dev: CUdevice) -> CUresult {
-    released(dev, real_call!(cuDevicePrimaryCtxRelease_v2(dev)))
+pub fn primary_release_v2(dev: CUdevice) -> CUresult {
+    released(dev, real::cuDevicePrimaryCtxRelease_v2(dev))
 }
 
-fn primary_release_v1(dev: CUdevice) -> CUresult {
-    released(dev, real_call!(cuDevicePrimaryCtxRelease(dev)))
+pub fn primary_release_v1(dev: CUdevice) -> CUresult {
+    released(dev, real::cuDevicePrimaryCtxRelease(dev))
 }
 
 /// A reset destroys every allocation of the primary context.
@@ -265,6 +243,9 @@ fn reset(dev: CUdevice, reset: impl FnOnce() -> CUresult) -> CUresult {
     let _in_driver: Vec<_> = held.iter().map(|&(d, _)| overhead::in_driver(d)).collect();
     for &(d, bytes) in &held {
         overhead::freeing(d, bytes);
+    }
+    if let Some(ctx) = ctx {
+        limiter::context_ending(ctx);
     }
     let rc = reset();
     if !rc.is_ok() {
@@ -280,12 +261,12 @@ fn reset(dev: CUdevice, reset: impl FnOnce() -> CUresult) -> CUresult {
     rc
 }
 
-fn primary_reset_v2(dev: CUdevice) -> CUresult {
-    reset(dev, || real_call!(cuDevicePrimaryCtxReset_v2(dev)))
+pub fn primary_reset_v2(dev: CUdevice) -> CUresult {
+    reset(dev, || real::cuDevicePrimaryCtxReset_v2(dev))
 }
 
-fn primary_reset_v1(dev: CUdevice) -> CUresult {
-    reset(dev, || real_call!(cuDevicePrimaryCtxReset(dev)))
+pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
+    reset(dev, || real::cuDevicePrimaryCtxReset(dev))
 }
 
 /// Fork handlers: hold the table across fork; the child starts empty.

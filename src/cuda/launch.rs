@@ -1,39 +1,18 @@
 //! The launch families, each through the compute bucket: kernels, `Ex`,
 //! cooperative kernels and graphs, with their per-thread-stream variants.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_uint, c_void};
 
+use super::exports::real;
 use super::sys::*;
 use crate::ffi::get;
-use crate::interpose::real::Lib;
 use crate::limiter::{self, Launch};
 
 type Args = *mut *mut c_void;
 
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => kernel;
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => kernel_ptsz;
-    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => kernel_ex;
-    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => kernel_ex_ptsz;
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => cooperative;
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => cooperative_ptsz;
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => graph;
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph_ptsz;
-}
-
-macro_rules! real_call {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match real::$f() {
-            // SAFETY: the program's arguments pass through unchanged.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUresult::ERROR_NOT_FOUND,
-        }
-    };
-}
-
 #[allow(clippy::too_many_arguments)]
-fn kernel(
+pub fn kernel(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -48,16 +27,12 @@ fn kernel(
 ) -> CUresult {
     limiter::around(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || {
-            real_call!(cuLaunchKernel(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-            ))
-        },
+        || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn kernel_ptsz(
+pub fn kernel_ptsz(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -72,11 +47,7 @@ fn kernel_ptsz(
 ) -> CUresult {
     limiter::around(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || {
-            real_call!(cuLaunchKernel_ptsz(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-            ))
-        },
+        || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
 
@@ -92,21 +63,26 @@ fn config_launch(
     }
 }
 
-fn kernel_ex(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult {
-    let go = || real_call!(cuLaunchKernelEx(config, f, params, extra));
+pub fn kernel_ex(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    params: Args,
+    extra: Args,
+) -> CUresult {
+    let go = || real::cuLaunchKernelEx(config, f, params, extra);
     if config.is_null() {
         return go();
     }
     limiter::around(config_launch(config, f, false), go)
 }
 
-fn kernel_ex_ptsz(
+pub fn kernel_ex_ptsz(
     config: *const LaunchConfig,
     f: CUfunction,
     params: Args,
     extra: Args,
 ) -> CUresult {
-    let go = || real_call!(cuLaunchKernelEx_ptsz(config, f, params, extra));
+    let go = || real::cuLaunchKernelEx_ptsz(config, f, params, extra);
     if config.is_null() {
         return go();
     }
@@ -114,7 +90,7 @@ fn kernel_ex_ptsz(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn cooperative(
+pub fn cooperative(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -128,16 +104,12 @@ fn cooperative(
 ) -> CUresult {
     limiter::around(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || {
-            real_call!(cuLaunchCooperativeKernel(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params
-            ))
-        },
+        || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn cooperative_ptsz(
+pub fn cooperative_ptsz(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -151,24 +123,20 @@ fn cooperative_ptsz(
 ) -> CUresult {
     limiter::around(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || {
-            real_call!(cuLaunchCooperativeKernel_ptsz(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params
-            ))
-        },
+        || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
 
-fn graph(exec: CUgraphExec, stream: CUstream) -> CUresult {
+pub fn graph(exec: CUgraphExec, stream: CUstream) -> CUresult {
     limiter::around(
         || Launch::graph(exec, stream, false),
-        || real_call!(cuGraphLaunch(exec, stream)),
+        || real::cuGraphLaunch(exec, stream),
     )
 }
 
-fn graph_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
+pub fn graph_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     limiter::around(
         || Launch::graph(exec, stream, true),
-        || real_call!(cuGraphLaunch_ptsz(exec, stream)),
+        || real::cuGraphLaunch_ptsz(exec, stream),
     )
 }

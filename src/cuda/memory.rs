@@ -4,6 +4,7 @@
 //! the driver untouched. The device an allocation counts against comes from
 //! the allocation: the current context's device, `location.id` for
 //! `cuMemCreate`, the pool's device for `cuMemAllocFromPoolAsync`.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::c_uint;
@@ -13,47 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use vgpu_shm::{Kind, Owners, Reservation, format_uuid};
 
+use super::exports::real;
 use super::sys::*;
 use super::tracker::{self, Key, Tracked};
 use super::{device, driver, overhead};
 use crate::attach::Attach;
 use crate::ffi::get;
 use crate::init;
-use crate::interpose::real::Lib;
-
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult => alloc;
-    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult => alloc_pitch;
-    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult => alloc_managed;
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => alloc_async;
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => alloc_async_ptsz;
-    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => alloc_from_pool;
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => alloc_from_pool_ptsz;
-    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => free;
-    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => free_async;
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => free_async_ptsz;
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult => vmm_create;
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => vmm_release;
-    fn cuArrayCreate_v2(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult => array_create;
-    fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult => array3d_create;
-    fn cuArrayDestroy(array: CUarray) -> CUresult => array_destroy;
-    fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const Array3dDescriptor, levels: c_uint) -> CUresult => mipmap_create;
-    fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => mipmap_destroy;
-    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult => pool_create;
-    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => pool_destroy;
-}
-
-/// Calls the real function of this family, or reports it missing.
-macro_rules! real_call {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match real::$f() {
-            // SAFETY: the program's arguments pass through unchanged.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUresult::ERROR_NOT_FOUND,
-        }
-    };
-}
 
 /// Which device an allocation lands on.
 #[derive(Clone, Copy)]
@@ -305,21 +272,21 @@ fn ptr_key(p: *mut CUdeviceptr) -> impl FnOnce() -> Option<Key> {
     move || get(p).map(Key::Ptr)
 }
 
-fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     if dptr.is_null() || bytes == 0 {
-        return real_call!(cuMemAlloc_v2(dptr, bytes));
+        return real::cuMemAlloc_v2(dptr, bytes);
     }
     counted(
         On::CurrentContext,
         Kind::Buffer,
         bytes as u64,
-        || real_call!(cuMemAlloc_v2(dptr, bytes)),
+        || real::cuMemAlloc_v2(dptr, bytes),
         ptr_key(dptr),
     )
 }
 
-fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
-    let call = || real_call!(cuMemAllocManaged(dptr, bytes, flags));
+pub fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
+    let call = || real::cuMemAllocManaged(dptr, bytes, flags);
     if dptr.is_null() || bytes == 0 {
         return call();
     }
@@ -336,14 +303,14 @@ fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresul
 /// GPU we know); the real pitch is settled after the call.
 const PITCH_ALIGN: usize = 512;
 
-fn alloc_pitch(
+pub fn alloc_pitch(
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width: usize,
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    let call = || real_call!(cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    let call = || real::cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 {
         return call();
     }
@@ -367,7 +334,7 @@ fn alloc_pitch(
     if actual > estimate {
         if let Err(deny) = reserve(c.attach, c.slot, c.dev, Kind::Buffer, actual - estimate) {
             c.refund();
-            let _ = real_call!(cuMemFree_v2(p));
+            let _ = real::cuMemFree_v2(p);
             return deny;
         }
     } else {
@@ -380,19 +347,19 @@ fn alloc_pitch(
     rc
 }
 
-fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+pub fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
     counted_async(dptr, bytes, On::CurrentContext, || {
-        real_call!(cuMemAllocAsync(dptr, bytes, stream))
+        real::cuMemAllocAsync(dptr, bytes, stream)
     })
 }
 
-fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+pub fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
     counted_async(dptr, bytes, On::CurrentContext, || {
-        real_call!(cuMemAllocAsync_ptsz(dptr, bytes, stream))
+        real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
     })
 }
 
-fn alloc_from_pool(
+pub fn alloc_from_pool(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: CUmemoryPool,
@@ -400,11 +367,11 @@ fn alloc_from_pool(
 ) -> CUresult {
     let on = pool_device(pool);
     counted_async(dptr, bytes, on, || {
-        real_call!(cuMemAllocFromPoolAsync(dptr, bytes, pool, stream))
+        real::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream)
     })
 }
 
-fn alloc_from_pool_ptsz(
+pub fn alloc_from_pool_ptsz(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: CUmemoryPool,
@@ -412,7 +379,7 @@ fn alloc_from_pool_ptsz(
 ) -> CUresult {
     let on = pool_device(pool);
     counted_async(dptr, bytes, on, || {
-        real_call!(cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream))
+        real::cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream)
     })
 }
 
@@ -428,25 +395,25 @@ fn counted_async(
     counted(on, Kind::Pool, bytes as u64, call, ptr_key(dptr))
 }
 
-fn free(p: CUdeviceptr) -> CUresult {
-    uncounted(Key::Ptr(p), || real_call!(cuMemFree_v2(p)))
+pub fn free(p: CUdeviceptr) -> CUresult {
+    uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
 }
 
-fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    uncounted(Key::Ptr(p), || real_call!(cuMemFreeAsync(p, stream)))
+pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
 }
 
-fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    uncounted(Key::Ptr(p), || real_call!(cuMemFreeAsync_ptsz(p, stream)))
+pub fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
 }
 
-fn vmm_create(
+pub fn vmm_create(
     handle: *mut CUmemGenericAllocationHandle,
     bytes: usize,
     prop: *const MemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let call = || real_call!(cuMemCreate(handle, bytes, prop, flags));
+    let call = || real::cuMemCreate(handle, bytes, prop, flags);
     let Some(p) = get(prop) else { return call() };
     if handle.is_null() || bytes == 0 || p.location.kind != MEM_LOCATION_TYPE_DEVICE {
         return call();
@@ -460,8 +427,8 @@ fn vmm_create(
     )
 }
 
-fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    uncounted(Key::Vmm(handle), || real_call!(cuMemRelease(handle)))
+pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
+    uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
 /// Bytes per element of a `CUarray_format`; formats we do not model (block
@@ -494,8 +461,8 @@ fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
     move || get(a).map(|h| Key::Array(h as usize))
 }
 
-fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult {
-    let call = || real_call!(cuArrayCreate_v2(array, desc));
+pub fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult {
+    let call = || real::cuArrayCreate_v2(array, desc);
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
@@ -509,8 +476,8 @@ fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult {
     )
 }
 
-fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult {
-    let call = || real_call!(cuArray3DCreate_v2(array, desc));
+pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult {
+    let call = || real::cuArray3DCreate_v2(array, desc);
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
@@ -524,18 +491,16 @@ fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresu
     )
 }
 
-fn array_destroy(array: CUarray) -> CUresult {
-    uncounted(Key::Array(array as usize), || {
-        real_call!(cuArrayDestroy(array))
-    })
+pub fn array_destroy(array: CUarray) -> CUresult {
+    uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
 }
 
-fn mipmap_create(
+pub fn mipmap_create(
     array: *mut CUmipmappedArray,
     desc: *const Array3dDescriptor,
     levels: c_uint,
 ) -> CUresult {
-    let call = || real_call!(cuMipmappedArrayCreate(array, desc, levels));
+    let call = || real::cuMipmappedArrayCreate(array, desc, levels);
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
@@ -559,9 +524,9 @@ fn mipmap_create(
     )
 }
 
-fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
+pub fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
     uncounted(Key::Array(array as usize), || {
-        real_call!(cuMipmappedArrayDestroy(array))
+        real::cuMipmappedArrayDestroy(array)
     })
 }
 
@@ -575,8 +540,8 @@ fn pool_device(pool: CUmemoryPool) -> On {
         .map_or(On::CurrentContext, |&d| On::Ordinal(d))
 }
 
-fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult {
-    let rc = real_call!(cuMemPoolCreate(pool, props));
+pub fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult {
+    let rc = real::cuMemPoolCreate(pool, props);
     if rc.is_ok()
         && let (Some(p), Some(h)) = (get(props), get(pool))
         && p.location.kind == MEM_LOCATION_TYPE_DEVICE
@@ -586,8 +551,8 @@ fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult 
     rc
 }
 
-fn pool_destroy(pool: CUmemoryPool) -> CUresult {
-    let rc = real_call!(cuMemPoolDestroy(pool));
+pub fn pool_destroy(pool: CUmemoryPool) -> CUresult {
+    let rc = real::cuMemPoolDestroy(pool);
     if rc.is_ok() {
         POOLS.lock().remove(&(pool as usize));
     }

@@ -1,4 +1,5 @@
-//! The CUDA driver API hooks, one family per file:
+//! The CUDA driver API hooks. `exports.rs` lists every hooked symbol and
+//! the handler it goes to, one family per file:
 //! - `memory`: every allocation family and its frees (counted)
 //! - `context`: context create/destroy/primary reset (overhead, release)
 //! - `info`: `cuInit` and the virtual view of memory
@@ -6,13 +7,14 @@
 //! - `launch`: every launch family, through the compute bucket
 //! - `graph`: graph instantiation (cost) and stream capture
 //!
-//! and the helpers they share: `sys` (types), `driver` (functions we call
-//! but do not hook), `device` (ordinal to device entry), `tracker`
-//! (what each allocation counted), `overhead` (context memory via NVML).
+//! and the helpers they share: `sys` (types), `driver` (calls vgpu makes
+//! itself), `device` (ordinal to device entry), `tracker` (what each
+//! allocation counted), `overhead` (context memory via NVML).
 
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod exports;
 pub mod graph;
 pub mod info;
 pub mod launch;
@@ -21,15 +23,3 @@ pub mod overhead;
 pub mod proc_address;
 pub mod sys;
 pub mod tracker;
-
-use crate::interpose::table::Hook;
-
-/// Every CUDA hook family, for the table.
-pub(crate) static FAMILIES: &[&[Hook]] = &[
-    memory::HOOKS,
-    context::HOOKS,
-    info::HOOKS,
-    proc_address::HOOKS,
-    launch::HOOKS,
-    graph::HOOKS,
-];

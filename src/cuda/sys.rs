@@ -133,6 +133,20 @@ pub struct KernelNodeParams {
     pub ctx: CUcontext,
 }
 
+impl KernelNodeParams {
+    /// Every field zero or NULL: what the driver fills in.
+    pub const ZERO: Self = Self {
+        func: std::ptr::null_mut(),
+        grid: [0; 3],
+        block: [0; 3],
+        shared_mem: 0,
+        params: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+}
+
 const _: () = {
     assert!(size_of::<ArrayDescriptor>() == 24);
     assert!(size_of::<Array3dDescriptor>() == 40);

@@ -1,7 +1,8 @@
-//! The hook table: one `hooks!` invocation per family declares, for each
-//! hooked symbol, the exported C function, its lazily resolved real slot,
-//! and the table entry that `dlsym` and `cuGetProcAddress` consult. The
-//! three entry paths therefore cannot drift apart.
+//! The hook table: one `hooks!` invocation per driver library
+//! (`cuda/exports.rs`, `nvml/exports.rs`) declares, for each hooked symbol,
+//! the exported C function, its lazily resolved real slot, and the table
+//! entry that `dlsym` and `cuGetProcAddress` consult. The three entry paths
+//! therefore cannot drift apart.
 
 use std::ffi::c_void;
 
@@ -24,12 +25,11 @@ pub struct Hook {
 // is a Sync slot of atomics.
 unsafe impl Sync for Hook {}
 
-/// Every family's hooks.
+/// Every hook, of both libraries.
 fn families() -> impl Iterator<Item = &'static Hook> {
-    crate::cuda::FAMILIES
+    crate::cuda::exports::HOOKS
         .iter()
-        .chain(crate::nvml::FAMILIES)
-        .flat_map(|f| f.iter())
+        .chain(crate::nvml::exports::HOOKS)
 }
 
 /// The hook for an exported name.
@@ -49,28 +49,38 @@ pub fn wrapper_for(lib: Lib, real: *mut c_void) -> Option<*mut c_void> {
         .map(|h| h.wrapper as *mut c_void)
 }
 
-/// Declares a family of hooks. For each `fn name(args) -> R => imp;`:
-/// - `real::slot::name`: the lazily resolved real symbol;
-/// - `real::name()`: it, typed (None when the driver lacks it);
+/// Declares a driver library's hooks and the real functions vgpu calls.
+///
+/// For each `fn name(args) -> R => handler;` under `hooked`:
 /// - `name`: the exported C function (feature `interpose`), shaped
-///   export → `ffi_boundary` → `imp(args)`, falling back to the real
-///   function if `imp` panics. Without the real function nothing of vgpu
-///   runs (no region, no thread): the answer is `missing`, or
+///   export → `ffi_boundary` → `handler(args)`, falling back to the real
+///   function if `handler` panics. Without the real function nothing of
+///   vgpu runs (no region, no thread): the answer is `missing`, or
 ///   [`NoLibrary::NO_LIBRARY`] without the driver library, as for a
 ///   process with no driver that calls one of our exports by accident;
-/// - `HOOKS`: the family's table entries.
+/// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
+///
+/// For every function under `hooked` and `called`, `real::name(args) -> R`
+/// (see [`reals!`]).
 macro_rules! hooks {
     (
         lib: $lib:expr, missing: $missing:expr;
-        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path; )*
+        hooked {
+            $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path; )*
+        }
+        called {
+            $( fn $cname:ident ( $($carg:ident : $cty:ty),* $(,)? ) -> $cret:ty; )*
+        }
     ) => {
-        /// The real driver functions behind this family's hooks.
+        /// The real functions of this library: each hooked one, and each
+        /// one vgpu calls without hooking it.
         pub(crate) mod real {
             #[allow(unused_imports)]
             use super::*;
             $crate::interpose::table::reals! {
-                lib: $lib;
+                lib: $lib, missing: $missing;
                 $( fn $name($($arg: $ty),*) -> $ret; )*
+                $( fn $cname($($carg: $cty),*) -> $cret; )*
             }
         }
 
@@ -78,22 +88,21 @@ macro_rules! hooks {
             #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                let Some(real_fn) = real::$name() else {
+                if real::slot::$name.get().is_none() {
                     return match $crate::interpose::real::handle($lib) {
                         Some(_) => $missing,
                         None => <$ret as $crate::interpose::table::NoLibrary>::NO_LIBRARY,
                     };
-                };
+                }
                 $crate::guard::ffi_boundary(
                     stringify!($name),
                     || $imp($($arg),*),
-                    // SAFETY: the caller's arguments pass through unchanged.
-                    || unsafe { real_fn($($arg),*) },
+                    || real::$name($($arg),*),
                 )
             }
         )*
 
-        /// This family's entries in the hook table.
+        /// Every hook of this library, for the table.
         pub(crate) static HOOKS: &[$crate::interpose::table::Hook] = &[
             $( $crate::interpose::table::Hook {
                 real: &real::slot::$name,
@@ -103,12 +112,17 @@ macro_rules! hooks {
     };
 }
 
-/// Declares real driver functions we call without hooking them: for each
-/// `fn name(args) -> R;`, a lazily resolved slot `slot::name` and a typed
-/// accessor `name()` (None when the driver lacks the symbol).
+/// Declares real functions: for each `fn name(args) -> R;`, a lazily
+/// resolved slot `slot::name`, and `name(args) -> R`, which calls it, or
+/// answers `missing` when the driver lacks the symbol.
+///
+/// The wrappers are safe to call with what a program passed to the same
+/// driver function (the driver, not vgpu, reads and writes through those
+/// pointers, as it would without vgpu), or with pointers to live locals of
+/// the declared types.
 macro_rules! reals {
     (
-        lib: $lib:expr;
+        lib: $lib:expr, missing: $missing:expr;
         $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty; )*
     ) => {
         #[allow(non_upper_case_globals)]
@@ -130,11 +144,18 @@ macro_rules! reals {
         }
 
         $(
-            #[allow(non_snake_case, dead_code, clippy::type_complexity)]
-            pub(crate) fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            pub(crate) fn $name($($arg: $ty),*) -> $ret {
                 // SAFETY: the slot resolves exactly this symbol, whose C
                 // signature is the one declared here.
-                unsafe { slot::$name.typed() }
+                let f = unsafe { slot::$name.typed::<unsafe extern "C" fn($($ty),*) -> $ret>() };
+                match f {
+                    // SAFETY: the arguments follow the declared C signature
+                    // and come from the caller's own call or our locals (see
+                    // the macro's docs).
+                    Some(f) => unsafe { f($($arg),*) },
+                    None => $missing,
+                }
             }
         )*
     };

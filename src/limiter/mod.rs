@@ -27,7 +27,8 @@ use vgpu_shm::layout::DeviceEntry;
 
 use crate::attach::Attach;
 use crate::config::CorePolicy;
-use crate::cuda::driver::{self, call};
+use crate::cuda::driver;
+use crate::cuda::exports::real;
 use crate::cuda::{device, sys::*};
 use crate::{clock, init};
 
@@ -137,7 +138,7 @@ fn current_device() -> Option<(&'static Attach, usize)> {
 
 fn capturing(stream: CUstream) -> bool {
     let mut status: c_int = 0;
-    call!(cuStreamIsCapturing(stream, &mut status)).is_ok() && status != 0
+    real::cuStreamIsCapturing(stream, &mut status).is_ok() && status != 0
 }
 
 fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
@@ -224,6 +225,11 @@ pub fn kernel_cost(func: usize, grid: [u32; 3], block: [u32; 3]) -> Option<u64> 
     estimate::find(estimate::kernel_key(func, grid, block))
         .map(estimate::Slot::cost_ns)
         .filter(|&c| c != 0)
+}
+
+/// Context `ctx` is about to be destroyed or reset.
+pub fn context_ending(ctx: usize) {
+    timing::destroy_idle_events(ctx);
 }
 
 /// A context is gone: forget its events.

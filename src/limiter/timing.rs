@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::estimate::Slot;
-use crate::cuda::driver::{self, call};
+use crate::cuda::driver;
+use crate::cuda::exports::real;
 use crate::cuda::sys::*;
 
 /// A timing in flight.
@@ -58,7 +59,7 @@ fn take_event(ctx: usize) -> Option<CUevent> {
         return Some(e as CUevent);
     }
     let mut e: CUevent = std::ptr::null_mut();
-    call!(cuEventCreate(&mut e, EVENT_DEFAULT as u32))
+    real::cuEventCreate(&mut e, EVENT_DEFAULT as u32)
         .is_ok()
         .then_some(e)
 }
@@ -96,8 +97,8 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
             return None;
         };
         // An idle stream's start event fires before the launch latency.
-        let idle = call!(cuStreamQuery(stream)).is_ok();
-        if !call!(cuEventRecord(start, stream)).is_ok() {
+        let idle = real::cuStreamQuery(stream).is_ok();
+        if !real::cuEventRecord(start, stream).is_ok() {
             give_back(ctx, &[start as usize, end as usize]);
             return None;
         }
@@ -120,7 +121,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
 /// Finishes a timing after the launch returned `rc`.
 pub fn end(s: Sample, rc: CUresult) {
     let prompt = crate::clock::monotonic_ns().saturating_sub(s.recorded_ns) <= MAX_HOST_GAP_NS;
-    if rc.is_ok() && prompt && call!(cuEventRecord(s.end, s.stream)).is_ok() {
+    if rc.is_ok() && prompt && real::cuEventRecord(s.end, s.stream).is_ok() {
         PENDING.lock().push(Pending {
             slot: s.slot,
             ctx: s.ctx,
@@ -142,21 +143,16 @@ fn collect(wait_for: Option<&'static Slot>) {
     if let Some(target) = wait_for
         && let Some(p) = todo.iter().find(|p| std::ptr::eq(p.slot, target))
     {
-        let _ = call!(cuEventSynchronize(p.end as CUevent));
+        let _ = real::cuEventSynchronize(p.end as CUevent);
     }
     todo.retain(|p| {
-        let rc = call!(cuEventQuery(p.end as CUevent));
+        let rc = real::cuEventQuery(p.end as CUevent);
         if rc == CUresult::ERROR_NOT_READY {
             return true;
         }
         let mut ms = 0f32;
         if rc.is_ok()
-            && call!(cuEventElapsedTime(
-                &mut ms,
-                p.start as CUevent,
-                p.end as CUevent
-            ))
-            .is_ok()
+            && real::cuEventElapsedTime(&mut ms, p.start as CUevent, p.end as CUevent).is_ok()
         {
             p.slot.record_timing((f64::from(ms) * 1e6) as u64, p.idle);
         }
@@ -176,6 +172,25 @@ pub fn poll() {
 pub fn wait_for(slot: &'static Slot) {
     if slot.pending.load(Ordering::Acquire) {
         collect(Some(slot));
+    }
+}
+
+/// Context `ctx` is about to be destroyed or reset: its idle events are
+/// destroyed now (those of timings in flight go with the context).
+pub fn destroy_idle_events(ctx: usize) {
+    let idle: Vec<usize> = {
+        let mut pool = POOL.lock();
+        let mut idle = Vec::new();
+        pool.retain(|&(c, e)| {
+            if c == ctx {
+                idle.push(e);
+            }
+            c != ctx
+        });
+        idle
+    };
+    for e in idle {
+        let _ = real::cuEventDestroy_v2(e as CUevent);
     }
 }
 

@@ -6,36 +6,16 @@
 //! [`Guard`]: crate::guard::Guard
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_uint};
+use std::ffi::{CString, c_uint};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::exports::real;
 use super::sys::*;
 use crate::guard::Guard;
-use crate::interpose::real::Lib;
-
-crate::interpose::table::reals! {
-    lib: Lib::Nvml;
-    fn nvmlInit_v2() -> NvmlReturn;
-    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses_v2(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NvmlReturn;
-    fn nvmlDeviceGetProcessUtilization(device: NvmlDevice, samples: *mut UtilSample, count: *mut c_uint, since: u64) -> NvmlReturn;
-}
-
-macro_rules! nvml {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match $f() {
-            // SAFETY: arguments follow the declared C signature of $f.
-            Some(f) => unsafe { f($($a),*) },
-            None => NvmlReturn::ERROR_FUNCTION_NOT_FOUND,
-        }
-    };
-}
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
@@ -51,7 +31,7 @@ pub fn init() -> bool {
         Ok(_) => {
             let rc = {
                 let _internal = Guard::enter();
-                nvml!(nvmlInit_v2())
+                real::nvmlInit_v2()
             };
             let ok = rc.is_ok();
             if !ok {
@@ -100,7 +80,7 @@ pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
     let mut dev: NvmlDevice = std::ptr::null_mut();
     let rc = {
         let _internal = Guard::enter();
-        nvml!(nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev))
+        real::nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev)
     };
     if !rc.is_ok() || dev.is_null() {
         return None;
@@ -116,27 +96,15 @@ pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
     loop {
         let mut buf = vec![ProcessInfo::default(); cap as usize];
         let mut n = cap;
-        let mut rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v3(
-            dev,
-            &mut n,
-            buf.as_mut_ptr()
-        ));
+        let mut rc = real::nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, buf.as_mut_ptr());
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             n = cap;
-            rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v2(
-                dev,
-                &mut n,
-                buf.as_mut_ptr()
-            ));
+            rc = real::nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut n, buf.as_mut_ptr());
         }
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             let mut v1 = vec![ProcessInfoV1::default(); cap as usize];
             n = cap;
-            rc = nvml!(nvmlDeviceGetComputeRunningProcesses(
-                dev,
-                &mut n,
-                v1.as_mut_ptr()
-            ));
+            rc = real::nvmlDeviceGetComputeRunningProcesses(dev, &mut n, v1.as_mut_ptr());
             buf = v1
                 .iter()
                 .map(|p| ProcessInfo {
@@ -168,12 +136,7 @@ pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlR
     loop {
         let mut buf = vec![UtilSample::default(); cap as usize];
         let mut n = cap;
-        match nvml!(nvmlDeviceGetProcessUtilization(
-            dev,
-            buf.as_mut_ptr(),
-            &mut n,
-            since
-        )) {
+        match real::nvmlDeviceGetProcessUtilization(dev, buf.as_mut_ptr(), &mut n, since) {
             NvmlReturn::SUCCESS => {
                 buf.truncate(n as usize);
                 return Ok(buf);

@@ -1,40 +1,21 @@
 //! NVML memory info through the virtual view, so nvidia-smi inside the
 //! container shows the quota as the card's memory.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_char, c_uint};
 
 use vgpu_shm::{DeviceInfo, parse_uuid};
 
+use super::exports::real;
 use super::sys::*;
 use crate::ffi::{get, put};
-use crate::interpose::real::Lib;
 use crate::{init, view};
-
-crate::interpose::table::hooks! {
-    lib: Lib::Nvml, missing: NvmlReturn::ERROR_FUNCTION_NOT_FOUND;
-    fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn => memory_info;
-    fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn => memory_info_v2;
-}
-
-mod plain {
-    use super::*;
-    crate::interpose::table::reals! {
-        lib: Lib::Nvml;
-        fn nvmlDeviceGetUUID(device: NvmlDevice, uuid: *mut c_char, len: c_uint) -> NvmlReturn;
-        fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn;
-    }
-}
 
 /// The region entry for an NVML device handle.
 fn entry(device: NvmlDevice, total: u64) -> Option<(&'static crate::attach::Attach, usize)> {
     let attach = init::attach()?;
     let mut text = [0 as c_char; 96];
-    let uuid_ok = match plain::nvmlDeviceGetUUID() {
-        // SAFETY: the buffer is ours and its length is passed.
-        Some(f) => unsafe { f(device, text.as_mut_ptr(), text.len() as c_uint) }.is_ok(),
-        None => false,
-    };
-    if !uuid_ok {
+    if !real::nvmlDeviceGetUUID(device, text.as_mut_ptr(), text.len() as c_uint).is_ok() {
         return None;
     }
     let bytes: Vec<u8> = text
@@ -44,10 +25,7 @@ fn entry(device: NvmlDevice, total: u64) -> Option<(&'static crate::attach::Atta
         .collect();
     let uuid = parse_uuid(std::str::from_utf8(&bytes).ok()?)?;
     let mut index: c_uint = 0;
-    if let Some(f) = plain::nvmlDeviceGetIndex() {
-        // SAFETY: `index` is a local the library writes.
-        let _ = unsafe { f(device, &mut index) };
-    }
+    let _ = real::nvmlDeviceGetIndex(device, &mut index);
     let info = DeviceInfo {
         uuid,
         total_mem: total,
@@ -56,12 +34,8 @@ fn entry(device: NvmlDevice, total: u64) -> Option<(&'static crate::attach::Atta
     Some((attach, attach.device_by_uuid(index, &info)?))
 }
 
-fn memory_info(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn {
-    let rc = match real::nvmlDeviceGetMemoryInfo() {
-        // SAFETY: the caller's arguments pass through unchanged.
-        Some(f) => unsafe { f(device, memory) },
-        None => return NvmlReturn::ERROR_FUNCTION_NOT_FOUND,
-    };
+pub fn memory_info(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn {
+    let rc = real::nvmlDeviceGetMemoryInfo(device, memory);
     let Some(m) = get(memory).filter(|_| rc.is_ok()) else {
         return rc;
     };
@@ -80,12 +54,8 @@ fn memory_info(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn {
     rc
 }
 
-fn memory_info_v2(device: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn {
-    let rc = match real::nvmlDeviceGetMemoryInfo_v2() {
-        // SAFETY: the caller's arguments pass through unchanged.
-        Some(f) => unsafe { f(device, memory) },
-        None => return NvmlReturn::ERROR_FUNCTION_NOT_FOUND,
-    };
+pub fn memory_info_v2(device: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn {
+    let rc = real::nvmlDeviceGetMemoryInfo_v2(device, memory);
     let Some(m) = get(memory).filter(|_| rc.is_ok()) else {
         return rc;
     };
