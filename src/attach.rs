@@ -7,12 +7,13 @@
 //! ([`Attach::tick`]): it beats, notices a slot taken from it, and notices
 //! a region file that shrank or was re-created (see `tamper.rs`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use vgpu_shm::procinfo::monotonic_ms;
 use vgpu_shm::{
-    DeviceInfo, Kind, Limits, MAX_DEVICES, ProcId, ProcView, Region, ShmError, format_uuid,
+    DeviceInfo, EntryIndex, Kind, Limits, ProcId, ProcView, Region, ShmError, SlotIndex,
+    format_uuid,
 };
 
 use crate::config::Config;
@@ -37,10 +38,10 @@ pub struct Attach {
     last_claim_ms: AtomicU64,
     claim_error: Mutex<Option<String>>,
     /// CUDA ordinal -> device entry index + 1 (0: not looked up yet).
-    ordinals: [AtomicU32; ORDINALS],
+    ordinals: [AtomicUsize; ORDINALS],
     /// Entries this process registered, with the limits then in force: what
     /// a private copy of the region needs (`tamper.rs`).
-    pub(crate) known: Mutex<Vec<(usize, DeviceInfo, Limits)>>,
+    pub(crate) known: Mutex<Vec<(EntryIndex, DeviceInfo, Limits)>>,
     pub(crate) switching: Mutex<()>,
 }
 
@@ -54,7 +55,7 @@ impl Attach {
             me: Mutex::new(None),
             last_claim_ms: AtomicU64::new(0),
             claim_error: Mutex::new(None),
-            ordinals: [const { AtomicU32::new(0) }; ORDINALS],
+            ordinals: [const { AtomicUsize::new(0) }; ORDINALS],
             known: Mutex::new(Vec::new()),
             switching: Mutex::new(()),
         }
@@ -62,7 +63,7 @@ impl Attach {
 
     /// Our slot, claimed on first use (and again in a forked child). None
     /// when no slot can be had: callers refuse CUDA then.
-    pub fn slot(&self) -> Option<usize> {
+    pub fn slot(&self) -> Option<SlotIndex> {
         if let Some(s) = self.slot_index() {
             return Some(s);
         }
@@ -93,7 +94,7 @@ impl Attach {
 
     /// Claims a slot (the caller holds `claiming`); `Err(true)` when every
     /// slot is held.
-    fn claim(&self) -> Result<usize, bool> {
+    fn claim(&self) -> Result<SlotIndex, bool> {
         if !self.intact() {
             return Err(false);
         }
@@ -110,7 +111,7 @@ impl Attach {
                 if let Some(h) = view.host_pid {
                     hostpid::set_from_kernel(h as u32);
                 }
-                self.slot.store(i, Ordering::Release);
+                self.slot.store(i.get(), Ordering::Release);
                 // It beats from now on, whatever path claimed it.
                 crate::watcher::start();
                 Ok(i)
@@ -128,8 +129,8 @@ impl Attach {
     }
 
     /// The slot index, without claiming one.
-    pub(crate) fn slot_index(&self) -> Option<usize> {
-        Some(self.slot.load(Ordering::Acquire)).filter(|&s| s != NO_SLOT)
+    pub(crate) fn slot_index(&self) -> Option<SlotIndex> {
+        SlotIndex::new(self.slot.load(Ordering::Acquire))
     }
 
     pub(crate) fn me(&self) -> Option<ProcId> {
@@ -174,7 +175,7 @@ impl Attach {
         if !self.intact() {
             return None;
         }
-        let uuids: Vec<[u8; 16]> = (0..MAX_DEVICES)
+        let uuids: Vec<[u8; 16]> = EntryIndex::all()
             .map(|d| self.region.device(d))
             .filter(|d| d.is_used())
             .map(|d| d.uuid())
@@ -209,22 +210,25 @@ impl Attach {
 
     /// The device entry of CUDA ordinal `ordinal`; `info` is asked only the
     /// first time, to register the device.
-    pub fn device(&self, ordinal: i32, info: impl FnOnce() -> Option<DeviceInfo>) -> Option<usize> {
+    pub fn device(
+        &self,
+        ordinal: i32,
+        info: impl FnOnce() -> Option<DeviceInfo>,
+    ) -> Option<EntryIndex> {
         let n = usize::try_from(ordinal).ok()?;
         if let Some(cached) = self
             .ordinals
             .get(n)
-            .map(|c| c.load(Ordering::Acquire))
-            .filter(|&c| c != 0)
+            .and_then(|c| c.load(Ordering::Acquire).checked_sub(1))
         {
-            return Some(cached as usize - 1);
+            return EntryIndex::new(cached);
         }
         if !self.intact() {
             return None;
         }
         let index = self.register(n, &info()?)?;
         if let Some(c) = self.ordinals.get(n) {
-            c.store(index as u32 + 1, Ordering::Release);
+            c.store(index.get() + 1, Ordering::Release);
         }
         Some(index)
     }
@@ -232,7 +236,7 @@ impl Attach {
     /// The device entry of a GPU seen through NVML (`index` is NVML's).
     /// Registers it when the environment has limits for it, so that
     /// nvidia-smi shows the quota before any CUDA process ran.
-    pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<usize> {
+    pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<EntryIndex> {
         if !self.intact() {
             return None;
         }
@@ -246,11 +250,11 @@ impl Attach {
         self.register(n, info)
     }
 
-    fn register(&self, ordinal: usize, info: &DeviceInfo) -> Option<usize> {
+    fn register(&self, ordinal: usize, info: &DeviceInfo) -> Option<EntryIndex> {
         let wanted = Limits {
             mem: self.config.mem_limit_for(ordinal),
             sm: self.config.sm_limit_for(ordinal),
-            policy: self.config.policy as u32,
+            policy: self.config.policy,
         };
         let mut registered = self.region.register_device(info, wanted);
         if matches!(registered, Err(ShmError::Tampered { .. })) && self.still_ours() {
@@ -312,7 +316,7 @@ impl Attach {
 /// Counts again, in slot `slot` of `region`, what this process holds: every
 /// tracked allocation, and a provisional context on each device it uses
 /// (re-measured by the watcher moments later).
-pub(crate) fn restore_usage(region: &Region, slot: usize) {
+pub(crate) fn restore_usage(region: &Region, slot: SlotIndex) {
     for (dev, kind, bytes) in tracker::totals() {
         region.add_usage(slot, dev, kind, bytes);
     }

@@ -23,17 +23,8 @@ use log::LevelFilter;
 /// How many `_N` suffixes are read.
 pub const MAX_ORDINALS: usize = vgpu_shm::MAX_DEVICES;
 
-/// `GPU_CORE_UTILIZATION_POLICY`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CorePolicy {
-    /// The SM limit is enforced.
-    #[default]
-    Default = 0,
-    /// The SM limit is enforced (HAMi-core's name for "really enforce it").
-    Force = 1,
-    /// The SM limit is ignored; memory limits still hold.
-    Disable = 2,
-}
+/// `GPU_CORE_UTILIZATION_POLICY`: the region stores it per device.
+pub use vgpu_shm::CorePolicy;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {

@@ -16,15 +16,15 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::Region;
 use vgpu_shm::procinfo::INIT_PIDNS;
+use vgpu_shm::{EntryIndex, Region, SlotIndex};
 
 use crate::attach::Attach;
 use crate::nvml::client;
 
 static HOST_PID: AtomicU32 = AtomicU32::new(0);
 /// NVML pids on a device (region entry) just before our first context there.
-static BEFORE: Mutex<Option<(usize, Vec<u32>)>> = Mutex::new(None);
+static BEFORE: Mutex<Option<(EntryIndex, Vec<u32>)>> = Mutex::new(None);
 
 pub fn get() -> Option<u32> {
     Some(HOST_PID.load(Ordering::Acquire)).filter(|&p| p != 0)
@@ -54,7 +54,7 @@ fn in_initial_namespace() -> bool {
 /// and waits for NVML's initialisation (started at `cuInit`, so usually
 /// done; at most 2 s): without this list the host pid is never found, and
 /// the context's cost never measured.
-pub fn before_first_context(attach: &Attach, dev: usize) {
+pub fn before_first_context(attach: &Attach, dev: EntryIndex) {
     if get().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
         return;
     }
@@ -71,13 +71,11 @@ pub fn before_first_context(attach: &Attach, dev: usize) {
 }
 
 /// Pids other live processes of the container already own.
-fn claimed_by_others(region: &Region, my_slot: Option<usize>) -> Vec<u32> {
+fn claimed_by_others(region: &Region, my_slot: Option<SlotIndex>) -> Vec<u32> {
     region
         .occupied_slots()
         .filter(|&i| Some(i) != my_slot)
-        .map(|i| region.slot(i).host_pid.load(Ordering::Acquire))
-        .filter(|&p| p > 0)
-        .map(|p| p as u32)
+        .filter_map(|i| region.host_pid(i))
         .collect()
 }
 
@@ -103,7 +101,7 @@ pub fn choose(
 }
 
 /// Finds our host pid through device `dev`; stores it in our slot.
-pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
+pub fn resolve(attach: &Attach, dev: EntryIndex) -> Option<u32> {
     if let Some(p) = get() {
         return Some(p);
     }

@@ -87,10 +87,10 @@ fn run() {
                 continue;
             }
             if let Some(slot) = attach.slot()
-                && now.saturating_sub(last_reconcile[dev]) >= RECONCILE_NS / 4
+                && now.saturating_sub(last_reconcile[dev.get()]) >= RECONCILE_NS / 4
                 && overhead::reconcile_now(attach, slot, dev)
             {
-                last_reconcile[dev] = now;
+                last_reconcile[dev.get()] = now;
             }
         }
         if attach.intact() {

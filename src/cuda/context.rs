@@ -18,7 +18,7 @@ use crate::{hostpid, init, limiter, watcher};
 #[derive(Clone, Copy)]
 struct Live {
     /// Region device entry.
-    dev: usize,
+    dev: vgpu_shm::EntryIndex,
     ordinal: CUdevice,
     primary: bool,
 }
@@ -37,13 +37,13 @@ const RESERVED: u8 = 2;
 
 /// This thread reserves the primary context of a device for every racer;
 /// dropped unsettled (an error, a panic), it lets the next one try.
-struct Ticket(Option<usize>);
+struct Ticket(Option<vgpu_shm::EntryIndex>);
 
 impl Ticket {
     /// The reservation stands (or is given up) for the other racers.
     fn settle(&mut self, reserved: bool) {
         if let Some(dev) = self.0.take() {
-            PRIMARY[dev].store(if reserved { RESERVED } else { NONE }, Ordering::Release);
+            PRIMARY[dev.get()].store(if reserved { RESERVED } else { NONE }, Ordering::Release);
         }
     }
 }
@@ -58,8 +58,8 @@ impl Drop for Ticket {
 /// the one that wins the race, None once it is reserved. Waits (not in
 /// the driver, holding nothing) while another thread reserves; after
 /// [`TICKET_WAIT`] it reserves on its own rather than wait on.
-fn primary_ticket(dev: usize) -> Option<Ticket> {
-    let state = &PRIMARY[dev];
+fn primary_ticket(dev: vgpu_shm::EntryIndex) -> Option<Ticket> {
+    let state = &PRIMARY[dev.get()];
     let until = std::time::Instant::now() + TICKET_WAIT;
     loop {
         match state.compare_exchange(NONE, RESERVING, Ordering::AcqRel, Ordering::Acquire) {
@@ -122,7 +122,7 @@ fn created(
         }
         if let (true, Some((_, dev)), Some(_)) = (primary, entry, reserved) {
             // The primary's reservation is gone: the next racer reserves.
-            PRIMARY[dev].store(NONE, Ordering::Release);
+            PRIMARY[dev.get()].store(NONE, Ordering::Release);
         }
         return rc;
     };
@@ -149,7 +149,7 @@ fn forget(ctx: usize) {
         return;
     };
     if live.primary {
-        PRIMARY[live.dev].store(NONE, Ordering::Release);
+        PRIMARY[live.dev.get()].store(NONE, Ordering::Release);
     }
     for t in tracker::drain_context(ctx) {
         memory::release(t);

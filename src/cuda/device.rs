@@ -3,7 +3,7 @@
 //! for the ordinal.
 #![forbid(unsafe_code)]
 
-use vgpu_shm::DeviceInfo;
+use vgpu_shm::{DeviceInfo, EntryIndex};
 
 use super::driver;
 use super::exports::real;
@@ -30,12 +30,12 @@ fn info(dev: CUdevice) -> Option<DeviceInfo> {
 }
 
 /// The device entry of ordinal `dev`.
-pub fn entry(attach: &Attach, dev: CUdevice) -> Option<usize> {
+pub fn entry(attach: &Attach, dev: CUdevice) -> Option<EntryIndex> {
     attach.device(dev, || info(dev))
 }
 
 /// The device entry and ordinal of the current context's device.
-pub fn current_entry(attach: &Attach) -> Option<(usize, CUdevice)> {
+pub fn current_entry(attach: &Attach) -> Option<(EntryIndex, CUdevice)> {
     let dev = driver::current_ordinal()?;
     Some((entry(attach, dev)?, dev))
 }

@@ -72,7 +72,7 @@ pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
         && let Some(entry) = device::entry(attach, dev)
         && attach.intact()
     {
-        let limit = attach.region.device(entry).limits().mem;
+        let limit = attach.region.device(entry).mem_limit();
         if limit != 0 {
             put(bytes, limit as usize);
         }

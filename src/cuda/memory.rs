@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::{Kind, Owners, Reservation, format_uuid};
+use vgpu_shm::{EntryIndex, Kind, Owners, Reservation, SlotIndex, format_uuid};
 
 use super::exports::real;
 use super::sys::*;
@@ -32,8 +32,8 @@ enum On {
 /// Bytes reserved for an allocation in flight.
 struct Charge {
     attach: &'static Attach,
-    slot: usize,
-    dev: usize,
+    slot: SlotIndex,
+    dev: EntryIndex,
     kind: Kind,
     bytes: u64,
     /// What `tracker::flight_started` was told.
@@ -99,8 +99,8 @@ impl Charge {
 /// slots are reclaimed and our context overhead is re-measured.
 fn reserve(
     attach: &Attach,
-    slot: usize,
-    dev: usize,
+    slot: SlotIndex,
+    dev: EntryIndex,
     kind: Kind,
     bytes: u64,
 ) -> Result<(), CUresult> {
@@ -121,7 +121,7 @@ fn reserve(
         intact()?;
         // Close to the limit, the overhead was just re-measured (the
         // driver's page tables grow with every allocation): still within?
-        let limit = region.device(dev).limits().mem;
+        let limit = region.device(dev).mem_limit();
         if region.device_usage(dev, Owners::All) <= limit {
             return Ok(());
         }
@@ -142,13 +142,13 @@ fn reserve(
 /// Within this fraction of the limit, a grant re-measures the overhead.
 const NEAR_LIMIT_DIV: u64 = 32;
 
-fn near_limit(attach: &Attach, dev: usize) -> bool {
-    let limit = attach.region.device(dev).limits().mem;
+fn near_limit(attach: &Attach, dev: EntryIndex) -> bool {
+    let limit = attach.region.device(dev).mem_limit();
     limit != 0 && attach.region.device_usage(dev, Owners::All) + limit / NEAR_LIMIT_DIV > limit
 }
 
 /// One line per denial, at most one a second.
-fn report_denial(attach: &Attach, dev: usize, limit: u64, used: u64, asked: u64) {
+fn report_denial(attach: &Attach, dev: EntryIndex, limit: u64, used: u64, asked: u64) {
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = crate::clock::monotonic_ns() / 1_000_000_000;
     if LAST.swap(now, Ordering::Relaxed) == now {
@@ -186,7 +186,10 @@ pub fn release(t: Tracked) {
 /// before it is created: a context is device memory too, and a container
 /// at its limit gets `CUDA_ERROR_OUT_OF_MEMORY`, as a full card would give.
 /// Returns the slot and bytes to give back if the creation fails.
-pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64)>, CUresult> {
+pub fn reserve_context(
+    attach: &Attach,
+    dev: EntryIndex,
+) -> Result<Option<(SlotIndex, u64)>, CUresult> {
     let slot = counted_slot(attach)?;
     // Processes starting together hold provisional figures for their new
     // contexts until each is measured, moments later: wait that long
@@ -207,7 +210,7 @@ pub fn reserve_context(attach: &Attach, dev: usize) -> Result<Option<(usize, u64
 
 /// This process's slot, with the region checked first; without one it is
 /// not counted, so it gets no memory (fail closed, one line why).
-pub fn counted_slot(attach: &Attach) -> Result<usize, CUresult> {
+pub fn counted_slot(attach: &Attach) -> Result<SlotIndex, CUresult> {
     // (A claim checks the region file itself; `reserve` checks it before
     // it counts.)
     attach.slot().ok_or_else(|| {

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use vgpu_shm::{Kind, MAX_DEVICES, Region};
+use vgpu_shm::{EntryIndex, Kind, MAX_DEVICES, Region, SlotIndex};
 
 use crate::attach::Attach;
 use crate::guard::Guard;
@@ -47,62 +47,58 @@ static MEASURED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; 
 static RAISED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// An allocation of `bytes` on `dev` completed.
-pub fn allocated(dev: usize, bytes: u64) {
-    ALLOCATED[dev].fetch_add(bytes, Ordering::AcqRel);
+pub fn allocated(dev: EntryIndex, bytes: u64) {
+    ALLOCATED[dev.get()].fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// A free of `bytes` on `dev` is about to start. (Counted before the
 /// driver frees it: once it has, NVML no longer sees the bytes.)
-pub fn freeing(dev: usize, bytes: u64) {
-    FREED[dev].fetch_add(bytes, Ordering::AcqRel);
+pub fn freeing(dev: EntryIndex, bytes: u64) {
+    FREED[dev.get()].fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// An allocation or free call inside the driver on one device; hold it
 /// from before the call until its bytes are counted as allocated or freed.
 #[must_use]
-pub struct InDriver(usize);
+pub struct InDriver(EntryIndex);
 
-pub fn in_driver(dev: usize) -> InDriver {
-    STARTED[dev].fetch_add(1, Ordering::SeqCst);
+pub fn in_driver(dev: EntryIndex) -> InDriver {
+    STARTED[dev.get()].fetch_add(1, Ordering::SeqCst);
     InDriver(dev)
 }
 
 impl Drop for InDriver {
     fn drop(&mut self) {
-        FINISHED[self.0].fetch_add(1, Ordering::SeqCst);
+        FINISHED[self.0.get()].fetch_add(1, Ordering::SeqCst);
     }
 }
 
 /// What a new context on `dev` is expected to cost: the last measured
 /// one, or the provisional figure before any was measured.
-pub fn expected_context_bytes(attach: &Attach, dev: usize) -> u64 {
-    match attach
+pub fn expected_context_bytes(attach: &Attach, dev: EntryIndex) -> u64 {
+    attach
         .region
         .device(dev)
-        .context_bytes
-        .load(Ordering::Acquire)
-    {
-        0 => PROVISIONAL,
-        b => b,
-    }
+        .context_bytes()
+        .unwrap_or(PROVISIONAL)
 }
 
 /// A context of ours now lives on device `dev` (its expected cost was
 /// reserved before it was made): measured at once when NVML is up.
-pub fn context_created(attach: &Attach, dev: usize) {
-    if CONTEXTS[dev].fetch_add(1, Ordering::AcqRel) == 0 {
-        MEASURED[dev].store(false, Ordering::Release);
+pub fn context_created(attach: &Attach, dev: EntryIndex) {
+    if CONTEXTS[dev.get()].fetch_add(1, Ordering::AcqRel) == 0 {
+        MEASURED[dev.get()].store(false, Ordering::Release);
     }
     let Some(slot) = attach.slot() else { return };
     if client::is_ready() {
-        LAST_NS[dev].store(0, Ordering::Release);
+        LAST_NS[dev.get()].store(0, Ordering::Release);
         reconcile_now(attach, slot, dev);
     }
 }
 
 /// A context of ours on `dev` is gone; with the last one, so is the overhead.
-pub fn context_destroyed(attach: &Attach, dev: usize) {
-    let before = CONTEXTS[dev]
+pub fn context_destroyed(attach: &Attach, dev: EntryIndex) {
+    let before = CONTEXTS[dev.get()]
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
             Some(n.saturating_sub(1))
         })
@@ -116,8 +112,8 @@ pub fn context_destroyed(attach: &Attach, dev: usize) {
 }
 
 /// Devices on which this process has a context.
-pub fn devices_in_use() -> impl Iterator<Item = usize> {
-    (0..MAX_DEVICES).filter(|&d| CONTEXTS[d].load(Ordering::Acquire) > 0)
+pub fn devices_in_use() -> impl Iterator<Item = EntryIndex> {
+    EntryIndex::all().filter(|&d| CONTEXTS[d.get()].load(Ordering::Acquire) > 0)
 }
 
 pub fn after_fork_child() {
@@ -140,14 +136,14 @@ pub fn after_fork_child() {
 
 /// Measures our overhead on `dev` now (the denial path, and the watcher).
 /// False when it could not be measured.
-pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
-    if CONTEXTS[dev].load(Ordering::Acquire) == 0 {
+pub fn reconcile_now(attach: &Attach, slot: SlotIndex, dev: EntryIndex) -> bool {
+    if CONTEXTS[dev.get()].load(Ordering::Acquire) == 0 {
         return false;
     }
     let now = crate::clock::monotonic_ns();
-    let last = LAST_NS[dev].load(Ordering::Acquire);
+    let last = LAST_NS[dev.get()].load(Ordering::Acquire);
     if now.saturating_sub(last) < MIN_INTERVAL_NS
-        || LAST_NS[dev]
+        || LAST_NS[dev.get()]
             .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
     {
@@ -169,17 +165,17 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     };
     // Started is read before finished: a call that slips between the two
     // reads shows up as a change of `started` afterwards.
-    let started = STARTED[dev].load(Ordering::SeqCst);
-    let idle_before = FINISHED[dev].load(Ordering::SeqCst) == started;
-    let allocated_before = ALLOCATED[dev].load(Ordering::SeqCst);
+    let started = STARTED[dev.get()].load(Ordering::SeqCst);
+    let idle_before = FINISHED[dev.get()].load(Ordering::SeqCst) == started;
+    let allocated_before = ALLOCATED[dev.get()].load(Ordering::SeqCst);
     let Ok(list) = client::processes(nd) else {
         return false;
     };
-    let freed_after = FREED[dev].load(Ordering::SeqCst);
+    let freed_after = FREED[dev.get()].load(Ordering::SeqCst);
     if !attach.intact() {
         return false;
     }
-    let exact = idle_before && STARTED[dev].load(Ordering::SeqCst) == started;
+    let exact = idle_before && STARTED[dev.get()].load(Ordering::SeqCst) == started;
     let Some(&(_, used)) = list.iter().find(|(p, _)| *p == pid) else {
         return false;
     };
@@ -195,17 +191,14 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
         // good for lowering the estimate, never for raising it.
         return lower(region, slot, dev, measured, current, now);
     }
-    let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
+    let first = !MEASURED[dev.get()].swap(true, Ordering::AcqRel);
     if first && measured > 0 {
         // What contexts cost here, for the next one to reserve. (Exact:
         // not a figure inflated by frees racing with NVML.)
-        region
-            .device(dev)
-            .context_bytes
-            .store(measured, Ordering::Release);
+        region.device(dev).set_context_bytes(measured);
     }
     if first || measured >= current {
-        RAISED_NS[dev].store(now, Ordering::Release);
+        RAISED_NS[dev.get()].store(now, Ordering::Release);
         region.set_usage(slot, dev, Kind::Context, measured);
         return true;
     }
@@ -214,8 +207,15 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
 
 /// The driver's own memory jitters between measurements: an estimate may
 /// rise at once but fall only once it is a second old.
-fn lower(region: &Region, slot: usize, dev: usize, measured: u64, current: u64, now: u64) -> bool {
-    let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
+fn lower(
+    region: &Region,
+    slot: SlotIndex,
+    dev: EntryIndex,
+    measured: u64,
+    current: u64,
+    now: u64,
+) -> bool {
+    let settled = now.saturating_sub(RAISED_NS[dev.get()].load(Ordering::Acquire)) >= SETTLE_NS;
     if measured < current && settled {
         region.set_usage(slot, dev, Kind::Context, measured);
     }

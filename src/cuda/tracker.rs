@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use vgpu_shm::layout::NUM_KINDS;
-use vgpu_shm::{Kind, MAX_DEVICES};
+use vgpu_shm::{EntryIndex, Kind, MAX_DEVICES};
 
 /// An allocation's identity: device pointers, VMM handles and array
 /// handles live in different name spaces.
@@ -22,7 +22,7 @@ pub enum Key {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tracked {
-    pub dev: usize,
+    pub dev: EntryIndex,
     pub kind: Kind,
     pub bytes: u64,
     /// The context current when it was made (0 if none).
@@ -54,8 +54,8 @@ pub fn remove(key: Key) -> Option<Tracked> {
 }
 
 /// Bytes held in context `ctx`, per device entry.
-pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
-    let mut per_dev: Vec<(usize, u64)> = Vec::new();
+pub fn context_bytes(ctx: usize) -> Vec<(EntryIndex, u64)> {
+    let mut per_dev: Vec<(EntryIndex, u64)> = Vec::new();
     for s in TABLE.iter() {
         for t in s.lock().values().filter(|t| t.ctx == ctx) {
             match per_dev.iter_mut().find(|(d, _)| *d == t.dev) {
@@ -73,31 +73,33 @@ static IN_FLIGHT: [[AtomicU64; NUM_KINDS]; MAX_DEVICES] =
     [const { [const { AtomicU64::new(0) }; NUM_KINDS] }; MAX_DEVICES];
 
 /// An allocation of `bytes` was reserved and goes to the driver.
-pub fn flight_started(dev: usize, kind: Kind, bytes: u64) {
-    IN_FLIGHT[dev][kind as usize].fetch_add(bytes, Ordering::AcqRel);
+pub fn flight_started(dev: EntryIndex, kind: Kind, bytes: u64) {
+    IN_FLIGHT[dev.get()][kind as usize].fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// It came back: [`insert`]ed first when it succeeded, so that
 /// [`totals`] never misses it.
-pub fn flight_ended(dev: usize, kind: Kind, bytes: u64) {
-    let _ = IN_FLIGHT[dev][kind as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-        Some(v.saturating_sub(bytes))
-    });
+pub fn flight_ended(dev: EntryIndex, kind: Kind, bytes: u64) {
+    let _ = IN_FLIGHT[dev.get()][kind as usize].fetch_update(
+        Ordering::AcqRel,
+        Ordering::Acquire,
+        |v| Some(v.saturating_sub(bytes)),
+    );
 }
 
 /// Bytes this process's slot must count when it is filled again (a new
 /// slot, a private copy): allocations in flight, read first, then every
 /// live allocation. One ending meanwhile may be counted twice, never not.
-pub fn totals() -> Vec<(usize, Kind, u64)> {
-    let mut out: Vec<(usize, Kind, u64)> = Vec::new();
-    let mut add = |dev: usize, kind: Kind, bytes: u64| match out
+pub fn totals() -> Vec<(EntryIndex, Kind, u64)> {
+    let mut out: Vec<(EntryIndex, Kind, u64)> = Vec::new();
+    let mut add = |dev: EntryIndex, kind: Kind, bytes: u64| match out
         .iter_mut()
         .find(|(d, k, _)| *d == dev && *k == kind)
     {
         Some((_, _, b)) => *b += bytes,
         None => out.push((dev, kind, bytes)),
     };
-    for (dev, kinds) in IN_FLIGHT.iter().enumerate() {
+    for (dev, kinds) in EntryIndex::all().zip(&IN_FLIGHT) {
         for kind in Kind::ALL {
             match kinds[kind as usize].load(Ordering::Acquire) {
                 0 => {}

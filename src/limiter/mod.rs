@@ -22,11 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicUsize, Ordering}
 use std::time::Duration;
 
 use bucket::Admit;
-use vgpu_shm::MAX_DEVICES;
-use vgpu_shm::layout::DeviceEntry;
+use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
 use crate::attach::Attach;
-use crate::config::CorePolicy;
 use crate::cuda::driver;
 use crate::cuda::exports::real;
 use crate::cuda::{device, sys::*};
@@ -87,20 +85,15 @@ fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
     }
 }
 
-fn enforced(entry: &DeviceEntry) -> bool {
-    entry.sm_limit.load(Ordering::Relaxed) != 0
-        && entry.policy.load(Ordering::Relaxed) != CorePolicy::Disable as u32
-}
-
 /// Notes that this process uses device entry `dev`.
-pub fn device_in_use(attach: &Attach, dev: usize) {
+pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
     let _ = ONLY_DEVICE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| match d {
-        NONE => Some(dev),
-        d if d == dev || d == MANY => None,
+        NONE => Some(dev.get()),
+        d if d == dev.get() || d == MANY => None,
         _ => Some(MANY),
     });
-    let on = enforced(attach.region.device(dev));
-    ENFORCED[dev].store(on, Ordering::Release);
+    let on = attach.region.device(dev).enforces_sm_limit();
+    ENFORCED[dev.get()].store(on, Ordering::Release);
     if on {
         ACTIVE.store(true, Ordering::Release);
     }
@@ -117,22 +110,22 @@ pub fn around(launch: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) ->
 
 thread_local! {
     /// (context, device entry) of this thread's last launch.
-    static LAST: Cell<(usize, usize)> = const { Cell::new((0, usize::MAX)) };
+    static LAST: Cell<(usize, Option<EntryIndex>)> = const { Cell::new((0, None)) };
 }
 
-fn current_device() -> Option<(&'static Attach, usize)> {
+fn current_device() -> Option<(&'static Attach, EntryIndex)> {
     let attach = init::attach()?;
-    let only = ONLY_DEVICE.load(Ordering::Relaxed);
-    if only < MANY {
+    if let Some(only) = EntryIndex::new(ONLY_DEVICE.load(Ordering::Relaxed)) {
         return Some((attach, only));
     }
     let ctx = driver::current_context()? as usize;
-    let (c, d) = LAST.with(Cell::get);
-    if c == ctx && d != usize::MAX {
+    if let (c, Some(d)) = LAST.with(Cell::get)
+        && c == ctx
+    {
         return Some((attach, d));
     }
     let (dev, _) = device::current_entry(attach)?;
-    LAST.with(|l| l.set((ctx, dev)));
+    LAST.with(|l| l.set((ctx, Some(dev))));
     Some((attach, dev))
 }
 
@@ -150,7 +143,7 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
     let Some((attach, dev)) = current_device() else {
         return go();
     };
-    if !ENFORCED[dev].load(Ordering::Relaxed) {
+    if !ENFORCED[dev.get()].load(Ordering::Relaxed) {
         return go();
     }
     let slot = estimate::slot(l.key);
@@ -186,8 +179,8 @@ const LEASE_NS: u64 = 2_000_000;
 
 /// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
 /// bucket when this process has no credit left.
-fn pay(attach: &Attach, dev: usize, cost: u64) {
-    let credit = &CREDIT[dev];
+fn pay(attach: &Attach, dev: EntryIndex, cost: u64) {
+    let credit = &CREDIT[dev.get()];
     let cost_i = i64::try_from(cost).unwrap_or(i64::MAX / 2);
     if credit.fetch_sub(cost_i, Ordering::Relaxed) >= cost_i {
         return;
@@ -201,7 +194,7 @@ fn pay(attach: &Attach, dev: usize, cost: u64) {
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
             break;
         };
-        entry.waits.fetch_add(1, Ordering::Relaxed);
+        entry.count_wait();
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();
     }
@@ -237,13 +230,13 @@ pub fn context_gone(ctx: usize) {
     timing::forget_context(ctx);
     LAST.with(|l| {
         if l.get().0 == ctx {
-            l.set((0, usize::MAX));
+            l.set((0, None));
         }
     });
 }
 
 /// The watcher re-checks whether limits appeared in the region.
-pub fn refresh(attach: &Attach, devices: impl Iterator<Item = usize>) {
+pub fn refresh(attach: &Attach, devices: impl Iterator<Item = EntryIndex>) {
     for dev in devices {
         device_in_use(attach, dev);
     }

@@ -12,7 +12,10 @@ use crate::ffi::{get, put};
 use crate::{init, view};
 
 /// The region entry for an NVML device handle.
-fn entry(device: NvmlDevice, total: u64) -> Option<(&'static crate::attach::Attach, usize)> {
+fn entry(
+    device: NvmlDevice,
+    total: u64,
+) -> Option<(&'static crate::attach::Attach, vgpu_shm::EntryIndex)> {
     let attach = init::attach()?;
     let mut text = [0 as c_char; 96];
     if !real::nvmlDeviceGetUUID(device, text.as_mut_ptr(), text.len() as c_uint).is_ok() {

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::error::{ShmError, check};
 use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
+use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{
     DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
     REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
@@ -24,7 +25,9 @@ use crate::{boot, space};
 /// Whether [`Region::open`] may create the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
+    /// Create the file when it does not exist.
     CreateIfMissing,
+    /// Only attach to an existing file.
     ExistingOnly,
 }
 
@@ -145,6 +148,7 @@ impl Region {
             private: AtomicBool::new(false),
         })
     }
+    /// The file's path (`<private>` for a private region).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -161,19 +165,20 @@ impl Region {
             .filter(|_| !self.private.load(Ordering::Acquire))
     }
 
+    /// The header, which holds the device table.
     pub fn header(&self) -> &Header {
         header_in(&self.map)
     }
 
-    pub fn device(&self, index: usize) -> &DeviceEntry {
-        &self.header().devices[index]
+    /// Device entry `index`.
+    pub fn device(&self, index: EntryIndex) -> &DeviceEntry {
+        &self.header().devices[index.get()]
     }
 
-    /// The slot at `index` (< MAX_SLOTS).
-    pub fn slot(&self, index: usize) -> &ProcSlot {
-        assert!(index < MAX_SLOTS, "slot index {index} out of range");
-        let offset = HEADER_SIZE + index * SLOT_SIZE;
-        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (index checked above), the
+    /// Slot `index`.
+    pub fn slot(&self, index: SlotIndex) -> &ProcSlot {
+        let offset = HEADER_SIZE + index.get() * SLOT_SIZE;
+        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (a SlotIndex is below MAX_SLOTS), the
         // offset is 8-aligned (HEADER_SIZE and SLOT_SIZE are multiples of 8),
         // and ProcSlot is repr(C) atomics only, valid for any bit pattern.
         unsafe { &*(self.map.as_ptr().add(offset) as *const ProcSlot) }
