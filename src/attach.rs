@@ -16,10 +16,13 @@ use vgpu_shm::{
     format_uuid,
 };
 
-use crate::config::Config;
+use crate::config::{Config, DeviceNumber};
+use crate::cuda::sys::CudaOrdinal;
 use crate::cuda::{overhead, tracker};
 use crate::hostpid;
+use crate::numbering;
 use crate::nvml::client;
+use crate::nvml::sys::NvmlIndex;
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.
@@ -209,13 +212,14 @@ impl Attach {
     }
 
     /// The device entry of CUDA ordinal `ordinal`; `info` is asked only the
-    /// first time, to register the device.
+    /// first time, to register the device with the limits for its number
+    /// in the container (`numbering.rs`), which NVML may be asked for.
     pub fn device(
         &self,
-        ordinal: i32,
+        ordinal: CudaOrdinal,
         info: impl FnOnce() -> Option<DeviceInfo>,
     ) -> Option<EntryIndex> {
-        let n = usize::try_from(ordinal).ok()?;
+        let n = usize::try_from(ordinal.0).ok()?;
         if let Some(cached) = self
             .ordinals
             .get(n)
@@ -226,36 +230,58 @@ impl Attach {
         if !self.intact() {
             return None;
         }
-        let index = self.register(n, &info()?)?;
+        let info = info()?;
+        let number = self.number_of(&info.uuid, || client::index_of(&info.uuid));
+        let index = self.register(self.config.limits_for(number), &info)?;
         if let Some(c) = self.ordinals.get(n) {
             c.store(index.get() + 1, Ordering::Release);
         }
         Some(index)
     }
 
-    /// The device entry of a GPU seen through NVML (`index` is NVML's).
-    /// Registers it when the environment has limits for it, so that
-    /// nvidia-smi shows the quota before any CUDA process ran.
-    pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<EntryIndex> {
+    /// The device entry of a GPU seen through NVML (`index` is NVML's,
+    /// when it said). Registers it when the environment has limits for it,
+    /// so that nvidia-smi shows the quota before any CUDA process ran.
+    pub fn device_by_uuid(
+        &self,
+        index: Option<NvmlIndex>,
+        info: &DeviceInfo,
+    ) -> Option<EntryIndex> {
         if !self.intact() {
             return None;
         }
         if let Some(i) = self.region.find_device(&info.uuid) {
             return Some(i);
         }
-        let n = index as usize;
-        if self.config.mem_limit_for(n) == 0 && self.config.sm_limit_for(n) == 0 {
+        let wanted = self.config.limits_for(self.number_of(&info.uuid, || index));
+        if wanted.mem == 0 && wanted.sm == 0 {
             return None;
         }
-        self.register(n, info)
+        self.register(wanted, info)
     }
 
-    fn register(&self, ordinal: usize, info: &DeviceInfo) -> Option<EntryIndex> {
-        let wanted = Limits {
-            mem: self.config.mem_limit_for(ordinal),
-            sm: self.config.sm_limit_for(ordinal),
-            policy: self.config.policy,
-        };
+    /// The container's number for the device `uuid`, where it matters:
+    /// with no `_N` in the environment every device gets the same limits,
+    /// and NVML is not asked.
+    fn number_of(
+        &self,
+        uuid: &[u8; 16],
+        nvml_index: impl FnOnce() -> Option<NvmlIndex>,
+    ) -> Option<DeviceNumber> {
+        if !self.config.has_per_device_limits() {
+            return None;
+        }
+        let number = numbering::number_of(&self.config, uuid, nvml_index);
+        if number.is_none() {
+            crate::warn_once!(
+                "which of the container's devices {} is cannot be told (NVML unavailable, and NVIDIA_VISIBLE_DEVICES lists no UUIDs): it gets the least of the limits the environment sets for any device",
+                format_uuid(uuid)
+            );
+        }
+        number
+    }
+
+    fn register(&self, wanted: Limits, info: &DeviceInfo) -> Option<EntryIndex> {
         let mut registered = self.region.register_device(info, wanted);
         if matches!(registered, Err(ShmError::Tampered { .. })) && self.still_ours() {
             registered = self.region.register_device(info, wanted);

@@ -4,9 +4,11 @@
 //! (bytes with an optional k/m/g suffix, case-insensitive),
 //! `CUDA_DEVICE_SM_LIMIT[_N]` (percent), `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
 //! `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`,
-//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the CUDA ordinal in
-//! the process that reads it. vgpu's own: `VGPU_REGION_MODE`,
-//! `VGPU_REGION_ANY_OWNER` (how region files are made and trusted).
+//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the container's N-th
+//! device ([`DeviceNumber`], assigned in `numbering.rs`), never a process's
+//! CUDA ordinal; `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs, gives
+//! that order. vgpu's own: `VGPU_REGION_MODE`, `VGPU_REGION_ANY_OWNER` (how
+//! region files are made and trusted).
 //!
 //! In a secure-execution process (setuid, setgid, file capabilities:
 //! `AT_SECURE`), whoever started it may not be the user it runs as, so
@@ -19,9 +21,29 @@ use std::fmt;
 use std::path::PathBuf;
 
 use log::LevelFilter;
+use vgpu_shm::Limits;
 
 /// How many `_N` suffixes are read.
-pub const MAX_ORDINALS: usize = vgpu_shm::MAX_DEVICES;
+pub const DEVICE_NUMBERS: usize = vgpu_shm::MAX_DEVICES;
+
+/// The container's N-th device: what the `_N` of
+/// `CUDA_DEVICE_MEMORY_LIMIT_N` and `CUDA_DEVICE_SM_LIMIT_N` names. Not a
+/// CUDA ordinal (renumbered by `CUDA_VISIBLE_DEVICES`), not a region
+/// entry; `numbering.rs` says how a device gets its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceNumber(usize);
+
+impl DeviceNumber {
+    /// The container's device `n` (counting from 0).
+    pub const fn new(n: usize) -> DeviceNumber {
+        DeviceNumber(n)
+    }
+
+    /// The number, as `_N` writes it.
+    pub const fn get(self) -> usize {
+        self.0
+    }
+}
 
 /// `GPU_CORE_UTILIZATION_POLICY`: the region stores it per device.
 pub use vgpu_shm::CorePolicy;
@@ -29,10 +51,13 @@ pub use vgpu_shm::CorePolicy;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub mem_limit: Option<u64>,
-    pub mem_limit_n: [Option<u64>; MAX_ORDINALS],
+    pub mem_limit_n: [Option<u64>; DEVICE_NUMBERS],
     pub sm_limit: Option<u32>,
-    pub sm_limit_n: [Option<u32>; MAX_ORDINALS],
+    pub sm_limit_n: [Option<u32>; DEVICE_NUMBERS],
     pub shared_cache: Option<PathBuf>,
+    /// `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs (`GPU-...`): the
+    /// container's devices in `_N` order.
+    pub visible_uuids: Option<Vec<[u8; 16]>>,
     pub policy: CorePolicy,
     pub disable_control: bool,
     pub oversubscribe: bool,
@@ -72,23 +97,45 @@ impl std::error::Error for ConfigError {}
 
 const BYTES: &str = "bytes with an optional k/m/g suffix, e.g. 4g, 4096m, 1073741824";
 const PERCENT: &str = "a whole percentage from 0 to 100";
-const ORDINAL: &str =
-    "a device ordinal from 0 to 15 after the underscore in the name (_0 ... _15, no leading zeros)";
-const _: () = assert!(MAX_ORDINALS == 16, "ORDINAL names the range");
+const NUMBER: &str =
+    "a device number from 0 to 15 after the underscore in the name (_0 ... _15, no leading zeros)";
+const _: () = assert!(DEVICE_NUMBERS == 16, "NUMBER names the range");
 const ABSOLUTE: &str =
     "an absolute path (a relative one would give every working directory a region of its own)";
 const MODE: &str = "an octal file mode from 0600 to 0666, e.g. 0660";
 
-/// The variables with a device-ordinal suffix.
-const PER_ORDINAL: [&str; 2] = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"];
+/// The variables with a device-number suffix.
+const PER_DEVICE: [&str; 2] = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"];
 
-/// The ordinal in a `_N` suffix: canonical decimal below MAX_ORDINALS.
-fn parse_ordinal(suffix: &str) -> Option<usize> {
+/// The number in a `_N` suffix: canonical decimal below DEVICE_NUMBERS.
+fn parse_number(suffix: &str) -> Option<usize> {
     let canonical = suffix == "0" || (!suffix.starts_with('0') && !suffix.is_empty());
     if !canonical || !suffix.bytes().all(|b| b.is_ascii_digit()) || suffix.len() > 2 {
         return None;
     }
-    suffix.parse().ok().filter(|&n| n < MAX_ORDINALS)
+    suffix.parse().ok().filter(|&n| n < DEVICE_NUMBERS)
+}
+
+/// `NVIDIA_VISIBLE_DEVICES` as a list of GPU UUIDs; None for anything
+/// else (`all`, `none`, indices, MIG devices), which leaves the order to
+/// NVML.
+fn parse_uuid_list(text: &str) -> Option<Vec<[u8; 16]>> {
+    text.split(',')
+        .map(|t| vgpu_shm::parse_uuid(t.trim()))
+        .collect::<Option<Vec<_>>>()
+        .filter(|l| !l.is_empty())
+}
+
+/// The least limit among the global one and the per-device ones (0 when
+/// none is set).
+fn least<T: Copy + Ord + Default>(global: Option<T>, per_device: &[Option<T>]) -> T {
+    per_device
+        .iter()
+        .chain([&global])
+        .flatten()
+        .copied()
+        .min()
+        .unwrap_or_default()
 }
 
 /// A region file mode: octal, owner read-write at least, nothing beyond
@@ -160,10 +207,11 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             mem_limit: None,
-            mem_limit_n: [None; MAX_ORDINALS],
+            mem_limit_n: [None; DEVICE_NUMBERS],
             sm_limit: None,
-            sm_limit_n: [None; MAX_ORDINALS],
+            sm_limit_n: [None; DEVICE_NUMBERS],
             shared_cache: None,
+            visible_uuids: None,
             policy: CorePolicy::Default,
             disable_control: false,
             oversubscribe: false,
@@ -208,13 +256,13 @@ impl Config {
         let text = |var: &str| get(var).map(|v| v.to_string_lossy().into_owned());
         let trusted_text = |var: &str| trusted(var).map(|v| v.to_string_lossy().into_owned());
         for name in names {
-            if let Some(suffix) = PER_ORDINAL.iter().find_map(|p| name.strip_prefix(p))
-                && parse_ordinal(suffix).is_none()
+            if let Some(suffix) = PER_DEVICE.iter().find_map(|p| name.strip_prefix(p))
+                && parse_number(suffix).is_none()
             {
                 return Err(ConfigError {
                     var: name.to_string(),
                     value: text(name).unwrap_or_default(),
-                    expected: ORDINAL,
+                    expected: NUMBER,
                 });
             }
         }
@@ -283,9 +331,9 @@ impl Config {
             })?,
         };
 
-        let mut mem_limit_n = [None; MAX_ORDINALS];
-        let mut sm_limit_n = [None; MAX_ORDINALS];
-        for n in 0..MAX_ORDINALS {
+        let mut mem_limit_n = [None; DEVICE_NUMBERS];
+        let mut sm_limit_n = [None; DEVICE_NUMBERS];
+        for n in 0..DEVICE_NUMBERS {
             mem_limit_n[n] = bytes(&format!("CUDA_DEVICE_MEMORY_LIMIT_{n}"))?;
             sm_limit_n[n] = percent(&format!("CUDA_DEVICE_SM_LIMIT_{n}"))?;
         }
@@ -295,6 +343,9 @@ impl Config {
             sm_limit: percent("CUDA_DEVICE_SM_LIMIT")?,
             sm_limit_n,
             shared_cache,
+            visible_uuids: text("NVIDIA_VISIBLE_DEVICES")
+                .as_deref()
+                .and_then(parse_uuid_list),
             policy,
             disable_control: trusted_text("CUDA_DISABLE_CONTROL")
                 .and_then(|v| parse_bool(&v))
@@ -320,31 +371,57 @@ impl Config {
     pub fn without_limits(&self) -> Config {
         Config {
             mem_limit: None,
-            mem_limit_n: [None; MAX_ORDINALS],
+            mem_limit_n: [None; DEVICE_NUMBERS],
             sm_limit: None,
-            sm_limit_n: [None; MAX_ORDINALS],
+            sm_limit_n: [None; DEVICE_NUMBERS],
+            visible_uuids: None,
             ..self.clone()
         }
     }
 
-    /// The memory limit for CUDA ordinal `n` (0 = none): `_N` wins.
-    pub fn mem_limit_for(&self, n: usize) -> u64 {
+    /// The memory limit for the container's device `n` (0 = none): `_N`
+    /// wins over the variable without a suffix.
+    pub fn mem_limit_for(&self, n: DeviceNumber) -> u64 {
         self.mem_limit_n
-            .get(n)
+            .get(n.0)
             .copied()
             .flatten()
             .or(self.mem_limit)
             .unwrap_or(0)
     }
 
-    /// The SM limit for CUDA ordinal `n` (0 = none): `_N` wins.
-    pub fn sm_limit_for(&self, n: usize) -> u32 {
+    /// The SM limit for the container's device `n` (0 = none): `_N` wins.
+    pub fn sm_limit_for(&self, n: DeviceNumber) -> u32 {
         self.sm_limit_n
-            .get(n)
+            .get(n.0)
             .copied()
             .flatten()
             .or(self.sm_limit)
             .unwrap_or(0)
+    }
+
+    /// The limits for the container's device `number`. A device whose
+    /// number is unknown (None) gets the least of the limits set for any
+    /// device: fail closed, never more than some `_N` meant.
+    pub fn limits_for(&self, number: Option<DeviceNumber>) -> Limits {
+        let (mem, sm) = match number {
+            Some(n) => (self.mem_limit_for(n), self.sm_limit_for(n)),
+            None => (
+                least(self.mem_limit, &self.mem_limit_n),
+                least(self.sm_limit, &self.sm_limit_n),
+            ),
+        };
+        Limits {
+            mem,
+            sm,
+            policy: self.policy,
+        }
+    }
+
+    /// Whether some device has a limit of its own (`_N`): only then does
+    /// a device's number change its limits.
+    pub fn has_per_device_limits(&self) -> bool {
+        self.mem_limit_n.iter().any(Option::is_some) || self.sm_limit_n.iter().any(Option::is_some)
     }
 
     /// Whether the environment asks for any limit at all.
@@ -401,11 +478,49 @@ mod tests {
             ("CUDA_DEVICE_SM_LIMIT_1", "30"),
         ])
         .unwrap();
-        assert_eq!(c.mem_limit_for(0), 4 << 30);
-        assert_eq!(c.mem_limit_for(1), 2 << 30);
-        assert_eq!((c.sm_limit_for(0), c.sm_limit_for(1)), (0, 30));
-        assert!(c.has_limits());
+        let (n0, n1) = (DeviceNumber::new(0), DeviceNumber::new(1));
+        assert_eq!(c.mem_limit_for(n0), 4 << 30);
+        assert_eq!(c.mem_limit_for(n1), 2 << 30);
+        assert_eq!((c.sm_limit_for(n0), c.sm_limit_for(n1)), (0, 30));
+        assert!(c.has_limits() && c.has_per_device_limits());
         assert!(!cfg(&[]).unwrap().has_limits());
+        assert!(
+            !cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "4g")])
+                .unwrap()
+                .has_per_device_limits()
+        );
+    }
+
+    #[test]
+    fn a_device_of_unknown_number_gets_the_least_limit() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "6g"),
+            ("CUDA_DEVICE_SM_LIMIT_3", "30"),
+        ])
+        .unwrap();
+        let unknown = c.limits_for(None);
+        assert_eq!((unknown.mem, unknown.sm), (2 << 30, 30));
+        let two = c.limits_for(Some(DeviceNumber::new(2)));
+        assert_eq!((two.mem, two.sm), (6 << 30, 0));
+        // Numbers past the last suffix get the variable without one.
+        assert_eq!(c.limits_for(Some(DeviceNumber::new(40))).mem, 4 << 30);
+        assert_eq!(cfg(&[]).unwrap().limits_for(None), Limits::default());
+    }
+
+    #[test]
+    fn nvidia_visible_devices_counts_only_as_a_uuid_list() {
+        let a = "GPU-51516d67-9000-0000-0000-000000000001";
+        let b = "GPU-51516d67-9000-0000-0000-000000000000";
+        let c = cfg(&[("NVIDIA_VISIBLE_DEVICES", &format!("{a}, {b}"))]).unwrap();
+        let list = c.visible_uuids.unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0][15], 1);
+        for other in ["all", "none", "void", "0,1", "", &format!("{a},1")] {
+            let c = cfg(&[("NVIDIA_VISIBLE_DEVICES", other)]).unwrap();
+            assert_eq!(c.visible_uuids, None, "{other:?}");
+        }
     }
 
     #[test]
@@ -446,12 +561,12 @@ mod tests {
     }
 
     #[test]
-    fn ordinal_suffixes_must_be_canonical_and_in_range() {
+    fn number_suffixes_must_be_canonical_and_in_range() {
         for good in ["0", "7", "15"] {
-            assert!(parse_ordinal(good).is_some(), "{good}");
+            assert!(parse_number(good).is_some(), "{good}");
         }
         for bad in ["", "16", "99999", "00", "07", "-1", "+1", "x", "1 "] {
-            assert_eq!(parse_ordinal(bad), None, "{bad:?}");
+            assert_eq!(parse_number(bad), None, "{bad:?}");
         }
         let e = cfg_named(&[("CUDA_DEVICE_SM_LIMIT_00", "30")], false).unwrap_err();
         assert_eq!(e.var, "CUDA_DEVICE_SM_LIMIT_00");

@@ -38,6 +38,7 @@ pub use vgpu_shm as shm;
 
 pub mod config;
 mod log;
+mod numbering;
 
 mod attach;
 mod clock;

@@ -16,7 +16,7 @@ pub fn current_context() -> Option<CUcontext> {
 
 /// The ordinal of the current context's device.
 pub fn current_ordinal() -> Option<CUdevice> {
-    let mut dev: CUdevice = -1;
+    let mut dev = CudaOrdinal(-1);
     real::cuCtxGetDevice(&mut dev).is_ok().then_some(dev)
 }
 

@@ -422,7 +422,7 @@ pub fn vmm_create(
         return call();
     }
     counted(
-        On::Ordinal(p.location.id),
+        On::Ordinal(CudaOrdinal(p.location.id)),
         Kind::Vmm,
         bytes as u64,
         call,
@@ -549,7 +549,7 @@ pub fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUres
         && let (Some(p), Some(h)) = (get(props), get(pool))
         && p.location.kind == MEM_LOCATION_TYPE_DEVICE
     {
-        POOLS.lock().insert(h as usize, p.location.id);
+        POOLS.lock().insert(h as usize, CudaOrdinal(p.location.id));
     }
     rc
 }

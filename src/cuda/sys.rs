@@ -35,7 +35,21 @@ impl fmt::Display for CUresult {
     }
 }
 
-pub type CUdevice = c_int;
+/// `CUdevice`: a device as the CUDA driver numbers it in this process.
+/// `CUDA_VISIBLE_DEVICES` renumbers devices per process, so an ordinal is
+/// neither the container's device number (`_N`, see `numbering.rs`) nor
+/// NVML's index, and never a region entry.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaOrdinal(pub c_int);
+
+impl fmt::Display for CudaOrdinal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+pub type CUdevice = CudaOrdinal;
 pub type CUdeviceptr = u64;
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUcontext = *mut c_void;
@@ -76,6 +90,8 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
+/// `CUmemLocation`: for a device location (`MEM_LOCATION_TYPE_DEVICE`),
+/// `id` is the device's CUDA ordinal.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct MemLocation {

@@ -89,6 +89,21 @@ pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
     Some(dev)
 }
 
+/// NVML's index of the GPU with this UUID: where it stands in NVML's
+/// enumeration. None when NVML cannot be used or does not know the GPU.
+pub fn index_of(uuid: &[u8; 16]) -> Option<NvmlIndex> {
+    if !init() {
+        return None;
+    }
+    let dev = device(uuid)?;
+    let mut index = NvmlIndex::default();
+    let rc = {
+        let _internal = Guard::enter();
+        real::nvmlDeviceGetIndex(dev, &mut index)
+    };
+    rc.is_ok().then_some(index)
+}
+
 /// (pid, used bytes) of every compute process on `dev`.
 pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
     let _internal = Guard::enter();

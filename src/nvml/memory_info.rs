@@ -27,8 +27,10 @@ fn entry(
         .map(|&c| c as u8)
         .collect();
     let uuid = parse_uuid(std::str::from_utf8(&bytes).ok()?)?;
-    let mut index: c_uint = 0;
-    let _ = real::nvmlDeviceGetIndex(device, &mut index);
+    let mut index = NvmlIndex::default();
+    let index = real::nvmlDeviceGetIndex(device, &mut index)
+        .is_ok()
+        .then_some(index);
     let info = DeviceInfo {
         uuid,
         total_mem: total,

@@ -34,6 +34,13 @@ impl fmt::Display for NvmlReturn {
 
 pub type NvmlDevice = *mut c_void;
 
+/// A device as NVML numbers it (`nvmlDeviceGetIndex`): the enumeration
+/// of the devices the container can see, which `CUDA_VISIBLE_DEVICES`
+/// does not change. Not a CUDA ordinal.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmlIndex(pub c_uint);
+
 /// `nvmlMemory_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
