@@ -18,11 +18,11 @@ use vgpu_shm::{
 
 use crate::config::{Config, DeviceNumber};
 use crate::cuda::sys::CudaOrdinal;
-use crate::cuda::{overhead, tracker};
 use crate::hostpid;
 use crate::numbering;
 use crate::nvml::client;
 use crate::nvml::sys::NvmlIndex;
+use crate::quota::{overhead, tracker};
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.

@@ -6,8 +6,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 
-use crate::cuda::{context, overhead, tracker};
+use crate::cuda::context;
 use crate::nvml::client;
+use crate::quota::{overhead, tracker};
 use crate::{hostpid, init, limiter, watcher};
 
 pub fn install() {

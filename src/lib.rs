@@ -51,6 +51,7 @@ mod init;
 mod interpose;
 mod limiter;
 mod nvml;
+mod quota;
 mod tamper;
 mod unwind;
 mod view;

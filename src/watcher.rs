@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::cuda::overhead;
 use crate::limiter::{self, leader::Leader};
 use crate::nvml::client;
+use crate::quota::overhead;
 use crate::{hostpid, init};
 
 const TICK: Duration = Duration::from_millis(100);

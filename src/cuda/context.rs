@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 
 use super::exports::real;
 use super::sys::*;
-use super::{device, driver, memory, overhead, tracker};
+use super::{device, driver, memory};
 use crate::ffi::get;
+use crate::quota::{overhead, tracker};
 use crate::{hostpid, init, limiter, watcher};
 
 #[derive(Clone, Copy)]

@@ -16,11 +16,12 @@ use vgpu_shm::{EntryIndex, Kind, Owners, Reservation, SlotIndex, format_uuid};
 
 use super::exports::real;
 use super::sys::*;
-use super::tracker::{self, Key, Tracked};
-use super::{device, driver, overhead};
+use super::{device, driver};
 use crate::attach::Attach;
 use crate::ffi::get;
 use crate::init;
+use crate::quota::overhead;
+use crate::quota::tracker::{self, Key, Tracked};
 
 /// Which device an allocation lands on.
 #[derive(Clone, Copy)]

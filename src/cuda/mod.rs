@@ -8,8 +8,7 @@
 //! - `graph`: graph instantiation (cost) and stream capture
 //!
 //! and the helpers they share: `sys` (types), `driver` (calls vgpu makes
-//! itself), `device` (ordinal to device entry), `tracker` (what each
-//! allocation counted), `overhead` (context memory via NVML).
+//! itself), `device` (ordinal to device entry).
 
 pub mod context;
 pub mod device;
@@ -19,7 +18,5 @@ pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
-pub mod overhead;
 pub mod proc_address;
 pub mod sys;
-pub mod tracker;
