@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 use vgpu_shm::procinfo::monotonic_ms;
 use vgpu_shm::{
-    DeviceInfo, EntryIndex, Kind, Limits, ProcId, ProcView, Region, ShmError, SlotIndex,
-    format_uuid,
+    DeviceInfo, EntryIndex, Limits, ProcId, ProcView, Region, ShmError, SlotIndex, format_uuid,
 };
 
 use crate::config::{Config, DeviceNumber};
@@ -22,7 +21,7 @@ use crate::hostpid;
 use crate::numbering;
 use crate::nvml::client;
 use crate::nvml::sys::NvmlIndex;
-use crate::quota::{overhead, tracker};
+use crate::quota::restore_usage;
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.
@@ -336,17 +335,5 @@ impl Attach {
             unsafe { self.me.force_unlock() };
         }
         *self.me.lock() = None;
-    }
-}
-
-/// Counts again, in slot `slot` of `region`, what this process holds: every
-/// tracked allocation, and a provisional context on each device it uses
-/// (re-measured by the watcher moments later).
-pub(crate) fn restore_usage(region: &Region, slot: SlotIndex) {
-    for (dev, kind, bytes) in tracker::totals() {
-        region.add_usage(slot, dev, kind, bytes);
-    }
-    for dev in overhead::devices_in_use() {
-        region.set_usage(slot, dev, Kind::Context, overhead::PROVISIONAL);
     }
 }

@@ -13,7 +13,8 @@
 
 use vgpu_shm::Tamper;
 
-use crate::attach::{Attach, restore_usage};
+use crate::attach::Attach;
+use crate::quota::restore_usage;
 
 impl Attach {
     /// Whether the region may be touched now (one `fstat`: call it right

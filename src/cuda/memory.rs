@@ -9,19 +9,16 @@
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::{EntryIndex, Kind, Owners, Reservation, SlotIndex, format_uuid};
+use vgpu_shm::{EntryIndex, Kind};
 
 use super::exports::real;
 use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;
 use crate::ffi::get;
-use crate::init;
-use crate::quota::overhead;
-use crate::quota::tracker::{self, Key, Tracked};
+use crate::quota::{self, Charge, Key};
 
 /// Which device an allocation lands on.
 #[derive(Clone, Copy)]
@@ -30,203 +27,15 @@ enum On {
     Ordinal(CUdevice),
 }
 
-/// Bytes reserved for an allocation in flight.
-struct Charge {
-    attach: &'static Attach,
-    slot: SlotIndex,
-    dev: EntryIndex,
-    kind: Kind,
-    bytes: u64,
-    /// What `tracker::flight_started` was told.
-    in_flight: u64,
-}
-
-impl Charge {
-    /// Reserves `bytes` on the device `on` names. `Ok(None)` when nothing
-    /// is enforced there (no region, no context: the driver will answer).
-    fn take(on: On, kind: Kind, bytes: u64) -> Result<Option<Charge>, CUresult> {
-        let Some(attach) = init::attach() else {
-            return Ok(None);
-        };
-        let slot = counted_slot(attach)?;
-        let dev = match on {
+impl On {
+    /// The device entry, asked once the quota needs it.
+    fn entry(self) -> impl FnOnce(&Attach) -> Option<EntryIndex> {
+        move |attach| match self {
             On::CurrentContext => device::current_entry(attach).map(|(d, _)| d),
             On::Ordinal(o) => device::entry(attach, o),
-        };
-        let Some(dev) = dev else { return Ok(None) };
-        reserve(attach, slot, dev, kind, bytes)?;
-        tracker::flight_started(dev, kind, bytes);
-        Ok(Some(Charge {
-            attach,
-            slot,
-            dev,
-            kind,
-            bytes,
-            in_flight: bytes,
-        }))
-    }
-
-    /// The allocation failed: give the bytes back.
-    fn refund(self) {
-        tracker::flight_ended(self.dev, self.kind, self.in_flight);
-        if self.attach.intact() {
-            self.attach
-                .region
-                .unreserve(self.slot, self.dev, self.kind, self.bytes);
-        }
-    }
-
-    /// The allocation succeeded: remember what it holds.
-    fn keep(self, key: Key) {
-        let ctx = driver::current_context().map_or(0, |c| c as usize);
-        let t = Tracked {
-            dev: self.dev,
-            kind: self.kind,
-            bytes: self.bytes,
-            ctx,
-        };
-        // The driver handed out this address again, so whatever we had
-        // under it is gone (freed through a path we do not see).
-        if let Some(stale) = tracker::remove(key) {
-            release(stale);
-        }
-        overhead::allocated(self.dev, self.bytes);
-        tracker::insert(key, t);
-        tracker::flight_ended(self.dev, self.kind, self.in_flight);
-    }
-}
-
-/// Reserve-then-check, with one retry after making room: dead processes'
-/// slots are reclaimed and our context overhead is re-measured.
-fn reserve(
-    attach: &Attach,
-    slot: SlotIndex,
-    dev: EntryIndex,
-    kind: Kind,
-    bytes: u64,
-) -> Result<(), CUresult> {
-    let region = &attach.region;
-    // The region file is checked right before the accesses, and again
-    // after each slow step (NVML, the lock): tamper.rs.
-    let intact = || {
-        attach
-            .intact()
-            .then_some(())
-            .ok_or(CUresult::ERROR_OUT_OF_MEMORY)
-    };
-    intact()?;
-    if region.reserve(slot, dev, kind, bytes) == Reservation::Granted {
-        if !near_limit(attach, dev) || !overhead::reconcile_now(attach, slot, dev) {
-            return intact();
-        }
-        intact()?;
-        // Close to the limit, the overhead was just re-measured (the
-        // driver's page tables grow with every allocation): still within?
-        let limit = region.device(dev).mem_limit();
-        if region.device_usage(dev, Owners::All) <= limit {
-            return Ok(());
-        }
-        region.unreserve(slot, dev, kind, bytes);
-    }
-    attach.reclaim_dead();
-    overhead::reconcile_now(attach, slot, dev);
-    intact()?;
-    match region.reserve(slot, dev, kind, bytes) {
-        Reservation::Granted => Ok(()),
-        Reservation::Denied { limit, used, asked } => {
-            report_denial(attach, dev, limit, used, asked);
-            Err(CUresult::ERROR_OUT_OF_MEMORY)
         }
     }
 }
-
-/// Within this fraction of the limit, a grant re-measures the overhead.
-const NEAR_LIMIT_DIV: u64 = 32;
-
-fn near_limit(attach: &Attach, dev: EntryIndex) -> bool {
-    let limit = attach.region.device(dev).mem_limit();
-    limit != 0 && attach.region.device_usage(dev, Owners::All) + limit / NEAR_LIMIT_DIV > limit
-}
-
-/// One line per denial, at most one a second.
-fn report_denial(attach: &Attach, dev: EntryIndex, limit: u64, used: u64, asked: u64) {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = crate::clock::monotonic_ns() / 1_000_000_000;
-    if LAST.swap(now, Ordering::Relaxed) == now {
-        return;
-    }
-    log::warn!(
-        "out of memory on {}: asked {}, the container uses {} of its {} limit; returning CUDA_ERROR_OUT_OF_MEMORY",
-        format_uuid(&attach.region.device(dev).uuid()),
-        fmt_bytes(asked),
-        fmt_bytes(used),
-        fmt_bytes(limit)
-    );
-}
-
-pub fn fmt_bytes(b: u64) -> String {
-    const MIB: f64 = (1u64 << 20) as f64;
-    if b >= 1 << 30 {
-        format!("{:.2} GiB", b as f64 / (MIB * 1024.0))
-    } else {
-        format!("{:.1} MiB", b as f64 / MIB)
-    }
-}
-
-/// Releases what a tracked allocation held (the driver has freed it).
-pub fn release(t: Tracked) {
-    if let Some(attach) = init::attach()
-        && attach.intact()
-        && let Some(slot) = attach.slot()
-    {
-        attach.region.unreserve(slot, t.dev, t.kind, t.bytes);
-    }
-}
-
-/// Reserves what a new context on device entry `dev` is expected to cost,
-/// before it is created: a context is device memory too, and a container
-/// at its limit gets `CUDA_ERROR_OUT_OF_MEMORY`, as a full card would give.
-/// Returns the slot and bytes to give back if the creation fails.
-pub fn reserve_context(
-    attach: &Attach,
-    dev: EntryIndex,
-) -> Result<Option<(SlotIndex, u64)>, CUresult> {
-    let slot = counted_slot(attach)?;
-    // Processes starting together hold provisional figures for their new
-    // contexts until each is measured, moments later: wait that long
-    // before calling the container full.
-    let deadline = crate::clock::monotonic_ns() + CONTEXT_WAIT_NS;
-    loop {
-        let bytes = overhead::expected_context_bytes(attach, dev);
-        match reserve(attach, slot, dev, Kind::Context, bytes) {
-            Ok(()) => return Ok(Some((slot, bytes))),
-            Err(rc) if crate::clock::monotonic_ns() >= deadline => return Err(rc),
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-        if !attach.intact() {
-            return Err(CUresult::ERROR_OUT_OF_MEMORY);
-        }
-    }
-}
-
-/// This process's slot, with the region checked first; without one it is
-/// not counted, so it gets no memory (fail closed, one line why).
-pub fn counted_slot(attach: &Attach) -> Result<SlotIndex, CUresult> {
-    // (A claim checks the region file itself; `reserve` checks it before
-    // it counts.)
-    attach.slot().ok_or_else(|| {
-        crate::warn_once!(
-            "{}: this process cannot be counted, so it gets no device memory (CUDA_ERROR_OUT_OF_MEMORY)",
-            attach
-                .claim_error()
-                .unwrap_or_else(|| "no process slot".into())
-        );
-        CUresult::ERROR_OUT_OF_MEMORY
-    })
-}
-
-/// How long a context reservation waits for room before it fails.
-const CONTEXT_WAIT_NS: u64 = 1_000_000_000;
 
 /// Counts `bytes` of `kind` around `alloc`; `key` names the result.
 fn counted(
@@ -236,40 +45,14 @@ fn counted(
     alloc: impl FnOnce() -> CUresult,
     key: impl FnOnce() -> Option<Key>,
 ) -> CUresult {
-    let charge = match Charge::take(on, kind, bytes) {
-        Ok(c) => c,
-        Err(rc) => return rc,
-    };
-    let _in_driver = charge.as_ref().map(|c| overhead::in_driver(c.dev));
-    let rc = alloc();
-    if let Some(c) = charge {
-        match key().filter(|_| rc.is_ok()) {
-            Some(k) => c.keep(k),
-            None => c.refund(),
-        }
-    }
-    rc
+    quota::counted(kind, bytes, on.entry(), alloc, || {
+        Some((key()?, current_context()))
+    })
 }
 
-/// Frees through `free`, then releases what `key` held.
-fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
-    // Taken out first: once the driver frees it, another thread may be
-    // handed the same address and insert its own entry.
-    let held = tracker::remove(key);
-    let _in_driver = held.as_ref().map(|t| overhead::in_driver(t.dev));
-    if let Some(t) = held {
-        overhead::freeing(t.dev, t.bytes);
-    }
-    let rc = free();
-    match held {
-        Some(t) if rc.is_ok() => release(t),
-        Some(t) => {
-            overhead::allocated(t.dev, t.bytes);
-            tracker::insert(key, t);
-        }
-        None => {}
-    }
-    rc
+/// The current context as the tracker names it (0: none).
+fn current_context() -> usize {
+    driver::current_context().map_or(0, |c| c as usize)
 }
 
 fn ptr_key(p: *mut CUdeviceptr) -> impl FnOnce() -> Option<Key> {
@@ -319,35 +102,21 @@ pub fn alloc_pitch(
         return call();
     }
     let estimate = (width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN).saturating_mul(height) as u64;
-    let charge = match Charge::take(On::CurrentContext, Kind::Buffer, estimate) {
+    let charge = match Charge::take(Kind::Buffer, estimate, On::CurrentContext.entry()) {
         Ok(c) => c,
         Err(rc) => return rc,
     };
     let rc = call();
     let Some(mut c) = charge else { return rc };
     let (Some(p), Some(row), true) = (get(dptr), get(pitch), rc.is_ok()) else {
-        c.refund();
         return rc;
     };
-    let actual = (row as u64).saturating_mul(height as u64);
-    if !c.attach.intact() {
-        // (Counted in the private copy from here on, at the estimate.)
-        c.keep(Key::Ptr(p));
-        return rc;
+    if let Err(deny) = c.settle((row as u64).saturating_mul(height as u64)) {
+        drop(c);
+        let _ = real::cuMemFree_v2(p);
+        return deny;
     }
-    if actual > estimate {
-        if let Err(deny) = reserve(c.attach, c.slot, c.dev, Kind::Buffer, actual - estimate) {
-            c.refund();
-            let _ = real::cuMemFree_v2(p);
-            return deny;
-        }
-    } else {
-        c.attach
-            .region
-            .unreserve(c.slot, c.dev, Kind::Buffer, estimate - actual);
-    }
-    c.bytes = actual;
-    c.keep(Key::Ptr(p));
+    c.keep(Key::Ptr(p), current_context());
     rc
 }
 
@@ -400,15 +169,15 @@ fn counted_async(
 }
 
 pub fn free(p: CUdeviceptr) -> CUresult {
-    uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
+    quota::uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
 }
 
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
+    quota::uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
 }
 
 pub fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
+    quota::uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
 }
 
 pub fn vmm_create(
@@ -432,7 +201,7 @@ pub fn vmm_create(
 }
 
 pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
+    quota::uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
 /// Bytes per element of a `CUarray_format`; formats we do not model (block
@@ -496,7 +265,7 @@ pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CU
 }
 
 pub fn array_destroy(array: CUarray) -> CUresult {
-    uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
+    quota::uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
 }
 
 pub fn mipmap_create(
@@ -529,7 +298,7 @@ pub fn mipmap_create(
 }
 
 pub fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
-    uncounted(Key::Array(array as usize), || {
+    quota::uncounted(Key::Array(array as usize), || {
         real::cuMipmappedArrayDestroy(array)
     })
 }
@@ -576,11 +345,5 @@ mod tests {
         // unknown formats count at the widest element
         assert_eq!(array_bytes(10, 10, 10, 0x91, 1), 16_000);
         assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
-    }
-
-    #[test]
-    fn sizes_print_readably() {
-        assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");
-        assert_eq!(fmt_bytes(512 << 20), "512.0 MiB");
     }
 }

@@ -57,19 +57,30 @@ pub fn freeing(dev: EntryIndex, bytes: u64) {
     FREED[dev.get()].fetch_add(bytes, Ordering::AcqRel);
 }
 
-/// An allocation or free call inside the driver on one device; hold it
-/// from before the call until its bytes are counted as allocated or freed.
+/// An allocation or free call entered the driver on `dev`: from before
+/// the call until its bytes are counted as allocated or freed.
+pub fn call_started(dev: EntryIndex) {
+    STARTED[dev.get()].fetch_add(1, Ordering::SeqCst);
+}
+
+/// The call [`call_started`] announced is over, its bytes counted.
+pub fn call_finished(dev: EntryIndex) {
+    FINISHED[dev.get()].fetch_add(1, Ordering::SeqCst);
+}
+
+/// An allocation or creation call inside the driver on one device
+/// ([`call_started`] to [`call_finished`], as a guard).
 #[must_use]
 pub struct InDriver(EntryIndex);
 
 pub fn in_driver(dev: EntryIndex) -> InDriver {
-    STARTED[dev.get()].fetch_add(1, Ordering::SeqCst);
+    call_started(dev);
     InDriver(dev)
 }
 
 impl Drop for InDriver {
     fn drop(&mut self) {
-        FINISHED[self.0.get()].fetch_add(1, Ordering::SeqCst);
+        call_finished(self.0);
     }
 }
 
