@@ -8,8 +8,8 @@ use std::sync::Once;
 
 use crate::cuda::context;
 use crate::nvml::client;
-use crate::quota::{overhead, tracker};
-use crate::{hostpid, init, limiter, watcher};
+use crate::quota::tracker;
+use crate::{hostpid, init, limiter, process, watcher};
 
 pub fn install() {
     static ONCE: Once = Once::new();
@@ -64,7 +64,7 @@ extern "C" fn child() {
         context::fork_child();
         tracker::reset_in_child();
         unlock_region();
-        overhead::after_fork_child();
+        process::reset_in_child();
         hostpid::after_fork_child();
         client::after_fork_child();
         watcher::after_fork_child();

@@ -38,7 +38,6 @@ pub use vgpu_shm as shm;
 
 pub mod config;
 mod log;
-mod numbering;
 
 mod attach;
 mod clock;
@@ -50,7 +49,9 @@ mod hostpid;
 mod init;
 mod interpose;
 mod limiter;
+mod numbering;
 mod nvml;
+mod process;
 mod quota;
 mod tamper;
 mod unwind;

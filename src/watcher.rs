@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 
 use crate::limiter::{self, leader::Leader};
 use crate::nvml::client;
+use crate::process;
 use crate::quota::overhead;
 use crate::{hostpid, init};
 
@@ -82,7 +83,7 @@ fn run() {
         let now = crate::clock::monotonic_ns();
         // Each step below checks the region file first: a truncation is
         // caught microseconds before any access, not a tick later.
-        for dev in overhead::devices_in_use() {
+        for dev in process::devices_in_use() {
             if !attach.intact() || hostpid::resolve(attach, dev).is_none() {
                 continue;
             }
@@ -94,9 +95,9 @@ fn run() {
             }
         }
         if attach.intact() {
-            limiter::refresh(attach, overhead::devices_in_use());
+            limiter::refresh(attach, process::devices_in_use());
         }
-        for dev in overhead::devices_in_use() {
+        for dev in process::devices_in_use() {
             if attach.intact() {
                 leader.tick(attach, dev);
             }

@@ -201,5 +201,4 @@ pub fn fork_child() {
     // SAFETY: as fork_parent().
     unsafe { CONTEXTS.force_unlock() };
     CONTEXTS.lock().clear();
-    quota::context::reset_in_child();
 }

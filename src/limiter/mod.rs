@@ -12,37 +12,27 @@
 
 pub mod bucket;
 pub mod controller;
+pub mod credit;
 pub mod estimate;
 pub mod leader;
 pub mod timing;
 
 use std::cell::Cell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use bucket::Admit;
-use vgpu_shm::{EntryIndex, MAX_DEVICES};
+use vgpu_shm::EntryIndex;
 
 use crate::attach::Attach;
 use crate::cuda::driver;
 use crate::cuda::exports::real;
 use crate::cuda::{device, sys::*};
-use crate::{clock, init};
+use crate::{clock, init, process};
 
 /// Some device this process uses has an SM limit in force.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Per device entry, whether an SM limit is in force there, as the region
-/// said at the last look (a new context, every watcher tick): a launch
-/// reads no shared memory until it buys time, and checks the region file
-/// first (`Attach::intact`: a truncated file must not fault it).
-static ENFORCED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// The device entry this process uses, while it uses exactly one
-/// (`NONE` before the first, `MANY` after a second): spares the launch
-/// path a driver call to find the current context.
-static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
-const NONE: usize = usize::MAX;
-const MANY: usize = usize::MAX - 1;
 /// Stream captures in progress in this process.
 static CAPTURES: AtomicI32 = AtomicI32::new(0);
 
@@ -87,13 +77,8 @@ fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
 
 /// Notes that this process uses device entry `dev`.
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
-    let _ = ONLY_DEVICE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| match d {
-        NONE => Some(dev.get()),
-        d if d == dev.get() || d == MANY => None,
-        _ => Some(MANY),
-    });
     let on = attach.region.device(dev).enforces_sm_limit();
-    ENFORCED[dev.get()].store(on, Ordering::Release);
+    process::device(dev).limiter.set_enforced(on);
     if on {
         ACTIVE.store(true, Ordering::Release);
     }
@@ -115,7 +100,7 @@ thread_local! {
 
 fn current_device() -> Option<(&'static Attach, EntryIndex)> {
     let attach = init::attach()?;
-    if let Some(only) = EntryIndex::new(ONLY_DEVICE.load(Ordering::Relaxed)) {
+    if let Some(only) = process::only_device() {
         return Some((attach, only));
     }
     let ctx = driver::current_context()? as usize;
@@ -143,7 +128,7 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
     let Some((attach, dev)) = current_device() else {
         return go();
     };
-    if !ENFORCED[dev.get()].load(Ordering::Relaxed) {
+    if !process::device(dev).limiter.enforced() {
         return go();
     }
     let slot = estimate::slot(l.key);
@@ -167,10 +152,6 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
     rc
 }
 
-/// GPU time this process has bought from each device's bucket and not yet
-/// spent. Launches spend it without touching the shared bucket or the
-/// clock; it is bought a lease at a time.
-static CREDIT: [AtomicI64; MAX_DEVICES] = [const { AtomicI64::new(0) }; MAX_DEVICES];
 /// The least GPU time bought at once: about one time slice of a shared
 /// GPU (2.5 ms on an H200), so that beside another container's context a
 /// limited one runs its kernels in slices' worth, not one context switch
@@ -180,12 +161,10 @@ const LEASE_NS: u64 = 2_000_000;
 /// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
 /// bucket when this process has no credit left.
 fn pay(attach: &Attach, dev: EntryIndex, cost: u64) {
-    let credit = &CREDIT[dev.get()];
-    let cost_i = i64::try_from(cost).unwrap_or(i64::MAX / 2);
-    if credit.fetch_sub(cost_i, Ordering::Relaxed) >= cost_i {
+    let credit = &process::device(dev).limiter;
+    if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
     }
-    credit.fetch_add(cost_i, Ordering::Relaxed);
     let lease = cost.max(LEASE_NS);
     let mut now = clock::monotonic_ns();
     // (Not intact only when even a private copy failed: the launch goes.)
@@ -198,7 +177,7 @@ fn pay(attach: &Attach, dev: EntryIndex, cost: u64) {
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();
     }
-    credit.fetch_add(i64::try_from(lease - cost).unwrap_or(0), Ordering::Relaxed);
+    credit.add(i64::try_from(lease - cost).unwrap_or(0));
 }
 
 /// A stream capture began (`delta` 1) or ended (-1).
@@ -252,9 +231,5 @@ pub fn fork_parent() {
 
 pub fn fork_child() {
     timing::fork_child();
-    for c in &CREDIT {
-        c.store(0, Ordering::Relaxed);
-    }
     CAPTURES.store(0, Ordering::Release);
-    ONLY_DEVICE.store(NONE, Ordering::Release);
 }

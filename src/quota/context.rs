@@ -12,14 +12,18 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use vgpu_shm::{EntryIndex, Kind, MAX_DEVICES, SlotIndex};
+use vgpu_shm::{EntryIndex, Kind, SlotIndex};
 
 use super::{grant, overhead, release, tracker};
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
+use crate::process;
 
-/// Per device entry, this process's primary context reservation.
-static PRIMARY: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(NONE) }; MAX_DEVICES];
+/// This process's primary context reservation on a device entry
+/// (`DeviceQuota::primary`).
+fn primary(dev: EntryIndex) -> &'static AtomicU8 {
+    &process::device(dev).quota.primary
+}
 const NONE: u8 = 0;
 const RESERVING: u8 = 1;
 const RESERVED: u8 = 2;
@@ -61,7 +65,7 @@ impl Drop for ContextCharge<'_> {
                 .unreserve(self.slot, self.dev, Kind::Context, self.bytes);
         }
         if self.primary {
-            PRIMARY[self.dev.get()].store(NONE, Ordering::Release);
+            primary(self.dev).store(NONE, Ordering::Release);
         }
     }
 }
@@ -121,7 +125,7 @@ impl Ticket {
     /// The reservation stands (or is given up) for the other racers.
     fn settle(&mut self, reserved: bool) {
         if let Some(dev) = self.0.take() {
-            PRIMARY[dev.get()].store(if reserved { RESERVED } else { NONE }, Ordering::Release);
+            primary(dev).store(if reserved { RESERVED } else { NONE }, Ordering::Release);
         }
     }
 }
@@ -137,7 +141,7 @@ impl Drop for Ticket {
 /// another thread reserves; after [`TICKET_WAIT`] it reserves on its own
 /// rather than wait on.
 fn primary_ticket(dev: EntryIndex) -> Option<Ticket> {
-    let state = &PRIMARY[dev.get()];
+    let state = primary(dev);
     let until = Instant::now() + TICKET_WAIT;
     loop {
         match state.compare_exchange(NONE, RESERVING, Ordering::AcqRel, Ordering::Acquire) {
@@ -157,9 +161,9 @@ pub fn created(attach: &Attach, dev: EntryIndex) {
 /// Context `ctx` on `dev` is gone (the driver destroyed or reset it):
 /// what was made in it is released, and with the device's last context,
 /// its overhead.
-pub fn gone(attach: Option<&Attach>, ctx: usize, dev: EntryIndex, primary: bool) {
-    if primary {
-        PRIMARY[dev.get()].store(NONE, Ordering::Release);
+pub fn gone(attach: Option<&Attach>, ctx: usize, dev: EntryIndex, was_primary: bool) {
+    if was_primary {
+        primary(dev).store(NONE, Ordering::Release);
     }
     for t in tracker::drain_context(ctx) {
         release::release(t);
@@ -173,11 +177,4 @@ pub fn gone(attach: Option<&Attach>, ctx: usize, dev: EntryIndex, primary: bool)
 /// frees.
 pub fn held_in(ctx: usize) -> Vec<(EntryIndex, u64)> {
     tracker::context_bytes(ctx)
-}
-
-/// In a forked child: no context of the parent's is ours.
-pub fn reset_in_child() {
-    for p in &PRIMARY {
-        p.store(NONE, Ordering::Release);
-    }
 }

@@ -11,9 +11,11 @@
 //! - `context`: what a new context costs, reserved once before it is made
 //! - `tracker`: what each live allocation counted
 //! - `overhead`: context and library memory, reconciled against NVML
+//! - `counters`: what the above keep per device (in `process::DeviceState`)
 
 pub mod charge;
 pub mod context;
+pub mod counters;
 pub mod grant;
 pub mod overhead;
 pub mod release;
@@ -28,6 +30,7 @@ use vgpu_shm::{EntryIndex, Kind, Region, SlotIndex};
 
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
+use crate::process;
 
 /// Counts `bytes` of `kind` on the device `device` names around `alloc`:
 /// reserved before, kept if `made` names what the driver made (and the
@@ -60,7 +63,7 @@ pub fn restore_usage(region: &Region, slot: SlotIndex) {
     for (dev, kind, bytes) in tracker::totals() {
         region.add_usage(slot, dev, kind, bytes);
     }
-    for dev in overhead::devices_in_use() {
+    for dev in process::devices_in_use() {
         region.set_usage(slot, dev, Kind::Context, overhead::PROVISIONAL);
     }
 }

@@ -8,8 +8,9 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use vgpu_shm::layout::NUM_KINDS;
-use vgpu_shm::{EntryIndex, Kind, MAX_DEVICES};
+use vgpu_shm::{EntryIndex, Kind};
+
+use crate::process;
 
 /// An allocation's identity: device pointers, VMM handles and array
 /// handles live in different name spaces.
@@ -67,24 +68,22 @@ pub fn context_bytes(ctx: usize) -> Vec<(EntryIndex, u64)> {
     per_dev
 }
 
-/// Bytes reserved for allocations inside the driver now, per device entry
-/// and kind: not in the table yet, but in the slot.
-static IN_FLIGHT: [[AtomicU64; NUM_KINDS]; MAX_DEVICES] =
-    [const { [const { AtomicU64::new(0) }; NUM_KINDS] }; MAX_DEVICES];
-
-/// An allocation of `bytes` was reserved and goes to the driver.
+/// An allocation of `bytes` was reserved and goes to the driver: counted
+/// in the slot, not in the table yet.
 pub fn flight_started(dev: EntryIndex, kind: Kind, bytes: u64) {
-    IN_FLIGHT[dev.get()][kind as usize].fetch_add(bytes, Ordering::AcqRel);
+    in_flight(dev, kind).fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// It came back: [`insert`]ed first when it succeeded, so that
 /// [`totals`] never misses it.
 pub fn flight_ended(dev: EntryIndex, kind: Kind, bytes: u64) {
-    let _ = IN_FLIGHT[dev.get()][kind as usize].fetch_update(
-        Ordering::AcqRel,
-        Ordering::Acquire,
-        |v| Some(v.saturating_sub(bytes)),
-    );
+    let _ = in_flight(dev, kind).fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        Some(v.saturating_sub(bytes))
+    });
+}
+
+fn in_flight(dev: EntryIndex, kind: Kind) -> &'static AtomicU64 {
+    &process::device(dev).quota.in_flight[kind as usize]
 }
 
 /// Bytes this process's slot must count when it is filled again (a new
@@ -99,9 +98,9 @@ pub fn totals() -> Vec<(EntryIndex, Kind, u64)> {
         Some((_, _, b)) => *b += bytes,
         None => out.push((dev, kind, bytes)),
     };
-    for (dev, kinds) in EntryIndex::all().zip(&IN_FLIGHT) {
+    for dev in EntryIndex::all() {
         for kind in Kind::ALL {
-            match kinds[kind as usize].load(Ordering::Acquire) {
+            match in_flight(dev, kind).load(Ordering::Acquire) {
                 0 => {}
                 b => add(dev, kind, b),
             }
@@ -150,9 +149,6 @@ pub fn unlock_all() {
 
 /// After `fork`, in the child: its device memory is not the parent's.
 pub fn reset_in_child() {
-    for c in IN_FLIGHT.iter().flatten() {
-        c.store(0, Ordering::Release);
-    }
     for s in TABLE.iter() {
         // SAFETY: as unlock_all(): locked by lock_all() before fork.
         unsafe { s.force_unlock() };
