@@ -6,10 +6,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 
-use crate::cuda::context;
+use crate::cuda::{context, events};
 use crate::nvml::client;
 use crate::quota::tracker;
-use crate::{hostpid, init, limiter, process, watcher};
+use crate::{hostpid, init, process, watcher};
 
 pub fn install() {
     static ONCE: Once = Once::new();
@@ -37,7 +37,7 @@ extern "C" fn prepare() {
         }
         tracker::lock_all();
         context::fork_prepare();
-        limiter::fork_prepare();
+        events::fork_prepare();
     }));
 }
 
@@ -51,7 +51,7 @@ fn unlock_region() {
 
 extern "C" fn parent() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        limiter::fork_parent();
+        events::fork_parent();
         context::fork_parent();
         tracker::unlock_all();
         unlock_region();
@@ -60,7 +60,7 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        limiter::fork_child();
+        events::fork_child();
         context::fork_child();
         tracker::reset_in_child();
         unlock_region();

@@ -8,7 +8,7 @@
 //! on it. The watcher asks it which devices to measure and lead.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
 use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
@@ -55,6 +55,10 @@ static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
 const NONE: usize = usize::MAX;
 const MANY: usize = usize::MAX - 1;
 
+/// Stream captures in progress in this process (`cuda/graph.rs` counts
+/// them): launches into a capturing stream are recorded, not run.
+static CAPTURES: AtomicI32 = AtomicI32::new(0);
+
 /// What this process keeps about device entry `dev`.
 pub fn device(dev: EntryIndex) -> &'static DeviceState {
     &DEVICES[dev.get()]
@@ -91,10 +95,24 @@ pub fn only_device() -> Option<EntryIndex> {
     EntryIndex::new(ONLY_DEVICE.load(Ordering::Relaxed))
 }
 
-/// In a forked child: nothing of the parent's devices is this process's.
+/// Stream captures in progress.
+pub fn captures() -> i32 {
+    CAPTURES.load(Ordering::Acquire)
+}
+
+/// A stream capture began (`delta` 1) or ended (-1).
+pub fn capture_changed(delta: i32) {
+    let _ = CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some((n + delta).max(0))
+    });
+}
+
+/// In a forked child: nothing of the parent's devices or captures is
+/// this process's.
 pub fn reset_in_child() {
     for d in &DEVICES {
         d.reset();
     }
     ONLY_DEVICE.store(NONE, Ordering::Release);
+    CAPTURES.store(0, Ordering::Release);
 }

@@ -8,9 +8,9 @@ use std::sync::LazyLock;
 
 use parking_lot::Mutex;
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
-use super::{device, driver};
+use super::{device, driver, events, launch};
 use crate::ffi::get;
 use crate::quota::{self, Freeing, overhead};
 use crate::{hostpid, init, limiter, watcher};
@@ -88,7 +88,8 @@ fn forget(ctx: usize) {
         return;
     };
     quota::context::gone(init::attach(), ctx, live.dev, live.primary);
-    limiter::context_gone(ctx);
+    events::forget_context(ctx);
+    launch::context_gone(ctx);
 }
 
 fn primary_of(ordinal: CUdevice) -> Option<usize> {
@@ -133,7 +134,7 @@ pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
 pub fn destroy(ctx: CUcontext) -> CUresult {
     let held = quota::context::held_in(ctx as usize);
     let mut freeing = Freeing::begin(&held);
-    limiter::context_ending(ctx as usize);
+    events::destroy_idle_events(ctx as usize);
     let rc = real::cuCtxDestroy_v2(ctx);
     freeing.done(rc);
     if rc.is_ok() {
@@ -167,7 +168,7 @@ fn reset(dev: CUdevice, reset: impl FnOnce() -> CUresult) -> CUresult {
     let held = ctx.map(quota::context::held_in).unwrap_or_default();
     let mut freeing = Freeing::begin(&held);
     if let Some(ctx) = ctx {
-        limiter::context_ending(ctx);
+        events::destroy_idle_events(ctx);
     }
     let rc = reset();
     freeing.done(rc);

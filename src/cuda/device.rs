@@ -6,7 +6,7 @@
 use vgpu_shm::{DeviceInfo, EntryIndex};
 
 use super::driver;
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::attach::Attach;
 

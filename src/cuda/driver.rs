@@ -2,7 +2,7 @@
 //! `exports.rs`, never through our hooks).
 #![forbid(unsafe_code)]
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 
 /// The current context, if any.

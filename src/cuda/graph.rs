@@ -7,7 +7,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::ffi::get;
 use crate::limiter;
@@ -69,7 +69,7 @@ fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresul
         && let Some(e) = get(exec)
         && let Some(c) = cost(graph, 0).filter(|&c| c > 0)
     {
-        limiter::graph_instantiated(e, c);
+        limiter::graph_instantiated(e as usize, c);
     }
     rc
 }

@@ -6,7 +6,7 @@
 use std::ffi::c_uint;
 
 use super::device;
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
 use crate::{init, view, watcher};

@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use parking_lot::Mutex;
 use vgpu_shm::{EntryIndex, Kind};
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;

@@ -7,16 +7,19 @@
 //! - `launch`: every launch family, through the compute bucket
 //! - `graph`: graph instantiation (cost) and stream capture
 //!
-//! and the helpers they share: `sys` (types), `driver` (calls vgpu makes
-//! itself), `device` (ordinal to device entry).
+//! and the helpers they share: `sys` (types), `real` (the driver's own
+//! functions, typed), `driver` (questions vgpu asks the driver), `device`
+//! (ordinal to device entry), `events` (launch timing for the limiter).
 
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod events;
 pub mod exports;
 pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
 pub mod proc_address;
+pub mod real;
 pub mod sys;

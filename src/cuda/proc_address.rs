@@ -7,7 +7,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
 use crate::interpose::real::Lib;

@@ -25,7 +25,7 @@ impl CUresult {
     }
 }
 
-impl crate::interpose::table::NoLibrary for CUresult {
+impl crate::interpose::real::NoLibrary for CUresult {
     const NO_LIBRARY: Self = Self::ERROR_STUB_LIBRARY;
 }
 

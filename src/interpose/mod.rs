@@ -11,5 +11,6 @@
 
 mod dlsym;
 pub mod elf;
+pub mod macros;
 pub mod real;
 pub mod table;

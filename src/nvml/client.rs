@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::guard::Guard;
 

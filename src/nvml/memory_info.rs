@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_uint};
 
 use vgpu_shm::{DeviceInfo, parse_uuid};
 
-use super::exports::real;
+use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
 use crate::{init, view};

@@ -5,4 +5,5 @@
 pub mod client;
 pub mod exports;
 pub mod memory_info;
+pub mod real;
 pub mod sys;

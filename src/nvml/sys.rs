@@ -22,7 +22,7 @@ impl NvmlReturn {
     }
 }
 
-impl crate::interpose::table::NoLibrary for NvmlReturn {
+impl crate::interpose::real::NoLibrary for NvmlReturn {
     const NO_LIBRARY: Self = Self::ERROR_LIBRARY_NOT_FOUND;
 }
 

@@ -1,8 +1,10 @@
-//! Times launches with CUDA events, a sample at a time: the first launch of
-//! a shape, then one every `RESAMPLE_NS`. Events come from a per-context
-//! pool; finished timings are collected without blocking at later samples.
-//! No lock is held across a driver call, and nothing here runs while a
-//! stream capture is in progress (an event query could invalidate it).
+//! Times launches with CUDA events, for the limiter's cost estimates
+//! (`limiter/estimate.rs`), a sample at a time: the first launch of a
+//! shape, then one every `RESAMPLE_NS`. Events come from a per-context
+//! pool, destroyed with their context; finished timings are collected
+//! without blocking at later samples. No lock is held across a driver
+//! call, and nothing here runs while a stream capture is in progress (an
+//! event query could invalidate it).
 
 use std::ffi::c_int;
 use std::sync::LazyLock;
@@ -10,10 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::estimate::Slot;
-use crate::cuda::driver;
-use crate::cuda::exports::real;
-use crate::cuda::sys::*;
+use super::sys::*;
+use super::{driver, real};
+use crate::limiter::estimate::Slot;
 
 /// A timing in flight.
 struct Pending {
