@@ -17,11 +17,9 @@ use vgpu_shm::{
 
 use crate::config::{Config, DeviceNumber};
 use crate::cuda::sys::CudaOrdinal;
-use crate::hostpid;
-use crate::numbering;
 use crate::nvml::client;
 use crate::nvml::sys::NvmlIndex;
-use crate::quota::restore_usage;
+use crate::{numbering, process};
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.
@@ -30,9 +28,21 @@ const ORDINALS: usize = 64;
 /// slot under the region's lock.
 const CLAIM_RETRY_MS: u64 = 1_000;
 
+/// What the layers above this one do when the slot changes hands (set by
+/// `init.rs`, so that this file needs neither the watcher nor the quota).
+#[derive(Clone, Copy)]
+pub struct OnSlot {
+    /// A slot was claimed: it beats from now on (starts the watcher).
+    pub claimed: fn(),
+    /// Counts again, in slot `slot` of a region (a new slot, a private
+    /// copy), what this process holds.
+    pub refill: fn(&Region, SlotIndex),
+}
+
 pub struct Attach {
     pub region: Region,
     config: Config,
+    pub(crate) on_slot: OnSlot,
     slot: AtomicUsize,
     claiming: Mutex<()>,
     /// Who our slot says we are, as claimed.
@@ -48,10 +58,11 @@ pub struct Attach {
 }
 
 impl Attach {
-    pub fn new(region: Region, config: Config) -> Attach {
+    pub fn new(region: Region, config: Config, on_slot: OnSlot) -> Attach {
         Attach {
             region,
             config,
+            on_slot,
             slot: AtomicUsize::new(NO_SLOT),
             claiming: Mutex::new(()),
             me: Mutex::new(None),
@@ -111,11 +122,12 @@ impl Attach {
                 *self.me.lock() = Some(me);
                 *self.claim_error.lock() = None;
                 if let Some(h) = view.host_pid {
-                    hostpid::set_from_kernel(h as u32);
+                    // The kernel told us (see hostpid.rs).
+                    process::set_host_pid(h as u32);
                 }
                 self.slot.store(i.get(), Ordering::Release);
                 // It beats from now on, whatever path claimed it.
-                crate::watcher::start();
+                (self.on_slot.claimed)();
                 Ok(i)
             }
             Err(e) => {
@@ -162,7 +174,7 @@ impl Attach {
         let _one_claimer = self.claiming.lock();
         self.slot.store(NO_SLOT, Ordering::Release);
         if let Ok(n) = self.claim() {
-            restore_usage(&self.region, n);
+            (self.on_slot.refill)(&self.region, n);
         }
     }
 

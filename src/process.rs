@@ -55,6 +55,10 @@ static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
 const NONE: usize = usize::MAX;
 const MANY: usize = usize::MAX - 1;
 
+/// This process's pid as NVML sees it (0: unknown yet; `hostpid.rs`
+/// finds it).
+static HOST_PID: AtomicU32 = AtomicU32::new(0);
+
 /// Stream captures in progress in this process (`cuda/graph.rs` counts
 /// them): launches into a capturing stream are recorded, not run.
 static CAPTURES: AtomicI32 = AtomicI32::new(0);
@@ -95,6 +99,16 @@ pub fn only_device() -> Option<EntryIndex> {
     EntryIndex::new(ONLY_DEVICE.load(Ordering::Relaxed))
 }
 
+/// This process's pid as NVML sees it, once known.
+pub fn host_pid() -> Option<u32> {
+    Some(HOST_PID.load(Ordering::Acquire)).filter(|&p| p != 0)
+}
+
+/// Records this process's pid as NVML sees it; returns the one before.
+pub fn set_host_pid(pid: u32) -> Option<u32> {
+    Some(HOST_PID.swap(pid, Ordering::AcqRel)).filter(|&p| p != 0)
+}
+
 /// Stream captures in progress.
 pub fn captures() -> i32 {
     CAPTURES.load(Ordering::Acquire)
@@ -115,4 +129,5 @@ pub fn reset_in_child() {
     }
     ONLY_DEVICE.store(NONE, Ordering::Release);
     CAPTURES.store(0, Ordering::Release);
+    HOST_PID.store(0, Ordering::Release);
 }

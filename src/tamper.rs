@@ -14,7 +14,6 @@
 use vgpu_shm::Tamper;
 
 use crate::attach::Attach;
-use crate::quota::restore_usage;
 
 impl Attach {
     /// Whether the region may be touched now (one `fstat`: call it right
@@ -48,9 +47,9 @@ impl Attach {
                 fresh.put_device(*index, info, *limits);
             }
             if let (Some(slot), Some(me)) = (slot, me) {
-                let host = crate::hostpid::get().map(|p| p as i32);
+                let host = crate::process::host_pid().map(|p| p as i32);
                 fresh.claim_slot_at(slot, &me, host);
-                restore_usage(fresh, slot);
+                (self.on_slot.refill)(fresh, slot);
             }
         });
         let limits: Vec<String> = known

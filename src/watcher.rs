@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::attach::Attach;
+use crate::hostpid;
 use crate::limiter::{self, leader::Leader};
 use crate::nvml::client;
 use crate::process;
 use crate::quota::overhead;
-use crate::{hostpid, init};
 
 const TICK: Duration = Duration::from_millis(100);
 /// Overhead is re-measured at least this often.
@@ -33,14 +34,14 @@ static STARTED_BY: AtomicU32 = AtomicU32::new(0);
 static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
 
 /// Starts the watcher of this process, once.
-pub fn start() {
+pub fn start(attach: &'static Attach) {
     let me = std::process::id();
     if STARTED_BY.swap(me, Ordering::AcqRel) == me {
         return;
     }
     match std::thread::Builder::new()
         .name("vgpu-watcher".into())
-        .spawn(run)
+        .spawn(move || run(attach))
     {
         Ok(h) => *THREAD.lock() = Some(h.thread().clone()),
         Err(e) => {
@@ -65,20 +66,15 @@ pub fn after_fork_child() {
     *THREAD.lock() = None;
 }
 
-fn run() {
+fn run(attach: &'static Attach) {
     // Beat before NVML's initialisation, which can take a while.
-    if let Some(attach) = init::attach() {
-        attach.tick();
-    }
+    attach.tick();
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
     loop {
         std::thread::park_timeout(TICK);
-        let Some(attach) = init::attach() else {
-            continue;
-        };
         attach.tick();
         let now = crate::clock::monotonic_ns();
         // Each step below checks the region file first: a truncation is

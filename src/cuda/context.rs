@@ -76,7 +76,7 @@ fn created(
         if attach.intact() {
             limiter::device_in_use(attach, dev);
         }
-        watcher::start();
+        watcher::start(attach);
         watcher::kick();
     }
     rc

@@ -29,7 +29,7 @@ pub fn cu_init(flags: c_uint) -> CUresult {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
         // NVML comes up on the watcher while the driver initialises.
-        watcher::start();
+        watcher::start(attach);
     }
     real::cuInit(flags)
 }

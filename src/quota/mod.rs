@@ -9,6 +9,7 @@
 //! - `release`: a free in flight (the bracket around the driver's free),
 //!   and what it gives back
 //! - `context`: what a new context costs, reserved once before it is made
+//! - `restore`: what this process holds, counted again in a new slot
 //! - `tracker`: what each live allocation counted
 //! - `overhead`: context and library memory, reconciled against NVML
 //! - `counters`: what the above keep per device (in `process::DeviceState`)
@@ -19,6 +20,7 @@ pub mod counters;
 pub mod grant;
 pub mod overhead;
 pub mod release;
+pub mod restore;
 pub mod tracker;
 
 pub use charge::Charge;
@@ -26,11 +28,10 @@ pub use grant::counted_slot;
 pub use release::{Freeing, uncounted};
 pub use tracker::Key;
 
-use vgpu_shm::{EntryIndex, Kind, Region, SlotIndex};
+use vgpu_shm::{EntryIndex, Kind};
 
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-use crate::process;
 
 /// Counts `bytes` of `kind` on the device `device` names around `alloc`:
 /// reserved before, kept if `made` names what the driver made (and the
@@ -53,17 +54,4 @@ pub fn counted(
         c.keep(key, ctx);
     }
     rc
-}
-
-/// Counts again, in slot `slot` of `region`, what this process holds: every
-/// tracked allocation, and a provisional context on each device it uses
-/// (re-measured by the watcher moments later). For a new slot, or a private
-/// copy of the region.
-pub fn restore_usage(region: &Region, slot: SlotIndex) {
-    for (dev, kind, bytes) in tracker::totals() {
-        region.add_usage(slot, dev, kind, bytes);
-    }
-    for dev in process::devices_in_use() {
-        region.set_usage(slot, dev, Kind::Context, overhead::PROVISIONAL);
-    }
 }
