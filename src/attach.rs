@@ -6,10 +6,10 @@
 //! not counted must not run. The watcher keeps the slot alive
 //! ([`Attach::tick`]): it beats, notices a slot taken from it, and notices
 //! a region file that shrank or was re-created (see `tamper.rs`).
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
 use vgpu_shm::procinfo::monotonic_ms;
 use vgpu_shm::{
     DeviceInfo, EntryIndex, Limits, ProcId, ProcView, Region, ShmError, SlotIndex, format_uuid,
@@ -17,6 +17,7 @@ use vgpu_shm::{
 
 use crate::config::{Config, DeviceNumber};
 use crate::cuda::sys::CudaOrdinal;
+use crate::lock::{ForkLock, Lock, keep};
 use crate::nvml::client;
 use crate::nvml::sys::NvmlIndex;
 use crate::{numbering, process};
@@ -44,17 +45,19 @@ pub struct Attach {
     config: Config,
     pub(crate) on_slot: OnSlot,
     slot: AtomicUsize,
-    claiming: Mutex<()>,
-    /// Who our slot says we are, as claimed.
-    me: Mutex<Option<ProcId>>,
+    /// One claim at a time.
+    claiming: Lock<()>,
+    /// Who our slot says we are, as claimed (a forked child: nobody yet).
+    me: Lock<Option<ProcId>>,
     last_claim_ms: AtomicU64,
-    claim_error: Mutex<Option<String>>,
+    claim_error: Lock<Option<String>>,
     /// CUDA ordinal -> device entry index + 1 (0: not looked up yet).
     ordinals: [AtomicUsize; ORDINALS],
     /// Entries this process registered, with the limits then in force: what
     /// a private copy of the region needs (`tamper.rs`).
-    pub(crate) known: Mutex<Vec<(EntryIndex, DeviceInfo, Limits)>>,
-    pub(crate) switching: Mutex<()>,
+    pub(crate) known: Lock<Vec<(EntryIndex, DeviceInfo, Limits)>>,
+    /// One switch to a private copy at a time (`tamper.rs`).
+    pub(crate) switching: Lock<()>,
 }
 
 impl Attach {
@@ -64,13 +67,13 @@ impl Attach {
             config,
             on_slot,
             slot: AtomicUsize::new(NO_SLOT),
-            claiming: Mutex::new(()),
-            me: Mutex::new(None),
+            claiming: Lock::new((), keep),
+            me: Lock::new(None, |me| *me = None),
             last_claim_ms: AtomicU64::new(0),
-            claim_error: Mutex::new(None),
+            claim_error: Lock::new(None, keep),
             ordinals: [const { AtomicUsize::new(0) }; ORDINALS],
-            known: Mutex::new(Vec::new()),
-            switching: Mutex::new(()),
+            known: Lock::new(Vec::new(), keep),
+            switching: Lock::new((), keep),
         }
     }
 
@@ -323,29 +326,24 @@ impl Attach {
     }
 
     /// In a forked child: the parent's slot is not ours.
-    pub fn after_fork_child(&self) {
+    /// In a forked child (its locks given back already): the parent's
+    /// slot is not its own.
+    pub fn reset_in_child(&self) {
         self.slot.store(NO_SLOT, Ordering::Release);
         self.last_claim_ms.store(0, Ordering::Release);
-        // A lock held at fork time belonged to a parent thread that does
-        // not exist here.
-        for m in [&self.claiming, &self.switching] {
-            if m.is_locked() {
-                // SAFETY: a forked child runs one thread (see above).
-                unsafe { m.force_unlock() };
-            }
-        }
-        if self.known.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.known.force_unlock() };
-        }
-        if self.claim_error.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.claim_error.force_unlock() };
-        }
-        if self.me.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.me.force_unlock() };
-        }
-        *self.me.lock() = None;
+    }
+
+    /// This attachment's locks, outermost first (`claiming` and
+    /// `switching` are held while the region's is taken, and all three
+    /// while the others are).
+    pub fn locks(&'static self) -> [(&'static str, &'static dyn ForkLock); 6] {
+        [
+            ("attach.claiming", &self.claiming),
+            ("attach.switching", &self.switching),
+            ("region", self.region.fork_lock()),
+            ("attach.me", &self.me),
+            ("attach.claim_error", &self.claim_error),
+            ("attach.known", &self.known),
+        ]
     }
 }

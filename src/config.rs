@@ -70,6 +70,9 @@ pub struct Config {
     pub secure: bool,
     /// `VGPU_TEST_PANIC`: the hook that panics (tests only).
     pub test_panic: Option<String>,
+    /// `VGPU_TEST_HOLD_LOCK`: the lock a thread holds from `cuInit` until
+    /// a fork (tests only, `fork.rs`).
+    pub test_hold_lock: Option<String>,
     /// Bad values of variables that cannot weaken a limit (log level,
     /// switches): reported, and the default used.
     pub warnings: Vec<ConfigError>,
@@ -220,6 +223,7 @@ impl Default for Config {
             region_any_owner: false,
             secure: false,
             test_panic: None,
+            test_hold_lock: None,
             warnings: Vec::new(),
         }
     }
@@ -362,6 +366,7 @@ impl Config {
                 .unwrap_or(false),
             secure,
             test_panic: trusted_text("VGPU_TEST_PANIC"),
+            test_hold_lock: trusted_text("VGPU_TEST_HOLD_LOCK"),
             warnings,
         })
     }
@@ -601,6 +606,7 @@ mod tests {
             ("VGPU_REGION_MODE", "0600"),
             ("VGPU_REGION_ANY_OWNER", "1"),
             ("VGPU_TEST_PANIC", "cuInit"),
+            ("VGPU_TEST_HOLD_LOCK", "contexts"),
         ];
         let c = cfg_named(&vars, true).unwrap();
         assert_eq!(c.mem_limit, Some(1 << 30));
@@ -608,7 +614,7 @@ mod tests {
         assert_eq!(c.log_level, LevelFilter::Warn);
         assert_eq!(c.policy, CorePolicy::Default);
         assert_eq!((c.region_mode, c.region_any_owner), (0o666, false));
-        assert!(c.test_panic.is_none() && c.warnings.is_empty());
+        assert!(c.test_panic.is_none() && c.test_hold_lock.is_none() && c.warnings.is_empty());
         // A bad limit is still an error: it can only narrow.
         assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT", "4q")], true).is_err());
         assert!(!c.without_limits().has_limits());

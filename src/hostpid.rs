@@ -12,26 +12,19 @@
 //!
 //! Nothing on the allocation or launch path waits for it; the watcher
 //! resolves it in the background.
+#![forbid(unsafe_code)]
 
-use parking_lot::Mutex;
 use vgpu_shm::procinfo::INIT_PIDNS;
 use vgpu_shm::{EntryIndex, Region, SlotIndex};
 
 use crate::attach::Attach;
+use crate::lock::Lock;
 use crate::nvml::client;
 use crate::process;
 
-/// NVML pids on a device (region entry) just before our first context there.
-static BEFORE: Mutex<Option<(EntryIndex, Vec<u32>)>> = Mutex::new(None);
-
-pub fn after_fork_child() {
-    if BEFORE.is_locked() {
-        // SAFETY: a forked child runs one thread; the lock's holder was a
-        // parent thread that does not exist here.
-        unsafe { BEFORE.force_unlock() };
-    }
-    *BEFORE.lock() = None;
-}
+/// NVML pids on a device (region entry) just before our first context
+/// there. A forked child has had no context yet.
+pub static BEFORE: Lock<Option<(EntryIndex, Vec<u32>)>> = Lock::new(None, |b| *b = None);
 
 fn in_initial_namespace() -> bool {
     vgpu_shm::procinfo::my_pidns() == INIT_PIDNS

@@ -122,7 +122,7 @@ impl Runtime {
             log::warn!("CUDA_OVERSUBSCRIBE is not supported: memory limits are enforced as usual");
         }
         let found = find_region(&config);
-        crate::fork::install();
+        crate::fork::install(|| started()?.attach.as_ref());
         match found {
             Ok(found) => Runtime {
                 attach: found.map(|(r, shared_config)| {

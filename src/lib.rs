@@ -37,6 +37,7 @@
 pub use vgpu_shm as shm;
 
 pub mod config;
+mod lock;
 mod log;
 
 mod attach;

@@ -1,7 +1,9 @@
 //! This process's own state, in one place: one [`DeviceState`] per device
-//! entry of the region, and the few process-wide facts the hot paths read.
-//! The modules that own the parts keep their fields private; a forked
-//! child resets all of it in one step ([`reset_in_child`]).
+//! entry of the region, the contexts and pools it made, and the few
+//! process-wide facts the hot paths read. The modules that own the parts
+//! keep their fields private; a forked child resets all of it in one step
+//! ([`reset_in_child`], and [`CONTEXTS`] and [`POOLS`] as `fork.rs` gives
+//! their locks back).
 //!
 //! This is also the one record of the devices this process uses
 //! ([`devices_in_use`]): a device is in use while a context of ours lives
@@ -12,7 +14,9 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
 use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
+use crate::cuda::sys::CudaOrdinal;
 use crate::limiter::credit::DeviceCredit;
+use crate::lock::{Lock, Map, map};
 use crate::quota::counters::DeviceQuota;
 
 /// What this process keeps about one device entry.
@@ -54,6 +58,23 @@ static DEVICES: [DeviceState; MAX_DEVICES] = [const { DeviceState::new() }; MAX_
 static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
 const NONE: usize = usize::MAX;
 const MANY: usize = usize::MAX - 1;
+
+/// A context of ours the driver made.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveContext {
+    /// Its device's region entry.
+    pub dev: EntryIndex,
+    /// Its device as this process numbers it.
+    pub ordinal: CudaOrdinal,
+    /// The device's primary context.
+    pub primary: bool,
+}
+
+/// Our contexts, by handle (`cuda/context.rs`).
+pub static CONTEXTS: Lock<Map<usize, LiveContext>> = Lock::new(map(), |m| m.clear());
+
+/// Memory pools we saw created, with their device (`cuda/memory.rs`).
+pub static POOLS: Lock<Map<usize, CudaOrdinal>> = Lock::new(map(), |m| m.clear());
 
 /// This process's pid as NVML sees it (0: unknown yet; `hostpid.rs`
 /// finds it).

@@ -10,6 +10,7 @@
 //! A thread preempted between its check and its accesses would fault if
 //! the truncation landed meanwhile; `vgpu_shm::sigbus` repairs that fault
 //! (zero pages over the mapping) and the next check swaps in the copy.
+#![forbid(unsafe_code)]
 
 use vgpu_shm::Tamper;
 

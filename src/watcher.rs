@@ -11,16 +11,16 @@
 //! It holds no lock of ours across a driver call, makes every NVML call
 //! inside a `Guard` (nvml/client.rs), and is restarted lazily in a forked
 //! child.
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::Thread;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use crate::attach::Attach;
 use crate::hostpid;
 use crate::limiter::{self, leader::Leader};
+use crate::lock::Lock;
 use crate::nvml::client;
 use crate::process;
 use crate::quota::overhead;
@@ -31,7 +31,8 @@ const RECONCILE_NS: u64 = 1_000_000_000;
 
 /// The pid that started the thread (a forked child sees another pid).
 static STARTED_BY: AtomicU32 = AtomicU32::new(0);
-static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
+/// The thread, to wake it. A forked child has none until it starts one.
+pub static THREAD: Lock<Option<Thread>> = Lock::new(None, |t| *t = None);
 
 /// Starts the watcher of this process, once.
 pub fn start(attach: &'static Attach) {
@@ -55,15 +56,6 @@ pub fn kick() {
     if let Some(t) = THREAD.lock().as_ref() {
         t.unpark();
     }
-}
-
-pub fn after_fork_child() {
-    if THREAD.is_locked() {
-        // SAFETY: a forked child runs one thread; the lock's holder was a
-        // parent thread that does not exist here.
-        unsafe { THREAD.force_unlock() };
-    }
-    *THREAD.lock() = None;
 }
 
 fn run(attach: &'static Attach) {

@@ -1,30 +1,17 @@
 //! Contexts: creation reserves what a context costs and registers the
 //! device (and starts the watcher); destruction and primary-context reset
 //! release everything the context held. The accounting is `quota`'s.
+#![forbid(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::LazyLock;
-
-use parking_lot::Mutex;
 
 use super::real;
 use super::sys::*;
 use super::{device, driver, events, launch};
 use crate::ffi::get;
+use crate::process::{CONTEXTS, LiveContext};
 use crate::quota::{self, Freeing, overhead};
 use crate::{hostpid, init, limiter, watcher};
-
-#[derive(Clone, Copy)]
-struct Live {
-    /// Region device entry.
-    dev: vgpu_shm::EntryIndex,
-    ordinal: CUdevice,
-    primary: bool,
-}
-
-/// Our contexts, by handle.
-static CONTEXTS: LazyLock<Mutex<HashMap<usize, Live>>> = LazyLock::new(Default::default);
 
 /// Runs a context-creating call: reserves what a new context costs, then
 /// registers what it made.
@@ -64,7 +51,7 @@ fn created(
     if let Some(c) = charge {
         c.keep();
     }
-    let live = Live {
+    let live = LiveContext {
         dev,
         ordinal,
         primary,
@@ -186,20 +173,4 @@ pub fn primary_reset_v2(dev: CUdevice) -> CUresult {
 
 pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
     reset(dev, || real::cuDevicePrimaryCtxReset(dev))
-}
-
-/// Fork handlers: hold the table across fork; the child starts empty.
-pub fn fork_prepare() {
-    std::mem::forget(CONTEXTS.lock());
-}
-
-pub fn fork_parent() {
-    // SAFETY: fork_prepare() locked it on this thread and forgot the guard.
-    unsafe { CONTEXTS.force_unlock() };
-}
-
-pub fn fork_child() {
-    // SAFETY: as fork_parent().
-    unsafe { CONTEXTS.force_unlock() };
-    CONTEXTS.lock().clear();
 }

@@ -5,19 +5,18 @@
 //! without blocking at later samples. No lock is held across a driver
 //! call, and nothing here runs while a stream capture is in progress (an
 //! event query could invalidate it).
+#![forbid(unsafe_code)]
 
 use std::ffi::c_int;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
 
 use super::sys::*;
 use super::{driver, real};
-use crate::limiter::estimate::Slot;
+use crate::limiter::estimate::{self, Slot};
+use crate::lock::Lock;
 
 /// A timing in flight.
-struct Pending {
+pub struct Pending {
     slot: &'static Slot,
     ctx: usize,
     start: usize,
@@ -43,9 +42,14 @@ pub struct Sample {
 /// the host's delay (a preemption, a full launch queue) as kernel time.
 const MAX_HOST_GAP_NS: u64 = 100_000;
 
-static PENDING: LazyLock<Mutex<Vec<Pending>>> = LazyLock::new(Default::default);
-/// Idle events: (context, event).
-static POOL: LazyLock<Mutex<Vec<(usize, usize)>>> = LazyLock::new(Default::default);
+/// Timings in flight. In a forked child there are none: no shape waits
+/// for one (its events were the parent's).
+pub static PENDING: Lock<Vec<Pending>> = Lock::new(Vec::new(), |pending| {
+    pending.clear();
+    estimate::clear_pending();
+});
+/// Idle events: (context, event). A forked child has none.
+pub static POOL: Lock<Vec<(usize, usize)>> = Lock::new(Vec::new(), |pool| pool.clear());
 
 const EVENT_DEFAULT: c_int = 0;
 
@@ -204,26 +208,4 @@ pub fn forget_context(ctx: usize) {
         }
         p.ctx != ctx
     });
-}
-
-pub fn fork_prepare() {
-    std::mem::forget(PENDING.lock());
-    std::mem::forget(POOL.lock());
-}
-
-pub fn fork_parent() {
-    // SAFETY: fork_prepare() locked both on this thread and forgot the guards.
-    unsafe {
-        PENDING.force_unlock();
-        POOL.force_unlock();
-    }
-}
-
-/// In the child the parent's contexts and events are unusable.
-pub fn fork_child() {
-    fork_parent();
-    for p in PENDING.lock().drain(..) {
-        p.slot.pending.store(false, Ordering::Release);
-    }
-    POOL.lock().clear();
 }

@@ -31,7 +31,11 @@ pub fn cu_init(flags: c_uint) -> CUresult {
         // NVML comes up on the watcher while the driver initialises.
         watcher::start(attach);
     }
-    real::cuInit(flags)
+    let rc = real::cuInit(flags);
+    if let Some(name) = &rt.config.test_hold_lock {
+        crate::fork::hold_for_test(name);
+    }
+    rc
 }
 
 pub fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {

@@ -6,11 +6,8 @@
 //! `cuMemCreate`, the pool's device for `cuMemAllocFromPoolAsync`.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::c_uint;
-use std::sync::LazyLock;
 
-use parking_lot::Mutex;
 use vgpu_shm::{EntryIndex, Kind};
 
 use super::real;
@@ -18,6 +15,7 @@ use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;
 use crate::ffi::get;
+use crate::process::POOLS;
 use crate::quota::{self, Charge, Key};
 
 /// Which device an allocation lands on.
@@ -302,9 +300,6 @@ pub fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
         real::cuMipmappedArrayDestroy(array)
     })
 }
-
-/// Pools we saw created, with the ordinal of their device.
-static POOLS: LazyLock<Mutex<HashMap<usize, CUdevice>>> = LazyLock::new(Default::default);
 
 fn pool_device(pool: CUmemoryPool) -> On {
     POOLS

@@ -1,6 +1,7 @@
 //! Hand-written driver API types: only what the hooks read or write.
 //! Layouts checked against cuda.h 13.0 on the GPU machine
 //! (gpu-tests/probe/calibrate.c prints them).
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;

@@ -3,6 +3,7 @@
 //! the exported C function, its lazily resolved real slot, and the table
 //! entry that `dlsym` and `cuGetProcAddress` consult. The three entry paths
 //! therefore cannot drift apart.
+#![forbid(unsafe_code)]
 
 use std::ffi::c_void;
 

@@ -12,6 +12,7 @@
 //! - `credit`: what this process bought and where a limit is in force
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
+#![forbid(unsafe_code)]
 
 pub mod bucket;
 pub mod controller;

@@ -4,18 +4,16 @@
 //! hooks, and never while we hold a lock.
 //!
 //! [`Guard`]: crate::guard::Guard
+#![forbid(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::{CString, c_uint};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use super::real;
 use super::sys::*;
 use crate::guard::Guard;
+use crate::lock::{Lock, Map, map};
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
@@ -63,13 +61,12 @@ pub fn wait_ready(timeout: Duration) -> bool {
     }
 }
 
-/// In a forked child: initialise again before use.
-pub fn after_fork_child() {
+/// NVML's handles by GPU UUID. A forked child starts over: it initialises
+/// NVML again before use, and asks for the handles again.
+pub static DEVICES: Lock<Map<[u8; 16], usize>> = Lock::new(map(), |devices| {
+    devices.clear();
     STATE.store(IDLE, Ordering::Release);
-    DEVICES.lock().clear();
-}
-
-static DEVICES: LazyLock<Mutex<HashMap<[u8; 16], usize>>> = LazyLock::new(Default::default);
+});
 
 /// NVML's handle for the GPU with this UUID.
 pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {

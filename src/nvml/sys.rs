@@ -1,4 +1,5 @@
 //! Hand-written NVML types: only what vgpu reads or writes.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_uint, c_void};
 use std::fmt;

@@ -13,6 +13,7 @@
 //! - `tracker`: what each live allocation counted
 //! - `overhead`: context and library memory, reconciled against NVML
 //! - `counters`: what the above keep per device (in `process::DeviceState`)
+#![forbid(unsafe_code)]
 
 pub mod charge;
 pub mod context;

@@ -2,14 +2,11 @@
 //! exactly that, a free of something we never saw passes through untouched,
 //! and destroying a context releases everything it held.
 
-use std::collections::HashMap;
-use std::sync::LazyLock;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
 use vgpu_shm::{EntryIndex, Kind};
 
+use crate::lock::{Lock, Map, map};
 use crate::process;
 
 /// An allocation's identity: device pointers, VMM handles and array
@@ -32,10 +29,16 @@ pub struct Tracked {
 
 const SHARDS: usize = 16;
 
-type Shard = Mutex<HashMap<Key, Tracked>>;
+/// A part of the table; in a forked child, empty (its device memory is
+/// not the parent's).
+type Shard = Lock<Map<Key, Tracked>>;
 
-static TABLE: LazyLock<[Shard; SHARDS]> =
-    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(HashMap::new())));
+static TABLE: [Shard; SHARDS] = [const { Lock::new(map(), |m| m.clear()) }; SHARDS];
+
+/// The table's locks, for the fork handlers.
+pub fn shards() -> &'static [Shard; SHARDS] {
+    &TABLE
+}
 
 fn shard(key: &Key) -> &'static Shard {
     let bits = match *key {
@@ -128,30 +131,4 @@ pub fn drain_context(ctx: usize) -> Vec<Tracked> {
         });
     }
     out
-}
-
-/// Before `fork`: hold every shard so the child never inherits one
-/// mid-update.
-pub fn lock_all() {
-    for s in TABLE.iter() {
-        std::mem::forget(s.lock());
-    }
-}
-
-/// After `fork`, in the parent.
-pub fn unlock_all() {
-    for s in TABLE.iter() {
-        // SAFETY: lock_all() locked every shard on this thread just before
-        // fork and forgot the guards.
-        unsafe { s.force_unlock() };
-    }
-}
-
-/// After `fork`, in the child: its device memory is not the parent's.
-pub fn reset_in_child() {
-    for s in TABLE.iter() {
-        // SAFETY: as unlock_all(): locked by lock_all() before fork.
-        unsafe { s.force_unlock() };
-        s.lock().clear();
-    }
 }

@@ -46,7 +46,7 @@ pub use error::{Refusal, ShmError, check};
 pub use file::{DEFAULT_CREATE_MODE, FileOptions};
 pub use index::{EntryIndex, SlotIndex};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
-pub use lock::RegionGuard;
+pub use lock::{LocalLock, RegionGuard};
 pub use private::Tamper;
 pub use procinfo::{ProcId, ProcView};
 pub use quota::{Owners, Reservation};

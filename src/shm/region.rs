@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
-use parking_lot::Mutex;
 
 use crate::error::{ShmError, check};
 use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
@@ -19,7 +18,7 @@ use crate::layout::{
     DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
     REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
 };
-use crate::lock::RegionGuard;
+use crate::lock::{LocalLock, RegionGuard};
 use crate::{boot, space};
 
 /// Whether [`Region::open`] may create the file.
@@ -39,7 +38,7 @@ pub struct Region {
     pub(crate) map: MmapRaw,
     file: Option<File>,
     path: PathBuf,
-    local: Mutex<()>,
+    local: LocalLock,
     /// `Header::region_id` of the file when it was mapped.
     pub(crate) mapped_id: u64,
     /// The mapping was replaced by a private copy (see `private.rs`).
@@ -68,7 +67,7 @@ impl Region {
     pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
         let create = opts.create.is_some();
         let (file, _created) = crate::file::open(path, opts)?;
-        let local = Mutex::new(());
+        let local = LocalLock::new();
         let guard =
             RegionGuard::acquire(&local, Some(&file)).map_err(|e| ShmError::io(path, "lock", e))?;
         let len = file
@@ -111,7 +110,7 @@ impl Region {
             map,
             file: None,
             path: path.to_path_buf(),
-            local: Mutex::new(()),
+            local: LocalLock::new(),
             mapped_id: 0,
             private: AtomicBool::new(false),
         };
@@ -143,7 +142,7 @@ impl Region {
             map,
             file: None,
             path,
-            local: Mutex::new(()),
+            local: LocalLock::new(),
             mapped_id,
             private: AtomicBool::new(false),
         })
@@ -204,7 +203,7 @@ impl Region {
 
     /// The in-process half of the lock, for `pthread_atfork` handlers: hold
     /// it across `fork` so the child never inherits a half-done change.
-    pub fn fork_mutex(&self) -> &Mutex<()> {
+    pub fn fork_lock(&self) -> &LocalLock {
         &self.local
     }
 }

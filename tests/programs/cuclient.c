@@ -27,6 +27,10 @@
  *                                          (or SECONDS), then hold it HOLD s
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
+ *   cuclient forkheld                      cuInit, fork; the child makes a context,
+ *                                          allocates (buffer, pool) and exits; both
+ *                                          report (with VGPU_TEST_HOLD_LOCK a thread
+ *                                          of vgpu holds a lock at the fork)
  *
  * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
  * MODE:   kernel (default) ex coop graph
@@ -735,6 +739,45 @@ static int cmd_ctxrace(int threads, int rounds) {
     return 0;
 }
 
+/* The child's CUDA calls after a fork: a context, a buffer, a pool
+ * allocation, each freed. Exit status: 0, or the line of the first error. */
+static void forked_child(void) {
+    setup();
+    CUdeviceptr p;
+    if (cu.cuMemAlloc_v2(&p, 1 << 20) || cu.cuMemFree_v2(p)) _exit(10);
+    CUmemoryPool pool;
+    if (cu.cuDeviceGetDefaultMemPool(&pool, g_dev) || cu.cuMemAllocFromPoolAsync(&p, 1 << 20, pool, 0) ||
+        cu.cuMemFreeAsync(p, 0) || cu.cuCtxSynchronize())
+        _exit(11);
+    _exit(0);
+}
+
+/* Forks right after cuInit and waits up to 10 s for the child; a child
+ * still running then is hung (killed, reported). */
+static int cmd_forkheld(void) {
+    load_and_init();
+    double t0 = now_s();
+    pid_t child = fork();
+    if (child == 0) forked_child();
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(child, &status, WNOHANG)) == 0 && now_s() < t0 + 10) usleep(2000);
+    if (done == child)
+        printf("child_exit=%d child_ms=%.0f\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
+               (now_s() - t0) * 1e3);
+    else {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        printf("child_exit=hung\n");
+    }
+    setup();
+    CUdeviceptr p;
+    CUresult rc = cu.cuMemAlloc_v2(&p, 1 << 20);
+    if (!rc) rc = cu.cuMemFree_v2(p);
+    printf("parent_rc=%d\n", rc);
+    return 0;
+}
+
 static int cmd_info(void) {
     setup();
     int n = 0, ver = 0;
@@ -783,6 +826,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "await"))
         return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));
     if (!strcmp(cmd, "ctxrace")) return cmd_ctxrace(atoi(ARG(2, "64")), atoi(ARG(3, "100")));
+    if (!strcmp(cmd, "forkheld")) return cmd_forkheld();
     printf("error=unknown-command\n");
     return 2;
 }
