@@ -202,32 +202,6 @@ pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
     quota::uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
-/// Bytes per element of a `CUarray_format`; formats we do not model (block
-/// compressed, video) are counted at 16 bytes, the widest.
-fn format_bytes(format: c_uint) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
-        0x03 | 0x0a | 0x20 => 4,
-        _ => 16,
-    }
-}
-
-/// The size of a `width x height x depth` array (0 dimensions count as 1).
-pub fn array_bytes(
-    width: usize,
-    height: usize,
-    depth: usize,
-    format: c_uint,
-    channels: c_uint,
-) -> u64 {
-    [width, height, depth]
-        .iter()
-        .map(|&d| d.max(1) as u64)
-        .chain([format_bytes(format), u64::from(channels.max(1))])
-        .fold(1u64, u64::saturating_mul)
-}
-
 fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
     move || get(a).map(|h| Key::Array(h as usize))
 }
@@ -237,7 +211,7 @@ pub fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresu
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
-    let bytes = array_bytes(d.width, d.height, 1, d.format, d.channels);
+    let bytes = d.bytes();
     counted(
         On::CurrentContext,
         Kind::Array,
@@ -252,7 +226,7 @@ pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CU
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
-    let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels);
+    let bytes = d.bytes();
     counted(
         On::CurrentContext,
         Kind::Array,
@@ -275,17 +249,7 @@ pub fn mipmap_create(
     let Some(d) = get(desc).filter(|_| !array.is_null()) else {
         return call();
     };
-    let bytes = (0..levels.clamp(1, 32))
-        .map(|l| {
-            array_bytes(
-                d.width >> l,
-                d.height >> l,
-                d.depth >> l,
-                d.format,
-                d.channels,
-            )
-        })
-        .fold(0u64, u64::saturating_add);
+    let bytes = d.mipmap_bytes(levels);
     counted(
         On::CurrentContext,
         Kind::Array,
@@ -325,20 +289,4 @@ pub fn pool_destroy(pool: CUmemoryPool) -> CUresult {
         POOLS.lock().remove(&(pool as usize));
     }
     rc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn array_sizes_cover_every_level_and_format() {
-        // 1024 x 1024 float4
-        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
-        // 1-D arrays have height 0
-        assert_eq!(array_bytes(4096, 0, 0, 0x01, 1), 4096);
-        // unknown formats count at the widest element
-        assert_eq!(array_bytes(10, 10, 10, 0x91, 1), 16_000);
-        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
-    }
 }

@@ -91,6 +91,62 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
+impl ArrayDescriptor {
+    /// What the array holds, in bytes.
+    pub fn bytes(&self) -> u64 {
+        array_bytes(self.width, self.height, 1, self.format, self.channels)
+    }
+}
+
+impl Array3dDescriptor {
+    /// What the array holds, in bytes.
+    pub fn bytes(&self) -> u64 {
+        array_bytes(
+            self.width,
+            self.height,
+            self.depth,
+            self.format,
+            self.channels,
+        )
+    }
+
+    /// What a mipmapped array of `levels` levels holds, in bytes (each
+    /// level halves every dimension).
+    pub fn mipmap_bytes(&self, levels: c_uint) -> u64 {
+        (0..levels.clamp(1, 32))
+            .map(|l| {
+                array_bytes(
+                    self.width >> l,
+                    self.height >> l,
+                    self.depth >> l,
+                    self.format,
+                    self.channels,
+                )
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Bytes per element of a `CUarray_format`; formats we do not model (block
+/// compressed, video) are counted at 16 bytes, the widest.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 16,
+    }
+}
+
+/// The size of a `width x height x depth` array (0 dimensions count as 1).
+fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
+    [width, height, depth]
+        .iter()
+        .map(|&d| d.max(1) as u64)
+        .chain([format_bytes(format), u64::from(channels.max(1))])
+        .fold(1u64, u64::saturating_mul)
+}
+
 /// `CUmemLocation`: for a device location (`MEM_LOCATION_TYPE_DEVICE`),
 /// `id` is the device's CUDA ordinal.
 #[repr(C)]
@@ -172,3 +228,29 @@ const _: () = {
     assert!(size_of::<LaunchConfig>() == 56 && offset_of!(LaunchConfig, stream) == 32);
     assert!(size_of::<KernelNodeParams>() == 72 && offset_of!(KernelNodeParams, params) == 40);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes_cover_every_level_and_format() {
+        // 1024 x 1024 float4
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
+        // 1-D arrays have height 0
+        assert_eq!(array_bytes(4096, 0, 0, 0x01, 1), 4096);
+        // unknown formats count at the widest element
+        assert_eq!(array_bytes(10, 10, 10, 0x91, 1), 16_000);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
+        // four levels of a 4096-wide float4 image: 85/64 of the first
+        let d = Array3dDescriptor {
+            width: 4096,
+            height: 64,
+            depth: 0,
+            format: 0x20,
+            channels: 4,
+            flags: 0,
+        };
+        assert_eq!(d.mipmap_bytes(4), d.bytes() * 85 / 64);
+    }
+}
