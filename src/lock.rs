@@ -70,7 +70,17 @@ pub fn keep<T>(_: &mut T) {}
 
 /// A lock taken for a fork: given back when dropped (the parent), or
 /// forgotten (the child, which replaces the lock).
-pub struct Held(#[allow(dead_code)] Box<dyn Any>);
+pub struct Held {
+    _guard: Box<dyn Any>,
+}
+
+impl Held {
+    fn new(guard: impl Any) -> Held {
+        Held {
+            _guard: Box::new(guard),
+        }
+    }
+}
 
 /// A lock as the fork handlers see it.
 pub trait ForkLock: Sync {
@@ -92,13 +102,13 @@ pub trait ForkLock: Sync {
 
 impl<T: Send + 'static> ForkLock for Lock<T> {
     fn hold(&'static self) -> Held {
-        Held(Box::new(self.lock()))
+        Held::new(self.lock())
     }
 
     fn try_hold(&'static self) -> Option<Held> {
         match self.mutex().try_lock() {
-            Ok(g) => Some(Held(Box::new(g))),
-            Err(TryLockError::Poisoned(p)) => Some(Held(Box::new(p.into_inner()))),
+            Ok(g) => Some(Held::new(g)),
+            Err(TryLockError::Poisoned(p)) => Some(Held::new(p.into_inner())),
             Err(TryLockError::WouldBlock) => None,
         }
     }
@@ -122,11 +132,11 @@ impl<T: Send + 'static> ForkLock for Lock<T> {
 /// The in-process half of a region's lock (`vgpu_shm::Region::fork_lock`).
 impl ForkLock for vgpu_shm::LocalLock {
     fn hold(&'static self) -> Held {
-        Held(Box::new(self.lock()))
+        Held::new(self.lock())
     }
 
     fn try_hold(&'static self) -> Option<Held> {
-        self.try_lock().map(|g| Held(Box::new(g)))
+        self.try_lock().map(Held::new)
     }
 
     unsafe fn reset_in_child(&self) {
