@@ -6,19 +6,21 @@
 //! not counted must not run. The watcher keeps the slot alive
 //! ([`Attach::tick`]): it beats, notices a slot taken from it, and notices
 //! a region file that shrank or was re-created (see `tamper.rs`).
+#![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
 use vgpu_shm::procinfo::monotonic_ms;
 use vgpu_shm::{
-    DeviceInfo, Kind, Limits, MAX_DEVICES, ProcId, ProcView, Region, ShmError, format_uuid,
+    DeviceInfo, EntryIndex, Limits, ProcId, ProcView, Region, ShmError, SlotIndex, format_uuid,
 };
 
-use crate::config::Config;
-use crate::cuda::{overhead, tracker};
-use crate::hostpid;
+use crate::config::{Config, DeviceNumber};
+use crate::cuda::sys::CudaOrdinal;
+use crate::lock::{ForkLock, Lock, keep};
 use crate::nvml::client;
+use crate::nvml::sys::NvmlIndex;
+use crate::{numbering, process};
 
 const NO_SLOT: usize = usize::MAX;
 /// CUDA ordinals whose device entry we cache.
@@ -27,42 +29,57 @@ const ORDINALS: usize = 64;
 /// slot under the region's lock.
 const CLAIM_RETRY_MS: u64 = 1_000;
 
+/// What the layers above this one do when the slot changes hands (set by
+/// `init.rs`, so that this file needs neither the watcher nor the quota).
+#[derive(Clone, Copy)]
+pub struct OnSlot {
+    /// A slot was claimed: it beats from now on (starts the watcher).
+    pub claimed: fn(),
+    /// Counts again, in slot `slot` of a region (a new slot, a private
+    /// copy), what this process holds.
+    pub refill: fn(&Region, SlotIndex),
+}
+
 pub struct Attach {
     pub region: Region,
     config: Config,
+    pub(crate) on_slot: OnSlot,
     slot: AtomicUsize,
-    claiming: Mutex<()>,
-    /// Who our slot says we are, as claimed.
-    me: Mutex<Option<ProcId>>,
+    /// One claim at a time.
+    claiming: Lock<()>,
+    /// Who our slot says we are, as claimed (a forked child: nobody yet).
+    me: Lock<Option<ProcId>>,
     last_claim_ms: AtomicU64,
-    claim_error: Mutex<Option<String>>,
+    claim_error: Lock<Option<String>>,
     /// CUDA ordinal -> device entry index + 1 (0: not looked up yet).
-    ordinals: [AtomicU32; ORDINALS],
+    ordinals: [AtomicUsize; ORDINALS],
     /// Entries this process registered, with the limits then in force: what
     /// a private copy of the region needs (`tamper.rs`).
-    pub(crate) known: Mutex<Vec<(usize, DeviceInfo, Limits)>>,
-    pub(crate) switching: Mutex<()>,
+    pub(crate) known: Lock<Vec<(EntryIndex, DeviceInfo, Limits)>>,
+    /// One switch to a private copy at a time (`tamper.rs`).
+    pub(crate) switching: Lock<()>,
 }
 
 impl Attach {
-    pub fn new(region: Region, config: Config) -> Attach {
+    pub fn new(region: Region, config: Config, on_slot: OnSlot) -> Attach {
         Attach {
             region,
             config,
+            on_slot,
             slot: AtomicUsize::new(NO_SLOT),
-            claiming: Mutex::new(()),
-            me: Mutex::new(None),
+            claiming: Lock::new((), keep),
+            me: Lock::new(None, |me| *me = None),
             last_claim_ms: AtomicU64::new(0),
-            claim_error: Mutex::new(None),
-            ordinals: [const { AtomicU32::new(0) }; ORDINALS],
-            known: Mutex::new(Vec::new()),
-            switching: Mutex::new(()),
+            claim_error: Lock::new(None, keep),
+            ordinals: [const { AtomicUsize::new(0) }; ORDINALS],
+            known: Lock::new(Vec::new(), keep),
+            switching: Lock::new((), keep),
         }
     }
 
     /// Our slot, claimed on first use (and again in a forked child). None
     /// when no slot can be had: callers refuse CUDA then.
-    pub fn slot(&self) -> Option<usize> {
+    pub fn slot(&self) -> Option<SlotIndex> {
         if let Some(s) = self.slot_index() {
             return Some(s);
         }
@@ -93,7 +110,7 @@ impl Attach {
 
     /// Claims a slot (the caller holds `claiming`); `Err(true)` when every
     /// slot is held.
-    fn claim(&self) -> Result<usize, bool> {
+    fn claim(&self) -> Result<SlotIndex, bool> {
         if !self.intact() {
             return Err(false);
         }
@@ -108,11 +125,12 @@ impl Attach {
                 *self.me.lock() = Some(me);
                 *self.claim_error.lock() = None;
                 if let Some(h) = view.host_pid {
-                    hostpid::set_from_kernel(h as u32);
+                    // The kernel told us (see hostpid.rs).
+                    process::set_host_pid(h as u32);
                 }
-                self.slot.store(i, Ordering::Release);
+                self.slot.store(i.get(), Ordering::Release);
                 // It beats from now on, whatever path claimed it.
-                crate::watcher::start();
+                (self.on_slot.claimed)();
                 Ok(i)
             }
             Err(e) => {
@@ -128,8 +146,8 @@ impl Attach {
     }
 
     /// The slot index, without claiming one.
-    pub(crate) fn slot_index(&self) -> Option<usize> {
-        Some(self.slot.load(Ordering::Acquire)).filter(|&s| s != NO_SLOT)
+    pub(crate) fn slot_index(&self) -> Option<SlotIndex> {
+        SlotIndex::new(self.slot.load(Ordering::Acquire))
     }
 
     pub(crate) fn me(&self) -> Option<ProcId> {
@@ -159,7 +177,7 @@ impl Attach {
         let _one_claimer = self.claiming.lock();
         self.slot.store(NO_SLOT, Ordering::Release);
         if let Ok(n) = self.claim() {
-            restore_usage(&self.region, n);
+            (self.on_slot.refill)(&self.region, n);
         }
     }
 
@@ -174,7 +192,7 @@ impl Attach {
         if !self.intact() {
             return None;
         }
-        let uuids: Vec<[u8; 16]> = (0..MAX_DEVICES)
+        let uuids: Vec<[u8; 16]> = EntryIndex::all()
             .map(|d| self.region.device(d))
             .filter(|d| d.is_used())
             .map(|d| d.uuid())
@@ -208,50 +226,76 @@ impl Attach {
     }
 
     /// The device entry of CUDA ordinal `ordinal`; `info` is asked only the
-    /// first time, to register the device.
-    pub fn device(&self, ordinal: i32, info: impl FnOnce() -> Option<DeviceInfo>) -> Option<usize> {
-        let n = usize::try_from(ordinal).ok()?;
+    /// first time, to register the device with the limits for its number
+    /// in the container (`numbering.rs`), which NVML may be asked for.
+    pub fn device(
+        &self,
+        ordinal: CudaOrdinal,
+        info: impl FnOnce() -> Option<DeviceInfo>,
+    ) -> Option<EntryIndex> {
+        let n = usize::try_from(ordinal.0).ok()?;
         if let Some(cached) = self
             .ordinals
             .get(n)
-            .map(|c| c.load(Ordering::Acquire))
-            .filter(|&c| c != 0)
+            .and_then(|c| c.load(Ordering::Acquire).checked_sub(1))
         {
-            return Some(cached as usize - 1);
+            return EntryIndex::new(cached);
         }
         if !self.intact() {
             return None;
         }
-        let index = self.register(n, &info()?)?;
+        let info = info()?;
+        let number = self.number_of(&info.uuid, || client::index_of(&info.uuid));
+        let index = self.register(self.config.limits_for(number), &info)?;
         if let Some(c) = self.ordinals.get(n) {
-            c.store(index as u32 + 1, Ordering::Release);
+            c.store(index.get() + 1, Ordering::Release);
         }
         Some(index)
     }
 
-    /// The device entry of a GPU seen through NVML (`index` is NVML's).
-    /// Registers it when the environment has limits for it, so that
-    /// nvidia-smi shows the quota before any CUDA process ran.
-    pub fn device_by_uuid(&self, index: u32, info: &DeviceInfo) -> Option<usize> {
+    /// The device entry of a GPU seen through NVML (`index` is NVML's,
+    /// when it said). Registers it when the environment has limits for it,
+    /// so that nvidia-smi shows the quota before any CUDA process ran.
+    pub fn device_by_uuid(
+        &self,
+        index: Option<NvmlIndex>,
+        info: &DeviceInfo,
+    ) -> Option<EntryIndex> {
         if !self.intact() {
             return None;
         }
         if let Some(i) = self.region.find_device(&info.uuid) {
             return Some(i);
         }
-        let n = index as usize;
-        if self.config.mem_limit_for(n) == 0 && self.config.sm_limit_for(n) == 0 {
+        let wanted = self.config.limits_for(self.number_of(&info.uuid, || index));
+        if wanted.mem == 0 && wanted.sm == 0 {
             return None;
         }
-        self.register(n, info)
+        self.register(wanted, info)
     }
 
-    fn register(&self, ordinal: usize, info: &DeviceInfo) -> Option<usize> {
-        let wanted = Limits {
-            mem: self.config.mem_limit_for(ordinal),
-            sm: self.config.sm_limit_for(ordinal),
-            policy: self.config.policy as u32,
-        };
+    /// The container's number for the device `uuid`, where it matters:
+    /// with no `_N` in the environment every device gets the same limits,
+    /// and NVML is not asked.
+    fn number_of(
+        &self,
+        uuid: &[u8; 16],
+        nvml_index: impl FnOnce() -> Option<NvmlIndex>,
+    ) -> Option<DeviceNumber> {
+        if !self.config.has_per_device_limits() {
+            return None;
+        }
+        let number = numbering::number_of(&self.config, uuid, nvml_index);
+        if number.is_none() {
+            crate::warn_once!(
+                "which of the container's devices {} is cannot be told (NVML unavailable, and NVIDIA_VISIBLE_DEVICES lists no UUIDs): it gets the least of the limits the environment sets for any device",
+                format_uuid(uuid)
+            );
+        }
+        number
+    }
+
+    fn register(&self, wanted: Limits, info: &DeviceInfo) -> Option<EntryIndex> {
         let mut registered = self.region.register_device(info, wanted);
         if matches!(registered, Err(ShmError::Tampered { .. })) && self.still_ours() {
             registered = self.region.register_device(info, wanted);
@@ -282,41 +326,24 @@ impl Attach {
     }
 
     /// In a forked child: the parent's slot is not ours.
-    pub fn after_fork_child(&self) {
+    /// In a forked child (its locks given back already): the parent's
+    /// slot is not its own.
+    pub fn reset_in_child(&self) {
         self.slot.store(NO_SLOT, Ordering::Release);
         self.last_claim_ms.store(0, Ordering::Release);
-        // A lock held at fork time belonged to a parent thread that does
-        // not exist here.
-        for m in [&self.claiming, &self.switching] {
-            if m.is_locked() {
-                // SAFETY: a forked child runs one thread (see above).
-                unsafe { m.force_unlock() };
-            }
-        }
-        if self.known.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.known.force_unlock() };
-        }
-        if self.claim_error.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.claim_error.force_unlock() };
-        }
-        if self.me.is_locked() {
-            // SAFETY: as above.
-            unsafe { self.me.force_unlock() };
-        }
-        *self.me.lock() = None;
     }
-}
 
-/// Counts again, in slot `slot` of `region`, what this process holds: every
-/// tracked allocation, and a provisional context on each device it uses
-/// (re-measured by the watcher moments later).
-pub(crate) fn restore_usage(region: &Region, slot: usize) {
-    for (dev, kind, bytes) in tracker::totals() {
-        region.add_usage(slot, dev, kind, bytes);
-    }
-    for dev in overhead::devices_in_use() {
-        region.set_usage(slot, dev, Kind::Context, overhead::PROVISIONAL);
+    /// This attachment's locks, outermost first (`claiming` and
+    /// `switching` are held while the region's is taken, and all three
+    /// while the others are).
+    pub fn locks(&'static self) -> [(&'static str, &'static dyn ForkLock); 6] {
+        [
+            ("attach.claiming", &self.claiming),
+            ("attach.switching", &self.switching),
+            ("region", self.region.fork_lock()),
+            ("attach.me", &self.me),
+            ("attach.claim_error", &self.claim_error),
+            ("attach.known", &self.known),
+        ]
     }
 }

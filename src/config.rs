@@ -4,9 +4,11 @@
 //! (bytes with an optional k/m/g suffix, case-insensitive),
 //! `CUDA_DEVICE_SM_LIMIT[_N]` (percent), `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
 //! `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`,
-//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the CUDA ordinal in
-//! the process that reads it. vgpu's own: `VGPU_REGION_MODE`,
-//! `VGPU_REGION_ANY_OWNER` (how region files are made and trusted).
+//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the container's N-th
+//! device ([`DeviceNumber`], assigned in `numbering.rs`), never a process's
+//! CUDA ordinal; `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs, gives
+//! that order. vgpu's own: `VGPU_REGION_MODE`, `VGPU_REGION_ANY_OWNER` (how
+//! region files are made and trusted).
 //!
 //! In a secure-execution process (setuid, setgid, file capabilities:
 //! `AT_SECURE`), whoever started it may not be the user it runs as, so
@@ -19,29 +21,48 @@ use std::fmt;
 use std::path::PathBuf;
 
 use log::LevelFilter;
+use vgpu_shm::Limits;
+
+mod parse;
+
+use parse::*;
+pub use parse::{parse_bytes, parse_percent};
 
 /// How many `_N` suffixes are read.
-pub const MAX_ORDINALS: usize = vgpu_shm::MAX_DEVICES;
+pub const DEVICE_NUMBERS: usize = vgpu_shm::MAX_DEVICES;
 
-/// `GPU_CORE_UTILIZATION_POLICY`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CorePolicy {
-    /// The SM limit is enforced.
-    #[default]
-    Default = 0,
-    /// The SM limit is enforced (HAMi-core's name for "really enforce it").
-    Force = 1,
-    /// The SM limit is ignored; memory limits still hold.
-    Disable = 2,
+/// The container's N-th device: what the `_N` of
+/// `CUDA_DEVICE_MEMORY_LIMIT_N` and `CUDA_DEVICE_SM_LIMIT_N` names. Not a
+/// CUDA ordinal (renumbered by `CUDA_VISIBLE_DEVICES`), not a region
+/// entry; `numbering.rs` says how a device gets its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceNumber(usize);
+
+impl DeviceNumber {
+    /// The container's device `n` (counting from 0).
+    pub const fn new(n: usize) -> DeviceNumber {
+        DeviceNumber(n)
+    }
+
+    /// The number, as `_N` writes it.
+    pub const fn get(self) -> usize {
+        self.0
+    }
 }
+
+/// `GPU_CORE_UTILIZATION_POLICY`: the region stores it per device.
+pub use vgpu_shm::CorePolicy;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub mem_limit: Option<u64>,
-    pub mem_limit_n: [Option<u64>; MAX_ORDINALS],
+    pub mem_limit_n: [Option<u64>; DEVICE_NUMBERS],
     pub sm_limit: Option<u32>,
-    pub sm_limit_n: [Option<u32>; MAX_ORDINALS],
+    pub sm_limit_n: [Option<u32>; DEVICE_NUMBERS],
     pub shared_cache: Option<PathBuf>,
+    /// `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs (`GPU-...`): the
+    /// container's devices in `_N` order.
+    pub visible_uuids: Option<Vec<[u8; 16]>>,
     pub policy: CorePolicy,
     pub disable_control: bool,
     pub oversubscribe: bool,
@@ -54,6 +75,9 @@ pub struct Config {
     pub secure: bool,
     /// `VGPU_TEST_PANIC`: the hook that panics (tests only).
     pub test_panic: Option<String>,
+    /// `VGPU_TEST_HOLD_LOCK`: the lock a thread holds from `cuInit` until
+    /// a fork (tests only, `fork.rs`).
+    pub test_hold_lock: Option<String>,
     /// Bad values of variables that cannot weaken a limit (log level,
     /// switches): reported, and the default used.
     pub warnings: Vec<ConfigError>,
@@ -79,89 +103,16 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-const BYTES: &str = "bytes with an optional k/m/g suffix, e.g. 4g, 4096m, 1073741824";
-const PERCENT: &str = "a whole percentage from 0 to 100";
-const ORDINAL: &str =
-    "a device ordinal from 0 to 15 after the underscore in the name (_0 ... _15, no leading zeros)";
-const _: () = assert!(MAX_ORDINALS == 16, "ORDINAL names the range");
-const ABSOLUTE: &str =
-    "an absolute path (a relative one would give every working directory a region of its own)";
-const MODE: &str = "an octal file mode from 0600 to 0666, e.g. 0660";
-
-/// The variables with a device-ordinal suffix.
-const PER_ORDINAL: [&str; 2] = ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"];
-
-/// The ordinal in a `_N` suffix: canonical decimal below MAX_ORDINALS.
-fn parse_ordinal(suffix: &str) -> Option<usize> {
-    let canonical = suffix == "0" || (!suffix.starts_with('0') && !suffix.is_empty());
-    if !canonical || !suffix.bytes().all(|b| b.is_ascii_digit()) || suffix.len() > 2 {
-        return None;
-    }
-    suffix.parse().ok().filter(|&n| n < MAX_ORDINALS)
-}
-
-/// A region file mode: octal, owner read-write at least, nothing beyond
-/// read-write for anyone (no execute, setuid or sticky bits).
-fn parse_mode(text: &str) -> Option<u32> {
-    let m = u32::from_str_radix(text.trim(), 8).ok()?;
-    (m & !0o666 == 0 && m & 0o600 == 0o600).then_some(m)
-}
-
-/// Parses a memory limit: plain bytes, or a number with `k`, `m` or `g`
-/// (powers of 1024, any case). `0` means no limit.
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let (digits, shift) = match t.as_bytes().last()?.to_ascii_lowercase() {
-        b'k' => (&t[..t.len() - 1], 10),
-        b'm' => (&t[..t.len() - 1], 20),
-        b'g' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
-}
-
-/// Parses an SM limit; 0 and 100 mean no limit (`Some(None)`).
-pub fn parse_percent(text: &str) -> Option<Option<u32>> {
-    let t = text.trim();
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    match t.parse::<u32>().ok()? {
-        0 | 100 => Some(None),
-        p if p < 100 => Some(Some(p)),
-        _ => None,
-    }
-}
-
-fn parse_bool(text: &str) -> Option<bool> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Some(true),
-        "" | "0" | "false" | "no" | "off" => Some(false),
-        _ => None,
-    }
-}
-
-fn parse_policy(text: &str) -> Option<CorePolicy> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "" | "default" => Some(CorePolicy::Default),
-        "force" => Some(CorePolicy::Force),
-        "disable" => Some(CorePolicy::Disable),
-        _ => None,
-    }
-}
-
-/// HAMi-core's levels: 0 errors, 1 warnings (our default), 2-3 info, 4 debug.
-fn parse_level(text: &str) -> Option<LevelFilter> {
-    Some(match text.trim().parse::<u32>().ok()? {
-        0 => LevelFilter::Error,
-        1 => LevelFilter::Warn,
-        2 | 3 => LevelFilter::Info,
-        4 => LevelFilter::Debug,
-        _ => LevelFilter::Trace,
-    })
+/// The least limit among the global one and the per-device ones (0 when
+/// none is set).
+fn least<T: Copy + Ord + Default>(global: Option<T>, per_device: &[Option<T>]) -> T {
+    per_device
+        .iter()
+        .chain([&global])
+        .flatten()
+        .copied()
+        .min()
+        .unwrap_or_default()
 }
 
 impl Default for Config {
@@ -169,10 +120,11 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             mem_limit: None,
-            mem_limit_n: [None; MAX_ORDINALS],
+            mem_limit_n: [None; DEVICE_NUMBERS],
             sm_limit: None,
-            sm_limit_n: [None; MAX_ORDINALS],
+            sm_limit_n: [None; DEVICE_NUMBERS],
             shared_cache: None,
+            visible_uuids: None,
             policy: CorePolicy::Default,
             disable_control: false,
             oversubscribe: false,
@@ -181,6 +133,7 @@ impl Default for Config {
             region_any_owner: false,
             secure: false,
             test_panic: None,
+            test_hold_lock: None,
             warnings: Vec::new(),
         }
     }
@@ -217,13 +170,13 @@ impl Config {
         let text = |var: &str| get(var).map(|v| v.to_string_lossy().into_owned());
         let trusted_text = |var: &str| trusted(var).map(|v| v.to_string_lossy().into_owned());
         for name in names {
-            if let Some(suffix) = PER_ORDINAL.iter().find_map(|p| name.strip_prefix(p))
-                && parse_ordinal(suffix).is_none()
+            if let Some(suffix) = PER_DEVICE.iter().find_map(|p| name.strip_prefix(p))
+                && parse_number(suffix).is_none()
             {
                 return Err(ConfigError {
                     var: name.to_string(),
                     value: text(name).unwrap_or_default(),
-                    expected: ORDINAL,
+                    expected: NUMBER,
                 });
             }
         }
@@ -292,9 +245,9 @@ impl Config {
             })?,
         };
 
-        let mut mem_limit_n = [None; MAX_ORDINALS];
-        let mut sm_limit_n = [None; MAX_ORDINALS];
-        for n in 0..MAX_ORDINALS {
+        let mut mem_limit_n = [None; DEVICE_NUMBERS];
+        let mut sm_limit_n = [None; DEVICE_NUMBERS];
+        for n in 0..DEVICE_NUMBERS {
             mem_limit_n[n] = bytes(&format!("CUDA_DEVICE_MEMORY_LIMIT_{n}"))?;
             sm_limit_n[n] = percent(&format!("CUDA_DEVICE_SM_LIMIT_{n}"))?;
         }
@@ -304,6 +257,9 @@ impl Config {
             sm_limit: percent("CUDA_DEVICE_SM_LIMIT")?,
             sm_limit_n,
             shared_cache,
+            visible_uuids: text("NVIDIA_VISIBLE_DEVICES")
+                .as_deref()
+                .and_then(parse_uuid_list),
             policy,
             disable_control: trusted_text("CUDA_DISABLE_CONTROL")
                 .and_then(|v| parse_bool(&v))
@@ -320,6 +276,7 @@ impl Config {
                 .unwrap_or(false),
             secure,
             test_panic: trusted_text("VGPU_TEST_PANIC"),
+            test_hold_lock: trusted_text("VGPU_TEST_HOLD_LOCK"),
             warnings,
         })
     }
@@ -329,31 +286,57 @@ impl Config {
     pub fn without_limits(&self) -> Config {
         Config {
             mem_limit: None,
-            mem_limit_n: [None; MAX_ORDINALS],
+            mem_limit_n: [None; DEVICE_NUMBERS],
             sm_limit: None,
-            sm_limit_n: [None; MAX_ORDINALS],
+            sm_limit_n: [None; DEVICE_NUMBERS],
+            visible_uuids: None,
             ..self.clone()
         }
     }
 
-    /// The memory limit for CUDA ordinal `n` (0 = none): `_N` wins.
-    pub fn mem_limit_for(&self, n: usize) -> u64 {
+    /// The memory limit for the container's device `n` (0 = none): `_N`
+    /// wins over the variable without a suffix.
+    pub fn mem_limit_for(&self, n: DeviceNumber) -> u64 {
         self.mem_limit_n
-            .get(n)
+            .get(n.0)
             .copied()
             .flatten()
             .or(self.mem_limit)
             .unwrap_or(0)
     }
 
-    /// The SM limit for CUDA ordinal `n` (0 = none): `_N` wins.
-    pub fn sm_limit_for(&self, n: usize) -> u32 {
+    /// The SM limit for the container's device `n` (0 = none): `_N` wins.
+    pub fn sm_limit_for(&self, n: DeviceNumber) -> u32 {
         self.sm_limit_n
-            .get(n)
+            .get(n.0)
             .copied()
             .flatten()
             .or(self.sm_limit)
             .unwrap_or(0)
+    }
+
+    /// The limits for the container's device `number`. A device whose
+    /// number is unknown (None) gets the least of the limits set for any
+    /// device: fail closed, never more than some `_N` meant.
+    pub fn limits_for(&self, number: Option<DeviceNumber>) -> Limits {
+        let (mem, sm) = match number {
+            Some(n) => (self.mem_limit_for(n), self.sm_limit_for(n)),
+            None => (
+                least(self.mem_limit, &self.mem_limit_n),
+                least(self.sm_limit, &self.sm_limit_n),
+            ),
+        };
+        Limits {
+            mem,
+            sm,
+            policy: self.policy,
+        }
+    }
+
+    /// Whether some device has a limit of its own (`_N`): only then does
+    /// a device's number change its limits.
+    pub fn has_per_device_limits(&self) -> bool {
+        self.mem_limit_n.iter().any(Option::is_some) || self.sm_limit_n.iter().any(Option::is_some)
     }
 
     /// Whether the environment asks for any limit at all.
@@ -366,184 +349,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|k| {
-            vars.iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| OsString::from(v))
-        })
-    }
-
-    #[test]
-    fn memory_units_follow_hami_core() {
-        assert_eq!(parse_bytes("1073741824"), Some(1 << 30));
-        assert_eq!(parse_bytes("1048576k"), Some(1 << 30));
-        assert_eq!(parse_bytes("1024M"), Some(1 << 30));
-        assert_eq!(parse_bytes(" 4g "), Some(4 << 30));
-        assert_eq!(parse_bytes("4G"), Some(4 << 30));
-        for bad in [
-            "",
-            "g",
-            "4q",
-            "-1g",
-            "4.5g",
-            "4gb",
-            "99999999999999999999",
-            "18014398509481984g",
-        ] {
-            assert_eq!(parse_bytes(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn per_ordinal_limits_override_the_global_one() {
-        let c = cfg(&[
-            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
-            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
-            ("CUDA_DEVICE_SM_LIMIT_1", "30"),
-        ])
-        .unwrap();
-        assert_eq!(c.mem_limit_for(0), 4 << 30);
-        assert_eq!(c.mem_limit_for(1), 2 << 30);
-        assert_eq!((c.sm_limit_for(0), c.sm_limit_for(1)), (0, 30));
-        assert!(c.has_limits());
-        assert!(!cfg(&[]).unwrap().has_limits());
-    }
-
-    #[test]
-    fn bad_limits_are_errors_that_name_the_variable() {
-        let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "4q")]).unwrap_err();
-        assert_eq!(e.var, "CUDA_DEVICE_MEMORY_LIMIT_1");
-        assert!(
-            e.to_string()
-                .starts_with("CUDA_DEVICE_MEMORY_LIMIT_1=\"4q\": expected bytes"),
-            "{e}"
-        );
-        assert_eq!(
-            cfg(&[("CUDA_DEVICE_SM_LIMIT", "130")]).unwrap_err().var,
-            "CUDA_DEVICE_SM_LIMIT"
-        );
-        assert_eq!(
-            cfg(&[("CUDA_DEVICE_SM_LIMIT", "3O")]).unwrap_err().var,
-            "CUDA_DEVICE_SM_LIMIT"
-        );
-        assert_eq!(
-            cfg(&[("GPU_CORE_UTILIZATION_POLICY", "strict")])
-                .unwrap_err()
-                .var,
-            "GPU_CORE_UTILIZATION_POLICY"
-        );
-    }
-
-    fn cfg_named(vars: &[(&str, &str)], secure: bool) -> Result<Config, ConfigError> {
-        Config::from_vars(
-            vars.iter().map(|(k, _)| *k),
-            |k| {
-                vars.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| OsString::from(v))
-            },
-            secure,
-        )
-    }
-
-    #[test]
-    fn ordinal_suffixes_must_be_canonical_and_in_range() {
-        for good in ["0", "7", "15"] {
-            assert!(parse_ordinal(good).is_some(), "{good}");
-        }
-        for bad in ["", "16", "99999", "00", "07", "-1", "+1", "x", "1 "] {
-            assert_eq!(parse_ordinal(bad), None, "{bad:?}");
-        }
-        let e = cfg_named(&[("CUDA_DEVICE_SM_LIMIT_00", "30")], false).unwrap_err();
-        assert_eq!(e.var, "CUDA_DEVICE_SM_LIMIT_00");
-        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT_15", "1g")], false).is_ok());
-        // Names that only share a prefix are not ours.
-        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r")], false).is_ok());
-    }
-
-    #[test]
-    fn region_settings_parse_and_relative_paths_are_refused() {
-        let c = cfg(&[("VGPU_REGION_MODE", "0660"), ("VGPU_REGION_ANY_OWNER", "1")]).unwrap();
-        assert_eq!((c.region_mode, c.region_any_owner), (0o660, true));
-        assert_eq!(cfg(&[]).unwrap().region_mode, 0o666);
-        for bad in ["0777", "4666", "0066", "rw", ""] {
-            assert_eq!(
-                cfg(&[("VGPU_REGION_MODE", bad)]).unwrap_err().var,
-                "VGPU_REGION_MODE"
-            );
-        }
-        let e = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "vgpu.cache")]).unwrap_err();
-        assert_eq!(e.var, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
-    }
-
-    #[test]
-    fn secure_execution_reads_limits_only() {
-        let vars = [
-            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/root/x.cache"),
-            ("LIBCUDA_LOG_LEVEL", "4"),
-            ("CUDA_DISABLE_CONTROL", "1"),
-            ("GPU_CORE_UTILIZATION_POLICY", "disable"),
-            ("VGPU_REGION_MODE", "0600"),
-            ("VGPU_REGION_ANY_OWNER", "1"),
-            ("VGPU_TEST_PANIC", "cuInit"),
-        ];
-        let c = cfg_named(&vars, true).unwrap();
-        assert_eq!(c.mem_limit, Some(1 << 30));
-        assert!(c.secure && c.shared_cache.is_none() && !c.disable_control);
-        assert_eq!(c.log_level, LevelFilter::Warn);
-        assert_eq!(c.policy, CorePolicy::Default);
-        assert_eq!((c.region_mode, c.region_any_owner), (0o666, false));
-        assert!(c.test_panic.is_none() && c.warnings.is_empty());
-        // A bad limit is still an error: it can only narrow.
-        assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT", "4q")], true).is_err());
-        assert!(!c.without_limits().has_limits());
-    }
-
-    #[test]
-    fn zero_and_hundred_percent_mean_unlimited() {
-        assert_eq!(
-            cfg(&[("CUDA_DEVICE_SM_LIMIT", "0")]).unwrap().sm_limit,
-            None
-        );
-        assert_eq!(
-            cfg(&[("CUDA_DEVICE_SM_LIMIT", "100")]).unwrap().sm_limit,
-            None
-        );
-        assert_eq!(
-            cfg(&[("CUDA_DEVICE_SM_LIMIT", "30")]).unwrap().sm_limit,
-            Some(30)
-        );
-    }
-
-    #[test]
-    fn soft_variables_warn_and_keep_defaults() {
-        let c = cfg(&[
-            ("LIBCUDA_LOG_LEVEL", "loud"),
-            ("CUDA_DISABLE_CONTROL", "maybe"),
-        ])
-        .unwrap();
-        assert_eq!(c.log_level, LevelFilter::Warn);
-        assert!(!c.disable_control);
-        assert_eq!(c.warnings.len(), 2);
-        assert!(
-            cfg(&[("CUDA_DISABLE_CONTROL", "TRUE")])
-                .unwrap()
-                .disable_control
-        );
-        assert_eq!(
-            cfg(&[("GPU_CORE_UTILIZATION_POLICY", "FORCE")])
-                .unwrap()
-                .policy,
-            CorePolicy::Force
-        );
-    }
-}
+mod tests;

@@ -1,18 +1,40 @@
 //! `fork`: the child inherits our memory but not our threads. Every lock of
-//! ours is held across the fork (so none is inherited mid-update); the
-//! child then gets its own slot, an empty allocation table, and restarts
-//! the watcher on first use.
+//! ours is listed here, outermost first ([`each_lock`]): the `prepare`
+//! handler takes them all in that order, so no lock is held by another
+//! thread at the fork (the one order keeps that free of deadlock: a thread
+//! holding one of them waits only for those listed after it). The parent
+//! gives them back; the child replaces each with a fresh lock holding what
+//! it should see (`lock.rs`), and [`process::reset_in_child`] and the
+//! attachment reset the rest: the child claims its own slot, its tables
+//! start empty, and the watcher restarts on first use.
+//!
+//! `VGPU_TEST_HOLD_LOCK=<name>` (tests only, ignored in secure execution)
+//! has a thread hold one lock from `cuInit` until a fork is under way, so
+//! that a test can fork while each lock is held
+//! (`tests/fork.rs`).
 
+use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
 
-use crate::cuda::{context, overhead, tracker};
+use crate::attach::Attach;
+use crate::cuda::events;
+use crate::lock::{ForkLock, Held};
 use crate::nvml::client;
-use crate::{hostpid, init, limiter, watcher};
+use crate::quota::tracker;
+use crate::{hostpid, process, watcher};
 
-pub fn install() {
+/// The attachment, if the runtime has one (a function `init.rs` gives, so
+/// that this file need not start the runtime).
+static ATTACH: OnceLock<fn() -> Option<&'static Attach>> = OnceLock::new();
+
+/// Installs the handlers, once; `attach` finds the attachment.
+pub fn install(attach: fn() -> Option<&'static Attach>) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        let _ = ATTACH.set(attach);
         // SAFETY: the three handlers are extern "C" fns with no arguments
         // that never unwind (each body is wrapped in catch_unwind).
         let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
@@ -22,53 +44,143 @@ pub fn install() {
     });
 }
 
-fn region_mutex() -> Option<&'static parking_lot::Mutex<()>> {
-    init::started()?
-        .attach
-        .as_ref()
-        .map(|a| a.region.fork_mutex())
+fn attach() -> Option<&'static Attach> {
+    ATTACH.get().and_then(|f| f())
+}
+
+/// The names of the tracker's shards.
+const TRACKER: [&str; 16] = [
+    "tracker.0",
+    "tracker.1",
+    "tracker.2",
+    "tracker.3",
+    "tracker.4",
+    "tracker.5",
+    "tracker.6",
+    "tracker.7",
+    "tracker.8",
+    "tracker.9",
+    "tracker.10",
+    "tracker.11",
+    "tracker.12",
+    "tracker.13",
+    "tracker.14",
+    "tracker.15",
+];
+
+/// Every lock of ours with its name, outermost first: the attachment's
+/// (a claim takes the region's lock and starts the watcher), then those
+/// no code holds while it takes another.
+fn each_lock(mut f: impl FnMut(&'static str, &'static dyn ForkLock)) {
+    if let Some(a) = attach() {
+        for (name, lock) in a.locks() {
+            f(name, lock);
+        }
+    }
+    f("contexts", &process::CONTEXTS);
+    f("pools", &process::POOLS);
+    for (name, shard) in TRACKER.iter().zip(tracker::shards()) {
+        f(name, shard);
+    }
+    f("events.pending", &events::PENDING);
+    f("events.pool", &events::POOL);
+    f("nvml.devices", &client::DEVICES);
+    f("hostpid.before", &hostpid::BEFORE);
+    f("watcher.thread", &watcher::THREAD);
+}
+
+/// Forks under way in this process (the test hook waits for one).
+static FORKING: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// The locks `prepare` took, on the thread that forks.
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 
 extern "C" fn prepare() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(m) = region_mutex() {
-            std::mem::forget(m.lock());
-        }
-        tracker::lock_all();
-        context::fork_prepare();
-        limiter::fork_prepare();
+        FORKING.fetch_add(1, Ordering::AcqRel);
+        let _ = HELD.try_with(|held| {
+            let mut held = held.borrow_mut();
+            each_lock(|_, lock| held.push(lock.hold()));
+        });
     }));
-}
-
-fn unlock_region() {
-    if let Some(m) = region_mutex() {
-        // SAFETY: prepare() locked it on the forking thread and forgot the
-        // guard; in the child that thread is the only one.
-        unsafe { m.force_unlock() };
-    }
 }
 
 extern "C" fn parent() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        limiter::fork_parent();
-        context::fork_parent();
-        tracker::unlock_all();
-        unlock_region();
+        let _ = HELD.try_with(|held| held.borrow_mut().clear());
+        FORKING.fetch_sub(1, Ordering::AcqRel);
     }));
 }
 
 extern "C" fn child() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        limiter::fork_child();
-        context::fork_child();
-        tracker::reset_in_child();
-        unlock_region();
-        overhead::after_fork_child();
-        hostpid::after_fork_child();
-        client::after_fork_child();
-        watcher::after_fork_child();
-        if let Some(a) = init::attach() {
-            a.after_fork_child();
+        // The guards belong to the locks being replaced: never dropped.
+        let _ = HELD.try_with(|held| std::mem::forget(held.take()));
+        // SAFETY: this is the forked child's handler, on its only thread,
+        // before anything else runs; every guard was just forgotten.
+        each_lock(|_, lock| unsafe { lock.reset_in_child() });
+        process::reset_in_child();
+        if let Some(a) = attach() {
+            a.reset_in_child();
+        }
+        FORKING.store(0, Ordering::Release);
+        if let Some(name) = HELD_FOR_TEST.get() {
+            check_free_in_child(name);
         }
     }));
+}
+
+/// The lock a test holds (`VGPU_TEST_HOLD_LOCK`).
+static HELD_FOR_TEST: OnceLock<String> = OnceLock::new();
+
+/// Has a thread hold lock `name` from now until a fork has waited for it
+/// (or 10 s), so that a test forks while it is held. An unknown name is
+/// reported with the list of names.
+pub fn hold_for_test(name: &str) {
+    let mut found = None;
+    let mut names = Vec::new();
+    each_lock(|n, lock| {
+        names.push(n);
+        if n == name {
+            found = Some(lock);
+        }
+    });
+    let Some(lock) = found else {
+        log::error!(
+            "VGPU_TEST_HOLD_LOCK={name}: no such lock; locks: {}",
+            names.join(" ")
+        );
+        return;
+    };
+    if HELD_FOR_TEST.set(name.to_string()).is_err() {
+        return;
+    }
+    let (held, is_held) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-test-hold".into())
+        .spawn(move || {
+            let holding = lock.hold();
+            let _ = held.send(());
+            let until = Instant::now() + Duration::from_secs(10);
+            while FORKING.load(Ordering::Acquire) == 0 && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // The fork is under way: its prepare handler waits for this lock.
+            std::thread::sleep(Duration::from_millis(50));
+            drop(holding);
+        });
+    if spawned.is_ok() && is_held.recv_timeout(Duration::from_secs(5)).is_ok() {
+        log::warn!("VGPU_TEST_HOLD_LOCK: a thread holds {name} until a fork");
+    }
+}
+
+/// In a forked child: the lock a test held at the fork must be free.
+fn check_free_in_child(name: &str) {
+    each_lock(|n, lock| {
+        if n == name && lock.try_hold().is_none() {
+            log::error!("VGPU_TEST_HOLD_LOCK: {name} is still held in the forked child");
+        }
+    });
 }

@@ -5,6 +5,7 @@
 //! through. `ffi_boundary` wraps every hook body: a panic never unwinds
 //! into the host program; it is logged once and the call falls back to the
 //! real function.
+#![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::marker::PhantomData;

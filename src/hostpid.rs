@@ -12,38 +12,19 @@
 //!
 //! Nothing on the allocation or launch path waits for it; the watcher
 //! resolves it in the background.
+#![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use parking_lot::Mutex;
-use vgpu_shm::Region;
 use vgpu_shm::procinfo::INIT_PIDNS;
+use vgpu_shm::{EntryIndex, Region, SlotIndex};
 
 use crate::attach::Attach;
+use crate::lock::Lock;
 use crate::nvml::client;
+use crate::process;
 
-static HOST_PID: AtomicU32 = AtomicU32::new(0);
-/// NVML pids on a device (region entry) just before our first context there.
-static BEFORE: Mutex<Option<(usize, Vec<u32>)>> = Mutex::new(None);
-
-pub fn get() -> Option<u32> {
-    Some(HOST_PID.load(Ordering::Acquire)).filter(|&p| p != 0)
-}
-
-/// The kernel told us (see the module docs).
-pub fn set_from_kernel(pid: u32) {
-    HOST_PID.store(pid, Ordering::Release);
-}
-
-pub fn after_fork_child() {
-    HOST_PID.store(0, Ordering::Release);
-    if BEFORE.is_locked() {
-        // SAFETY: a forked child runs one thread; the lock's holder was a
-        // parent thread that does not exist here.
-        unsafe { BEFORE.force_unlock() };
-    }
-    *BEFORE.lock() = None;
-}
+/// NVML pids on a device (region entry) just before our first context
+/// there. A forked child has had no context yet.
+pub static BEFORE: Lock<Option<(EntryIndex, Vec<u32>)>> = Lock::new(None, |b| *b = None);
 
 fn in_initial_namespace() -> bool {
     vgpu_shm::procinfo::my_pidns() == INIT_PIDNS
@@ -54,8 +35,8 @@ fn in_initial_namespace() -> bool {
 /// and waits for NVML's initialisation (started at `cuInit`, so usually
 /// done; at most 2 s): without this list the host pid is never found, and
 /// the context's cost never measured.
-pub fn before_first_context(attach: &Attach, dev: usize) {
-    if get().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
+pub fn before_first_context(attach: &Attach, dev: EntryIndex) {
+    if process::host_pid().is_some() || in_initial_namespace() || BEFORE.lock().is_some() {
         return;
     }
     if !client::init() || !attach.intact() {
@@ -71,13 +52,11 @@ pub fn before_first_context(attach: &Attach, dev: usize) {
 }
 
 /// Pids other live processes of the container already own.
-fn claimed_by_others(region: &Region, my_slot: Option<usize>) -> Vec<u32> {
+fn claimed_by_others(region: &Region, my_slot: Option<SlotIndex>) -> Vec<u32> {
     region
         .occupied_slots()
         .filter(|&i| Some(i) != my_slot)
-        .map(|i| region.slot(i).host_pid.load(Ordering::Acquire))
-        .filter(|&p| p > 0)
-        .map(|p| p as u32)
+        .filter_map(|i| region.host_pid(i))
         .collect()
 }
 
@@ -103,8 +82,8 @@ pub fn choose(
 }
 
 /// Finds our host pid through device `dev`; stores it in our slot.
-pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
-    if let Some(p) = get() {
+pub fn resolve(attach: &Attach, dev: EntryIndex) -> Option<u32> {
+    if let Some(p) = process::host_pid() {
         return Some(p);
     }
     if !attach.intact() {
@@ -136,7 +115,7 @@ pub fn resolve(attach: &Attach, dev: usize) -> Option<u32> {
     if let Some(s) = slot {
         attach.region.set_host_pid(s, pid as i32, false);
     }
-    if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
+    if process::set_host_pid(pid) != Some(pid) {
         log::debug!("host pid {pid}");
     }
     Some(pid)

@@ -32,9 +32,11 @@ use std::sync::OnceLock;
 
 use vgpu_shm::{FileOptions, Region, ShmError};
 
-use crate::attach::Attach;
+use crate::attach::{Attach, OnSlot};
 use crate::config::Config;
 use crate::guard::Guard;
+use crate::quota::restore::restore_usage;
+use crate::watcher;
 
 /// HAMi-core's default region path.
 pub const DEFAULT_REGION: &str = "/tmp/cudevshr.cache";
@@ -120,12 +122,12 @@ impl Runtime {
             log::warn!("CUDA_OVERSUBSCRIBE is not supported: memory limits are enforced as usual");
         }
         let found = find_region(&config);
-        crate::fork::install();
+        crate::fork::install(|| started()?.attach.as_ref());
         match found {
             Ok(found) => Runtime {
                 attach: found.map(|(r, shared_config)| {
                     log::debug!("attached to region {}", r.path().display());
-                    Attach::new(r, shared_config)
+                    Attach::new(r, shared_config, ON_SLOT)
                 }),
                 config,
                 refused: None,
@@ -134,6 +136,17 @@ impl Runtime {
         }
     }
 }
+
+/// A slot claimed starts the watcher; a new slot is filled again by the
+/// quota.
+const ON_SLOT: OnSlot = OnSlot {
+    claimed: || {
+        if let Some(attach) = attach() {
+            watcher::start(attach);
+        }
+    },
+    refill: restore_usage,
+};
 
 /// Whether this process runs in secure-execution mode (`AT_SECURE`).
 /// `VGPU_TEST_SECURE=1` forces it, for tests where no setuid program can

@@ -9,24 +9,34 @@
 //!
 //! Data flow: the program calls the driver (linked, through `dlsym`, or
 //! through `cuGetProcAddress`) → our hook (`interpose`, `cuda`, `nvml`) →
-//! accounting in the shared region (`vgpu_shm`) → the real driver. A
-//! watcher thread per process reads NVML (overhead, utilisation) and
-//! steers the compute bucket that launches draw from (`limiter`).
+//! accounting (`quota`: `quota/grant.rs` decides whether an allocation is
+//! granted) in the shared region (`vgpu_shm`) → the real driver. Launches
+//! draw from the compute bucket (`limiter`); a watcher thread per process
+//! reads NVML (overhead, utilisation) and steers the bucket.
 //!
-//! Modules:
-//! - `init`: lazy start: environment, region lookup, attach
-//! - `config`: the environment, typed
-//! - `attach`: our slot and our ordinals' device entries
-//! - `interpose`: the three entry paths and the hook table
-//! - `cuda`: driver hooks (memory, contexts, info, launches, graphs)
+//! Modules, the lower ones used by the upper ones, never the reverse
+//! (except `interpose/table` and `cuda/proc_address`, which consult each
+//! other: the table holds `cuGetProcAddress`):
+//! - `interpose`: the three entry paths, the hook table and its macros
+//! - `cuda`: driver hooks (`exports.rs` lists them), one family per file,
+//!   translating driver calls into `quota` and `limiter` calls
 //! - `nvml`: NVML hooks and our own NVML client
-//! - `limiter`: compute bucket, cost estimates, timing, controller
-//! - `view`: the virtual memory view shared by CUDA and NVML
-//! - `hostpid`: this process's pid as NVML sees it
+//! - `init`: lazy start: environment, region lookup, attach, fork handlers
+//! - `fork`: `pthread_atfork` handlers and the list of every lock
 //! - `watcher`: the background thread
+//! - `quota`: per-process memory accounting (grant, charges, frees,
+//!   contexts, overhead, the allocation table)
+//! - `limiter`: compute bucket, cost estimates, credit, controller, leader
+//! - `hostpid`: this process's pid as NVML sees it
+//! - `view`: the virtual memory view shared by CUDA and NVML
+//! - `attach`, `tamper`: our slot and device entries; the region file
+//!   checked before it is touched
+//! - `numbering`: which device `_N` names (the container's N-th)
+//! - `process`: this process's own state, one record per device, reset in
+//!   one step after fork
+//! - `config`: the environment, typed
+//! - `lock`: our mutexes, safe across fork
 //! - `guard`: reentrancy flag and the panic-proof `extern "C"` boundary
-//! - `fork`: `pthread_atfork` handlers
-//! - `tamper`: truncation checks before the region is touched
 //! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
 //! - `ffi`, `clock`, `log`: small edges
 
@@ -37,6 +47,7 @@
 pub use vgpu_shm as shm;
 
 pub mod config;
+mod lock;
 mod log;
 
 mod attach;
@@ -49,7 +60,10 @@ mod hostpid;
 mod init;
 mod interpose;
 mod limiter;
+mod numbering;
 mod nvml;
+mod process;
+mod quota;
 mod tamper;
 mod unwind;
 mod view;

@@ -1,4 +1,5 @@
 //! Logging to stderr, level from `LIBCUDA_LOG_LEVEL` (HAMi-core's variable).
+#![forbid(unsafe_code)]
 
 use std::io::Write;
 

@@ -10,10 +10,11 @@
 //! A thread preempted between its check and its accesses would fault if
 //! the truncation landed meanwhile; `vgpu_shm::sigbus` repairs that fault
 //! (zero pages over the mapping) and the next check swaps in the copy.
+#![forbid(unsafe_code)]
 
 use vgpu_shm::Tamper;
 
-use crate::attach::{Attach, restore_usage};
+use crate::attach::Attach;
 
 impl Attach {
     /// Whether the region may be touched now (one `fstat`: call it right
@@ -47,9 +48,9 @@ impl Attach {
                 fresh.put_device(*index, info, *limits);
             }
             if let (Some(slot), Some(me)) = (slot, me) {
-                let host = crate::hostpid::get().map(|p| p as i32);
+                let host = crate::process::host_pid().map(|p| p as i32);
                 fresh.claim_slot_at(slot, &me, host);
-                restore_usage(fresh, slot);
+                (self.on_slot.refill)(fresh, slot);
             }
         });
         let limits: Vec<String> = known

@@ -4,7 +4,7 @@
 //! the limit, never more than the card really has free.
 #![forbid(unsafe_code)]
 
-use vgpu_shm::Owners;
+use vgpu_shm::{EntryIndex, Owners};
 
 use crate::attach::Attach;
 
@@ -16,11 +16,11 @@ pub struct View {
 }
 
 /// The view of device entry `dev`, or None when it has no memory limit.
-pub fn of(attach: &Attach, dev: usize, physical_free: u64) -> Option<View> {
+pub fn of(attach: &Attach, dev: EntryIndex, physical_free: u64) -> Option<View> {
     if !attach.intact() {
         return None;
     }
-    let limit = attach.region.device(dev).limits().mem;
+    let limit = attach.region.device(dev).mem_limit();
     if limit == 0 {
         return None;
     }

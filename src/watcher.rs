@@ -11,17 +11,19 @@
 //! It holds no lock of ours across a driver call, makes every NVML call
 //! inside a `Guard` (nvml/client.rs), and is restarted lazily in a forked
 //! child.
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::Thread;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use crate::cuda::overhead;
+use crate::attach::Attach;
+use crate::hostpid;
 use crate::limiter::{self, leader::Leader};
+use crate::lock::Lock;
 use crate::nvml::client;
-use crate::{hostpid, init};
+use crate::process;
+use crate::quota::overhead;
 
 const TICK: Duration = Duration::from_millis(100);
 /// Overhead is re-measured at least this often.
@@ -29,17 +31,18 @@ const RECONCILE_NS: u64 = 1_000_000_000;
 
 /// The pid that started the thread (a forked child sees another pid).
 static STARTED_BY: AtomicU32 = AtomicU32::new(0);
-static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
+/// The thread, to wake it. A forked child has none until it starts one.
+pub static THREAD: Lock<Option<Thread>> = Lock::new(None, |t| *t = None);
 
 /// Starts the watcher of this process, once.
-pub fn start() {
+pub fn start(attach: &'static Attach) {
     let me = std::process::id();
     if STARTED_BY.swap(me, Ordering::AcqRel) == me {
         return;
     }
     match std::thread::Builder::new()
         .name("vgpu-watcher".into())
-        .spawn(run)
+        .spawn(move || run(attach))
     {
         Ok(h) => *THREAD.lock() = Some(h.thread().clone()),
         Err(e) => {
@@ -55,48 +58,34 @@ pub fn kick() {
     }
 }
 
-pub fn after_fork_child() {
-    if THREAD.is_locked() {
-        // SAFETY: a forked child runs one thread; the lock's holder was a
-        // parent thread that does not exist here.
-        unsafe { THREAD.force_unlock() };
-    }
-    *THREAD.lock() = None;
-}
-
-fn run() {
+fn run(attach: &'static Attach) {
     // Beat before NVML's initialisation, which can take a while.
-    if let Some(attach) = init::attach() {
-        attach.tick();
-    }
+    attach.tick();
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
     loop {
         std::thread::park_timeout(TICK);
-        let Some(attach) = init::attach() else {
-            continue;
-        };
         attach.tick();
         let now = crate::clock::monotonic_ns();
         // Each step below checks the region file first: a truncation is
         // caught microseconds before any access, not a tick later.
-        for dev in overhead::devices_in_use() {
+        for dev in process::devices_in_use() {
             if !attach.intact() || hostpid::resolve(attach, dev).is_none() {
                 continue;
             }
             if let Some(slot) = attach.slot()
-                && now.saturating_sub(last_reconcile[dev]) >= RECONCILE_NS / 4
+                && now.saturating_sub(last_reconcile[dev.get()]) >= RECONCILE_NS / 4
                 && overhead::reconcile_now(attach, slot, dev)
             {
-                last_reconcile[dev] = now;
+                last_reconcile[dev.get()] = now;
             }
         }
         if attach.intact() {
-            limiter::refresh(attach, overhead::devices_in_use());
+            limiter::refresh(attach, process::devices_in_use());
         }
-        for dev in overhead::devices_in_use() {
+        for dev in process::devices_in_use() {
             if attach.intact() {
                 leader.tick(attach, dev);
             }

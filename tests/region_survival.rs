@@ -34,6 +34,9 @@ fn spawn(c: &mut Command) -> Child {
         .expect("spawn")
 }
 
+/// The first device entry: the simulated GPU of a one-GPU machine.
+const FIRST: vgpu_shm::EntryIndex = vgpu_shm::EntryIndex::new(0).unwrap();
+
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -85,7 +88,7 @@ fn a_bucket_time_from_the_future_waits_at_most_a_second() {
     // A first process registers the device and its limits.
     sim.client(Path3::Link, true, &["info"]).ok();
     let region = Region::open(&sim.region(), OpenMode::ExistingOnly).unwrap();
-    let d = region.device(0);
+    let d = region.device(FIRST);
     assert!(d.is_used());
     // An hour ahead: a region from before a reboot, or a hand edit.
     d.tat_ns
@@ -121,10 +124,10 @@ fn state_from_another_boot_is_reset() {
             pidns: vgpu_shm::ProcId::current().pidns,
         };
         let slot = region.claim_slot(&id).unwrap();
-        let held = region.reserve(slot, 0, vgpu_shm::Kind::Buffer, 1536 << 20);
+        let held = region.reserve(slot, FIRST, vgpu_shm::Kind::Buffer, 1536 << 20);
         assert_eq!(held, vgpu_shm::Reservation::Granted);
         region
-            .device(0)
+            .device(FIRST)
             .tat_ns
             .store(u64::MAX / 2, Ordering::Release);
         drop(region);
@@ -151,7 +154,7 @@ fn state_from_another_boot_is_reset() {
         );
     }
     let region = Region::open(&sim.region(), OpenMode::ExistingOnly).unwrap();
-    assert!(region.device(0).tat_ns.load(Ordering::Acquire) < monotonic_ns() + 1_000_000_000);
+    assert!(region.device(FIRST).tat_ns.load(Ordering::Acquire) < monotonic_ns() + 1_000_000_000);
 }
 
 #[test]

@@ -212,7 +212,7 @@ fn a_relative_region_path_is_an_error_not_a_region_per_directory() {
 }
 
 #[test]
-fn malformed_or_out_of_range_ordinal_suffixes_are_errors() {
+fn malformed_or_out_of_range_number_suffixes_are_errors() {
     for var in [
         "CUDA_DEVICE_MEMORY_LIMIT_16",
         "CUDA_DEVICE_MEMORY_LIMIT_99999",
@@ -232,7 +232,7 @@ fn malformed_or_out_of_range_ordinal_suffixes_are_errors() {
             );
             assert!(
                 r.stderr
-                    .contains(&format!("{var}=\"{value}\": expected a device ordinal")),
+                    .contains(&format!("{var}=\"{value}\": expected a device number")),
                 "{var}: {}",
                 r.stderr
             );

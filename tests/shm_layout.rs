@@ -41,7 +41,7 @@ fn the_c_header_matches_the_rust_layout() {
             Limits {
                 mem: 3 << 30,
                 sm: 40,
-                policy: 0,
+                policy: vgpu_shm::CorePolicy::Default,
             },
         )
         .unwrap()

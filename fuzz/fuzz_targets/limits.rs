@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 
 use libfuzzer_sys::fuzz_target;
-use vgpu::config::{Config, parse_bytes, parse_percent};
+use vgpu::config::{Config, DeviceNumber, parse_bytes, parse_percent};
 
 const VARS: [&str; 8] = [
     "CUDA_DEVICE_MEMORY_LIMIT",
@@ -41,9 +41,10 @@ fuzz_target!(|data: &[u8]| {
     };
     match Config::from_lookup(lookup) {
         Ok(c) => {
-            for n in 0..16 {
+            for n in (0..16).map(DeviceNumber::new) {
                 let _ = (c.mem_limit_for(n), c.sm_limit_for(n));
             }
+            let _ = c.limits_for(None);
         }
         Err(e) => assert!(VARS.contains(&e.var.as_str()) && !e.to_string().is_empty()),
     }

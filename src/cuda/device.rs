@@ -1,33 +1,27 @@
 //! CUDA ordinals to the region's device entries, under any
 //! `CUDA_VISIBLE_DEVICES`: entries are keyed by the UUID the driver reports
 //! for the ordinal.
+#![forbid(unsafe_code)]
 
-use vgpu_shm::DeviceInfo;
+use vgpu_shm::{DeviceInfo, EntryIndex};
 
-use super::driver::{self, call};
+use super::driver;
+use super::real;
 use super::sys::*;
 use crate::attach::Attach;
 
 /// What the driver says about ordinal `dev`.
 fn info(dev: CUdevice) -> Option<DeviceInfo> {
     let mut uuid = [0u8; 16];
-    if !call!(cuDeviceGetUuid_v2(&mut uuid, dev)).is_ok()
-        && !call!(cuDeviceGetUuid(&mut uuid, dev)).is_ok()
+    if !real::cuDeviceGetUuid_v2(&mut uuid, dev).is_ok()
+        && !real::cuDeviceGetUuid(&mut uuid, dev).is_ok()
     {
         return None;
     }
     let mut total = 0usize;
-    let total_ok = match super::info::real::cuDeviceTotalMem_v2() {
-        // SAFETY: `total` is a local the driver writes.
-        Some(f) => unsafe { f(&mut total, dev) }.is_ok(),
-        None => false,
-    };
+    let total_ok = real::cuDeviceTotalMem_v2(&mut total, dev).is_ok();
     let mut sms = 0;
-    let _ = call!(cuDeviceGetAttribute(
-        &mut sms,
-        ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        dev
-    ));
+    let _ = real::cuDeviceGetAttribute(&mut sms, ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     Some(DeviceInfo {
         uuid,
         total_mem: if total_ok { total as u64 } else { 0 },
@@ -36,12 +30,12 @@ fn info(dev: CUdevice) -> Option<DeviceInfo> {
 }
 
 /// The device entry of ordinal `dev`.
-pub fn entry(attach: &Attach, dev: CUdevice) -> Option<usize> {
+pub fn entry(attach: &Attach, dev: CUdevice) -> Option<EntryIndex> {
     attach.device(dev, || info(dev))
 }
 
 /// The device entry and ordinal of the current context's device.
-pub fn current_entry(attach: &Attach) -> Option<(usize, CUdevice)> {
+pub fn current_entry(attach: &Attach) -> Option<(EntryIndex, CUdevice)> {
     let dev = driver::current_ordinal()?;
     Some((entry(attach, dev)?, dev))
 }

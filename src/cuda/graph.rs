@@ -3,41 +3,14 @@
 //! of each kernel shape); event timing of its launches refines it, and
 //! times it first when some shape was never seen. Launches recorded into a
 //! capture are not charged: the graph's launches are.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::driver::call;
+use super::real;
 use super::sys::*;
 use crate::ffi::get;
-use crate::interpose::real::Lib;
 use crate::limiter;
-
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult => instantiate_with_flags;
-    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult => instantiate_v2;
-    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult => instantiate_v1;
-    fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult => instantiate_with_params;
-    fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult => instantiate_with_params_ptsz;
-    fn cuStreamBeginCapture(stream: CUstream) -> CUresult => begin_v1;
-    fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => begin_v1_ptsz;
-    fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult => begin_v2;
-    fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult => begin_v2_ptsz;
-    fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult => begin_to_graph;
-    fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult => begin_to_graph_ptsz;
-    fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => end;
-    fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => end_ptsz;
-}
-
-macro_rules! real_call {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match real::$f() {
-            // SAFETY: the program's arguments pass through unchanged.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUresult::ERROR_NOT_FOUND,
-        }
-    };
-}
 
 /// Nested child graphs deeper than this are timed rather than costed.
 const MAX_DEPTH: u32 = 8;
@@ -51,11 +24,11 @@ pub fn cost(graph: CUgraph, depth: u32) -> Option<u64> {
         return None;
     }
     let mut n = 0usize;
-    if !call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)).is_ok() {
+    if !real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n).is_ok() {
         return None;
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
-    if n > 0 && !call!(cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)).is_ok() {
+    if n > 0 && !real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n).is_ok() {
         return None;
     }
     nodes.truncate(n);
@@ -67,24 +40,21 @@ pub fn cost(graph: CUgraph, depth: u32) -> Option<u64> {
 
 fn node_cost(node: CUgraphNode, depth: u32) -> Option<u64> {
     let mut kind: c_int = -1;
-    if !call!(cuGraphNodeGetType(node, &mut kind)).is_ok() {
+    if !real::cuGraphNodeGetType(node, &mut kind).is_ok() {
         return None;
     }
     match kind {
         GRAPH_NODE_TYPE_KERNEL => {
-            let mut p = std::mem::MaybeUninit::<KernelNodeParams>::zeroed();
-            if !call!(cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr())).is_ok() {
+            let mut p = KernelNodeParams::ZERO;
+            if !real::cuGraphKernelNodeGetParams_v2(node, &mut p).is_ok() {
                 return None;
             }
-            // SAFETY: zero-initialised, then filled by the driver on success;
-            // every field is a plain integer or pointer.
-            let p = unsafe { p.assume_init() };
             let func = if p.func.is_null() { p.kern } else { p.func };
             limiter::kernel_cost(func as usize, p.grid, p.block)
         }
         GRAPH_NODE_TYPE_GRAPH => {
             let mut child: CUgraph = std::ptr::null_mut();
-            if call!(cuGraphChildGraphNodeGetGraph(node, &mut child)).is_ok() {
+            if real::cuGraphChildGraphNodeGetGraph(node, &mut child).is_ok() {
                 cost(child, depth + 1)
             } else {
                 None
@@ -99,20 +69,20 @@ fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresul
         && let Some(e) = get(exec)
         && let Some(c) = cost(graph, 0).filter(|&c| c > 0)
     {
-        limiter::graph_instantiated(e, c);
+        limiter::graph_instantiated(e as usize, c);
     }
     rc
 }
 
-fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
+pub fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
     instantiated(
         exec,
         graph,
-        real_call!(cuGraphInstantiateWithFlags(exec, graph, flags)),
+        real::cuGraphInstantiateWithFlags(exec, graph, flags),
     )
 }
 
-fn instantiate_v2(
+pub fn instantiate_v2(
     exec: *mut CUgraphExec,
     graph: CUgraph,
     err: *mut CUgraphNode,
@@ -122,11 +92,11 @@ fn instantiate_v2(
     instantiated(
         exec,
         graph,
-        real_call!(cuGraphInstantiate_v2(exec, graph, err, log, size)),
+        real::cuGraphInstantiate_v2(exec, graph, err, log, size),
     )
 }
 
-fn instantiate_v1(
+pub fn instantiate_v1(
     exec: *mut CUgraphExec,
     graph: CUgraph,
     err: *mut CUgraphNode,
@@ -136,11 +106,11 @@ fn instantiate_v1(
     instantiated(
         exec,
         graph,
-        real_call!(cuGraphInstantiate(exec, graph, err, log, size)),
+        real::cuGraphInstantiate(exec, graph, err, log, size),
     )
 }
 
-fn instantiate_with_params(
+pub fn instantiate_with_params(
     exec: *mut CUgraphExec,
     graph: CUgraph,
     params: *mut c_void,
@@ -148,11 +118,11 @@ fn instantiate_with_params(
     instantiated(
         exec,
         graph,
-        real_call!(cuGraphInstantiateWithParams(exec, graph, params)),
+        real::cuGraphInstantiateWithParams(exec, graph, params),
     )
 }
 
-fn instantiate_with_params_ptsz(
+pub fn instantiate_with_params_ptsz(
     exec: *mut CUgraphExec,
     graph: CUgraph,
     params: *mut c_void,
@@ -160,7 +130,7 @@ fn instantiate_with_params_ptsz(
     instantiated(
         exec,
         graph,
-        real_call!(cuGraphInstantiateWithParams_ptsz(exec, graph, params)),
+        real::cuGraphInstantiateWithParams_ptsz(exec, graph, params),
     )
 }
 
@@ -177,23 +147,23 @@ fn ended(rc: CUresult) -> CUresult {
     rc
 }
 
-fn begin_v1(stream: CUstream) -> CUresult {
-    began(real_call!(cuStreamBeginCapture(stream)))
+pub fn begin_v1(stream: CUstream) -> CUresult {
+    began(real::cuStreamBeginCapture(stream))
 }
 
-fn begin_v1_ptsz(stream: CUstream) -> CUresult {
-    began(real_call!(cuStreamBeginCapture_ptsz(stream)))
+pub fn begin_v1_ptsz(stream: CUstream) -> CUresult {
+    began(real::cuStreamBeginCapture_ptsz(stream))
 }
 
-fn begin_v2(stream: CUstream, mode: c_int) -> CUresult {
-    began(real_call!(cuStreamBeginCapture_v2(stream, mode)))
+pub fn begin_v2(stream: CUstream, mode: c_int) -> CUresult {
+    began(real::cuStreamBeginCapture_v2(stream, mode))
 }
 
-fn begin_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult {
-    began(real_call!(cuStreamBeginCapture_v2_ptsz(stream, mode)))
+pub fn begin_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult {
+    began(real::cuStreamBeginCapture_v2_ptsz(stream, mode))
 }
 
-fn begin_to_graph(
+pub fn begin_to_graph(
     stream: CUstream,
     graph: CUgraph,
     deps: *const CUgraphNode,
@@ -201,12 +171,12 @@ fn begin_to_graph(
     n: usize,
     mode: c_int,
 ) -> CUresult {
-    began(real_call!(cuStreamBeginCaptureToGraph(
-        stream, graph, deps, data, n, mode
-    )))
+    began(real::cuStreamBeginCaptureToGraph(
+        stream, graph, deps, data, n, mode,
+    ))
 }
 
-fn begin_to_graph_ptsz(
+pub fn begin_to_graph_ptsz(
     stream: CUstream,
     graph: CUgraph,
     deps: *const CUgraphNode,
@@ -214,15 +184,15 @@ fn begin_to_graph_ptsz(
     n: usize,
     mode: c_int,
 ) -> CUresult {
-    began(real_call!(cuStreamBeginCaptureToGraph_ptsz(
-        stream, graph, deps, data, n, mode
-    )))
+    began(real::cuStreamBeginCaptureToGraph_ptsz(
+        stream, graph, deps, data, n, mode,
+    ))
 }
 
-fn end(stream: CUstream, graph: *mut CUgraph) -> CUresult {
-    ended(real_call!(cuStreamEndCapture(stream, graph)))
+pub fn end(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+    ended(real::cuStreamEndCapture(stream, graph))
 }
 
-fn end_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult {
-    ended(real_call!(cuStreamEndCapture_ptsz(stream, graph)))
+pub fn end_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+    ended(real::cuStreamEndCapture_ptsz(stream, graph))
 }

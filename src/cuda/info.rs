@@ -1,23 +1,17 @@
 //! `cuInit` and the virtual view: `cuMemGetInfo_v2` and
 //! `cuDeviceTotalMem_v2` report the limit as total and the container's
 //! usage as used. NULL out-pointers are accepted, as the driver accepts them.
+#![forbid(unsafe_code)]
 
 use std::ffi::c_uint;
 
 use super::device;
+use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
-use crate::interpose::real::Lib;
 use crate::{init, view, watcher};
 
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuInit(flags: c_uint) -> CUresult => cu_init;
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => mem_get_info;
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => device_total_mem;
-}
-
-fn cu_init(flags: c_uint) -> CUresult {
+pub fn cu_init(flags: c_uint) -> CUresult {
     let rt = init::runtime();
     if rt.refused.is_some() {
         // The reason was logged once, naming the variable.
@@ -35,22 +29,19 @@ fn cu_init(flags: c_uint) -> CUresult {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
         // NVML comes up on the watcher while the driver initialises.
-        watcher::start();
+        watcher::start(attach);
     }
-    match real::cuInit() {
-        // SAFETY: the program's argument passes through unchanged.
-        Some(f) => unsafe { f(flags) },
-        None => CUresult::ERROR_NOT_FOUND,
+    let rc = real::cuInit(flags);
+    if let Some(name) = &rt.config.test_hold_lock {
+        crate::fork::hold_for_test(name);
     }
+    rc
 }
 
-fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
-    let Some(f) = real::cuMemGetInfo_v2() else {
-        return CUresult::ERROR_NOT_FOUND;
-    };
-    // SAFETY: the program's pointers pass through unchanged, NULLs included:
-    // the driver's answer to them is the answer.
-    let rc = unsafe { f(free_out, total_out) };
+pub fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
+    // The program's pointers pass through unchanged, NULLs included: the
+    // driver's answer to them is the answer.
+    let rc = real::cuMemGetInfo_v2(free_out, total_out);
     if !rc.is_ok() || (free_out.is_null() && total_out.is_null()) {
         return rc;
     }
@@ -64,8 +55,7 @@ fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
         Some(free) => free,
         None => {
             let (mut free, mut total) = (0usize, 0usize);
-            // SAFETY: both out-pointers are our locals.
-            if !unsafe { f(&mut free, &mut total) }.is_ok() {
+            if !real::cuMemGetInfo_v2(&mut free, &mut total).is_ok() {
                 return rc;
             }
             free
@@ -78,19 +68,15 @@ fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
     rc
 }
 
-fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let Some(f) = real::cuDeviceTotalMem_v2() else {
-        return CUresult::ERROR_NOT_FOUND;
-    };
-    // SAFETY: the program's arguments pass through unchanged.
-    let rc = unsafe { f(bytes, dev) };
+pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let rc = real::cuDeviceTotalMem_v2(bytes, dev);
     if rc.is_ok()
         && !bytes.is_null()
         && let Some(attach) = init::attach()
         && let Some(entry) = device::entry(attach, dev)
         && attach.intact()
     {
-        let limit = attach.region.device(entry).limits().mem;
+        let limit = attach.region.device(entry).mem_limit();
         if limit != 0 {
             put(bytes, limit as usize);
         }

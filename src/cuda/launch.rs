@@ -1,39 +1,141 @@
 //! The launch families, each through the compute bucket: kernels, `Ex`,
 //! cooperative kernels and graphs, with their per-thread-stream variants.
+#![forbid(unsafe_code)]
 
-use std::ffi::{c_uint, c_void};
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint, c_void};
 
+use vgpu_shm::EntryIndex;
+
+use super::real;
 use super::sys::*;
+use super::{device, driver, events};
+use crate::attach::Attach;
 use crate::ffi::get;
-use crate::interpose::real::Lib;
-use crate::limiter::{self, Launch};
+use crate::limiter::{self, estimate};
+use crate::{init, process};
 
 type Args = *mut *mut c_void;
 
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => kernel;
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => kernel_ptsz;
-    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => kernel_ex;
-    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => kernel_ex_ptsz;
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => cooperative;
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => cooperative_ptsz;
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => graph;
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph_ptsz;
+/// What a launch is, for the bucket and for timing.
+#[derive(Clone, Copy)]
+struct Launch {
+    /// Its shape: the kernel and its grid, or the executable graph.
+    key: u64,
+    /// The stream as the event API names it (`CU_STREAM_PER_THREAD` for a
+    /// `_ptsz` launch on the default stream).
+    stream: CUstream,
 }
 
-macro_rules! real_call {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match real::$f() {
-            // SAFETY: the program's arguments pass through unchanged.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUresult::ERROR_NOT_FOUND,
+impl Launch {
+    fn kernel(
+        func: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        stream: CUstream,
+        per_thread: bool,
+    ) -> Launch {
+        Launch {
+            key: estimate::kernel_key(func as usize, grid, block),
+            stream: event_stream(stream, per_thread),
         }
+    }
+
+    fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
+        Launch {
+            key: estimate::graph_key(exec as usize),
+            stream: event_stream(stream, per_thread),
+        }
+    }
+}
+
+fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
+    if per_thread && stream.is_null() {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    }
+}
+
+/// Runs a launch through the bucket of its device. Without an SM limit in
+/// this process, one atomic load.
+#[inline]
+fn launched(describe: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) -> CUresult {
+    if !limiter::any_limit() {
+        return go();
+    }
+    limited(describe(), go)
+}
+
+fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
+    let capture = limiter::capturing();
+    if capture && capturing(l.stream) {
+        // Recorded into a graph, not run: the graph's launches pay.
+        return go();
+    }
+    let Some((attach, dev)) = launch_device() else {
+        return go();
     };
+    if !limiter::enforced(dev) {
+        return go();
+    }
+    let shape = limiter::shape(l.key);
+    if shape.cost_ns() == 0 && !capture {
+        // The second launch of a new shape does not run on a guess.
+        events::wait_for(shape);
+    }
+    limiter::admit(attach, dev, shape);
+    let sample = if capture {
+        None
+    } else {
+        events::begin(shape, l.stream, crate::clock::coarse_ns())
+    };
+    let rc = go();
+    if let Some(s) = sample {
+        events::end(s, rc);
+    }
+    rc
+}
+
+fn capturing(stream: CUstream) -> bool {
+    let mut status: c_int = 0;
+    real::cuStreamIsCapturing(stream, &mut status).is_ok() && status != 0
+}
+
+thread_local! {
+    /// (context, device entry) of this thread's last launch.
+    static LAST: Cell<(usize, Option<EntryIndex>)> = const { Cell::new((0, None)) };
+}
+
+/// The device entry a launch runs on: the one device this process uses,
+/// or the current context's (remembered per thread and context).
+fn launch_device() -> Option<(&'static Attach, EntryIndex)> {
+    let attach = init::attach()?;
+    if let Some(only) = process::only_device() {
+        return Some((attach, only));
+    }
+    let ctx = driver::current_context()? as usize;
+    if let (c, Some(d)) = LAST.with(Cell::get)
+        && c == ctx
+    {
+        return Some((attach, d));
+    }
+    let (dev, _) = device::current_entry(attach)?;
+    LAST.with(|l| l.set((ctx, Some(dev))));
+    Some((attach, dev))
+}
+
+/// Context `ctx` is gone: this thread's remembered device of it too.
+pub fn context_gone(ctx: usize) {
+    LAST.with(|l| {
+        if l.get().0 == ctx {
+            l.set((0, None));
+        }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
-fn kernel(
+pub fn kernel(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -46,18 +148,14 @@ fn kernel(
     params: Args,
     extra: Args,
 ) -> CUresult {
-    limiter::around(
+    launched(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || {
-            real_call!(cuLaunchKernel(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-            ))
-        },
+        || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn kernel_ptsz(
+pub fn kernel_ptsz(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -70,13 +168,9 @@ fn kernel_ptsz(
     params: Args,
     extra: Args,
 ) -> CUresult {
-    limiter::around(
+    launched(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || {
-            real_call!(cuLaunchKernel_ptsz(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-            ))
-        },
+        || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
 
@@ -92,29 +186,34 @@ fn config_launch(
     }
 }
 
-fn kernel_ex(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult {
-    let go = || real_call!(cuLaunchKernelEx(config, f, params, extra));
-    if config.is_null() {
-        return go();
-    }
-    limiter::around(config_launch(config, f, false), go)
-}
-
-fn kernel_ex_ptsz(
+pub fn kernel_ex(
     config: *const LaunchConfig,
     f: CUfunction,
     params: Args,
     extra: Args,
 ) -> CUresult {
-    let go = || real_call!(cuLaunchKernelEx_ptsz(config, f, params, extra));
+    let go = || real::cuLaunchKernelEx(config, f, params, extra);
     if config.is_null() {
         return go();
     }
-    limiter::around(config_launch(config, f, true), go)
+    launched(config_launch(config, f, false), go)
+}
+
+pub fn kernel_ex_ptsz(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    params: Args,
+    extra: Args,
+) -> CUresult {
+    let go = || real::cuLaunchKernelEx_ptsz(config, f, params, extra);
+    if config.is_null() {
+        return go();
+    }
+    launched(config_launch(config, f, true), go)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn cooperative(
+pub fn cooperative(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -126,18 +225,14 @@ fn cooperative(
     stream: CUstream,
     params: Args,
 ) -> CUresult {
-    limiter::around(
+    launched(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || {
-            real_call!(cuLaunchCooperativeKernel(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params
-            ))
-        },
+        || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn cooperative_ptsz(
+pub fn cooperative_ptsz(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -149,26 +244,22 @@ fn cooperative_ptsz(
     stream: CUstream,
     params: Args,
 ) -> CUresult {
-    limiter::around(
+    launched(
         || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || {
-            real_call!(cuLaunchCooperativeKernel_ptsz(
-                f, gx, gy, gz, bx, by, bz, shmem, stream, params
-            ))
-        },
+        || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
 
-fn graph(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    limiter::around(
+pub fn graph(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    launched(
         || Launch::graph(exec, stream, false),
-        || real_call!(cuGraphLaunch(exec, stream)),
+        || real::cuGraphLaunch(exec, stream),
     )
 }
 
-fn graph_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    limiter::around(
+pub fn graph_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    launched(
         || Launch::graph(exec, stream, true),
-        || real_call!(cuGraphLaunch_ptsz(exec, stream)),
+        || real::cuGraphLaunch_ptsz(exec, stream),
     )
 }

@@ -1,4 +1,5 @@
-//! The CUDA driver API hooks, one family per file:
+//! The CUDA driver API hooks. `exports.rs` lists every hooked symbol and
+//! the handler it goes to, one family per file:
 //! - `memory`: every allocation family and its frees (counted)
 //! - `context`: context create/destroy/primary reset (overhead, release)
 //! - `info`: `cuInit` and the virtual view of memory
@@ -6,30 +7,19 @@
 //! - `launch`: every launch family, through the compute bucket
 //! - `graph`: graph instantiation (cost) and stream capture
 //!
-//! and the helpers they share: `sys` (types), `driver` (functions we call
-//! but do not hook), `device` (ordinal to device entry), `tracker`
-//! (what each allocation counted), `overhead` (context memory via NVML).
+//! and the helpers they share: `sys` (types), `real` (the driver's own
+//! functions, typed), `driver` (questions vgpu asks the driver), `device`
+//! (ordinal to device entry), `events` (launch timing for the limiter).
 
 pub mod context;
 pub mod device;
 pub mod driver;
+pub mod events;
+pub mod exports;
 pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
-pub mod overhead;
 pub mod proc_address;
+pub mod real;
 pub mod sys;
-pub mod tracker;
-
-use crate::interpose::table::Hook;
-
-/// Every CUDA hook family, for the table.
-pub(crate) static FAMILIES: &[&[Hook]] = &[
-    memory::HOOKS,
-    context::HOOKS,
-    info::HOOKS,
-    proc_address::HOOKS,
-    launch::HOOKS,
-    graph::HOOKS,
-];

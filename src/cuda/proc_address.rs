@@ -3,19 +3,15 @@
 //! the pointer it returned for our wrapper of exactly that symbol. The
 //! driver chooses the ABI version and the `_ptsz`/`_ptds` variant; we never
 //! hand back another version than it would.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void};
 
+use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
 use crate::interpose::real::Lib;
 use crate::interpose::table;
-
-crate::interpose::table::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult => get_proc_address;
-    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> CUresult => get_proc_address_v2;
-}
 
 /// Replaces the driver's pointer in `*pfn` by our wrapper, if we hook it.
 fn substitute(pfn: *mut *mut c_void, rc: CUresult) -> CUresult {
@@ -29,31 +25,23 @@ fn substitute(pfn: *mut *mut c_void, rc: CUresult) -> CUresult {
     rc
 }
 
-fn get_proc_address(
+pub fn get_proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
     flags: u64,
 ) -> CUresult {
-    let rc = match real::cuGetProcAddress() {
-        // SAFETY: the program's arguments pass through unchanged.
-        Some(f) => unsafe { f(symbol, pfn, version, flags) },
-        None => CUresult::ERROR_NOT_FOUND,
-    };
+    let rc = real::cuGetProcAddress(symbol, pfn, version, flags);
     substitute(pfn, rc)
 }
 
-fn get_proc_address_v2(
+pub fn get_proc_address_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    let rc = match real::cuGetProcAddress_v2() {
-        // SAFETY: the program's arguments pass through unchanged.
-        Some(f) => unsafe { f(symbol, pfn, version, flags, status) },
-        None => CUresult::ERROR_NOT_FOUND,
-    };
+    let rc = real::cuGetProcAddress_v2(symbol, pfn, version, flags, status);
     substitute(pfn, rc)
 }

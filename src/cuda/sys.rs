@@ -1,6 +1,7 @@
 //! Hand-written driver API types: only what the hooks read or write.
 //! Layouts checked against cuda.h 13.0 on the GPU machine
 //! (gpu-tests/probe/calibrate.c prints them).
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
@@ -25,7 +26,7 @@ impl CUresult {
     }
 }
 
-impl crate::interpose::table::NoLibrary for CUresult {
+impl crate::interpose::real::NoLibrary for CUresult {
     const NO_LIBRARY: Self = Self::ERROR_STUB_LIBRARY;
 }
 
@@ -35,7 +36,21 @@ impl fmt::Display for CUresult {
     }
 }
 
-pub type CUdevice = c_int;
+/// `CUdevice`: a device as the CUDA driver numbers it in this process.
+/// `CUDA_VISIBLE_DEVICES` renumbers devices per process, so an ordinal is
+/// neither the container's device number (`_N`, see `numbering.rs`) nor
+/// NVML's index, and never a region entry.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaOrdinal(pub c_int);
+
+impl fmt::Display for CudaOrdinal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+pub type CUdevice = CudaOrdinal;
 pub type CUdeviceptr = u64;
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUcontext = *mut c_void;
@@ -76,6 +91,64 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
+impl ArrayDescriptor {
+    /// What the array holds, in bytes.
+    pub fn bytes(&self) -> u64 {
+        array_bytes(self.width, self.height, 1, self.format, self.channels)
+    }
+}
+
+impl Array3dDescriptor {
+    /// What the array holds, in bytes.
+    pub fn bytes(&self) -> u64 {
+        array_bytes(
+            self.width,
+            self.height,
+            self.depth,
+            self.format,
+            self.channels,
+        )
+    }
+
+    /// What a mipmapped array of `levels` levels holds, in bytes (each
+    /// level halves every dimension).
+    pub fn mipmap_bytes(&self, levels: c_uint) -> u64 {
+        (0..levels.clamp(1, 32))
+            .map(|l| {
+                array_bytes(
+                    self.width >> l,
+                    self.height >> l,
+                    self.depth >> l,
+                    self.format,
+                    self.channels,
+                )
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Bytes per element of a `CUarray_format`; formats we do not model (block
+/// compressed, video) are counted at 16 bytes, the widest.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 16,
+    }
+}
+
+/// The size of a `width x height x depth` array (0 dimensions count as 1).
+fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
+    [width, height, depth]
+        .iter()
+        .map(|&d| d.max(1) as u64)
+        .chain([format_bytes(format), u64::from(channels.max(1))])
+        .fold(1u64, u64::saturating_mul)
+}
+
+/// `CUmemLocation`: for a device location (`MEM_LOCATION_TYPE_DEVICE`),
+/// `id` is the device's CUDA ordinal.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct MemLocation {
@@ -133,6 +206,20 @@ pub struct KernelNodeParams {
     pub ctx: CUcontext,
 }
 
+impl KernelNodeParams {
+    /// Every field zero or NULL: what the driver fills in.
+    pub const ZERO: Self = Self {
+        func: std::ptr::null_mut(),
+        grid: [0; 3],
+        block: [0; 3],
+        shared_mem: 0,
+        params: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+}
+
 const _: () = {
     assert!(size_of::<ArrayDescriptor>() == 24);
     assert!(size_of::<Array3dDescriptor>() == 40);
@@ -141,3 +228,29 @@ const _: () = {
     assert!(size_of::<LaunchConfig>() == 56 && offset_of!(LaunchConfig, stream) == 32);
     assert!(size_of::<KernelNodeParams>() == 72 && offset_of!(KernelNodeParams, params) == 40);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes_cover_every_level_and_format() {
+        // 1024 x 1024 float4
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4), 16 << 20);
+        // 1-D arrays have height 0
+        assert_eq!(array_bytes(4096, 0, 0, 0x01, 1), 4096);
+        // unknown formats count at the widest element
+        assert_eq!(array_bytes(10, 10, 10, 0x91, 1), 16_000);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
+        // four levels of a 4096-wide float4 image: 85/64 of the first
+        let d = Array3dDescriptor {
+            width: 4096,
+            height: 64,
+            depth: 0,
+            format: 0x20,
+            channels: 4,
+            flags: 0,
+        };
+        assert_eq!(d.mipmap_bytes(4), d.bytes() * 85 / 64);
+    }
+}

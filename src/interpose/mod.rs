@@ -4,12 +4,15 @@
 //! interpose on libcuda's), by `dlopen` + `dlsym` (our exported `dlsym`
 //! hands back our wrapper for the real pointer), or, as cudart and PyTorch
 //! do, through `cuGetProcAddress(_v2)` (we call the real one, then swap the
-//! pointer it returned for our wrapper). All three consult the table that
-//! the `hooks!` macro builds (`table.rs`), and every wrapper calls the real
-//! function through a slot resolved with libc's own `dlsym` (`real.rs`),
-//! found without calling `dlsym` at all (`elf.rs`).
+//! pointer it returned for our wrapper). All three consult one table
+//! (`table.rs`) of the hooks that `hooks!` declares (`macros.rs`,
+//! invoked in `cuda/exports.rs` and `nvml/exports.rs`), and every wrapper
+//! calls the real function through a slot `reals!` declares, resolved with
+//! libc's own `dlsym` (`real.rs`), found without calling `dlsym` at all
+//! (`elf.rs`).
 
 mod dlsym;
 pub mod elf;
+pub mod macros;
 pub mod real;
 pub mod table;

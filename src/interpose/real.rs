@@ -61,6 +61,12 @@ pub fn dlvsym(handle: *mut c_void, name: &CStr, version: *const c_char) -> *mut 
     unsafe { f(handle, name.as_ptr(), version) }
 }
 
+/// The code a hook returns when its driver library cannot be loaded at
+/// all: what NVIDIA's stub libraries answer where no driver is installed.
+pub trait NoLibrary {
+    const NO_LIBRARY: Self;
+}
+
 /// The driver libraries we call into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lib {

@@ -10,8 +10,6 @@
 //! process dies, and an idle container cannot save up more than the burst.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::Ordering;
-
 use vgpu_shm::layout::DeviceEntry;
 
 /// How far ahead of its schedule the container may run: absorbs sleep
@@ -44,25 +42,16 @@ pub fn schedule_ns(cost_ns: u64, percent: u32, scale_milli: u32) -> u64 {
 
 /// Takes `cost_ns` from `entry`'s bucket at time `now`.
 pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
-    let percent = entry.sm_limit.load(Ordering::Relaxed);
+    let percent = entry.sm_limit();
     if percent == 0 {
         return Admit::Now;
     }
-    let scale = match entry.rate_scale_milli.load(Ordering::Relaxed) {
-        0 => 1000,
-        s => s,
-    };
-    let step = schedule_ns(cost_ns, percent, scale);
-    let mut tat = entry.tat_ns.load(Ordering::Acquire);
+    let step = schedule_ns(cost_ns, percent, entry.rate_scale_milli());
+    let mut tat = entry.schedule_ns();
     let ceiling = now.saturating_add(MAX_AHEAD_NS);
     loop {
         if tat > ceiling {
-            tat = match entry.tat_ns.compare_exchange_weak(
-                tat,
-                ceiling,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            tat = match entry.move_schedule(tat, ceiling) {
                 Ok(_) => ceiling,
                 Err(seen) => seen,
             };
@@ -72,10 +61,7 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
             return Admit::Wait(tat - BURST_NS - now);
         }
         let next = tat.max(now) + step;
-        match entry
-            .tat_ns
-            .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match entry.move_schedule(tat, next) {
             Ok(_) => return Admit::Now,
             Err(seen) => tat = seen,
         }
@@ -85,9 +71,10 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_shm::{DeviceInfo, Limits, Region};
+    use std::sync::atomic::Ordering;
+    use vgpu_shm::{CorePolicy, DeviceInfo, EntryIndex, Limits, Region};
 
-    fn entry(percent: u32) -> (Region, usize) {
+    fn entry(percent: u32) -> (Region, EntryIndex) {
         let r = Region::anonymous().unwrap();
         let info = DeviceInfo {
             uuid: [3; 16],
@@ -100,7 +87,7 @@ mod tests {
                 Limits {
                     mem: 0,
                     sm: percent,
-                    policy: 0,
+                    policy: CorePolicy::Default,
                 },
             )
             .unwrap()

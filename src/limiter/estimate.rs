@@ -128,6 +128,13 @@ static TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
 /// Shared by every shape once the table is full.
 static OVERFLOW: Slot = Slot::new();
 
+/// No timing is in flight (a forked child's: its parent's never finish).
+pub fn clear_pending() {
+    for s in TABLE.iter().chain([&OVERFLOW]) {
+        s.pending.store(false, Ordering::Release);
+    }
+}
+
 /// A key for a kernel shape or a graph (never 0).
 pub fn key(parts: &[u64]) -> u64 {
     // FNV-1a over the words, then a final mix.

@@ -19,11 +19,9 @@
 //! own time (see `estimate`), then pace the bucket on their own.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
-use vgpu_shm::MAX_DEVICES;
-use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::procinfo::pid_exists;
+use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
 use super::controller::Controller;
 use crate::attach::Attach;
@@ -66,7 +64,7 @@ struct Device {
     history: [(u64, u32); HISTORY],
     next: usize,
     /// The last readings' (slot, utilisation) pairs, round robin.
-    shown: [Vec<(usize, f64)>; SHOWN],
+    shown: [Vec<(SlotIndex, f64)>; SHOWN],
     shown_next: usize,
 }
 
@@ -91,7 +89,12 @@ impl Device {
 
     /// Writes the mean of the last readings into the region: each slot's
     /// SM utilisation (percent) and the container's (×1000).
-    fn show(&mut self, region: &vgpu_shm::Region, dev: usize, per_slot: Vec<(usize, f64)>) {
+    fn show(
+        &mut self,
+        region: &vgpu_shm::Region,
+        dev: EntryIndex,
+        per_slot: Vec<(SlotIndex, f64)>,
+    ) {
         self.shown[self.shown_next % SHOWN] = per_slot;
         self.shown_next += 1;
         let n = self.shown_next.min(SHOWN) as f64;
@@ -105,13 +108,12 @@ impl Device {
                 .map(|(_, u)| u)
                 .sum();
             let mean = sum / n;
-            region.slot(i).sm_util[dev].store((mean * 100.0).round() as u32, Ordering::Relaxed);
+            region.set_sm_util(i, dev, (mean * 100.0).round() as u32);
             total += mean;
         }
         region
             .device(dev)
-            .util_milli
-            .store((total.min(1.0) * 1000.0).round() as u32, Ordering::Relaxed);
+            .set_util_milli((total.min(1.0) * 1000.0).round() as u32);
     }
 }
 
@@ -120,7 +122,7 @@ struct Reading {
     /// The container's SM utilisation, as a fraction of the device.
     ours: f64,
     /// Each process's (slot, fraction of the device).
-    per_slot: Vec<(usize, f64)>,
+    per_slot: Vec<(SlotIndex, f64)>,
     /// Whether a process outside the container used the device.
     neighbours: bool,
 }
@@ -134,32 +136,15 @@ fn monotonic_s() -> u64 {
     clock::monotonic_ns() / 1_000_000_000
 }
 
-/// Takes or renews the lease on `entry`; true while we hold it.
-pub fn elect(entry: &DeviceEntry, me: u32) -> bool {
-    let now = monotonic_s();
-    let mine = u64::from(me) << 32 | (now & 0xffff_ffff);
-    let cur = entry.leader.load(Ordering::Acquire);
-    let (pid, beat) = ((cur >> 32) as u32, cur & 0xffff_ffff);
-    if pid == me {
-        entry.leader.store(mine, Ordering::Release);
-        return true;
-    }
-    let stale =
-        pid == 0 || (now & 0xffff_ffff).wrapping_sub(beat) > LEASE_S || !pid_exists(pid as i32);
-    stale
-        && entry
-            .leader
-            .compare_exchange(cur, mine, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-}
-
 impl Leader {
     /// One watcher tick for device entry `dev`.
-    pub fn tick(&mut self, attach: &Attach, dev: usize) {
+    pub fn tick(&mut self, attach: &Attach, dev: EntryIndex) {
         let entry = attach.region.device(dev);
-        let percent = entry.sm_limit.load(Ordering::Relaxed);
-        let state = &mut self.devices[dev];
-        if percent == 0 || !elect(entry, std::process::id()) {
+        let percent = entry.sm_limit();
+        let state = &mut self.devices[dev.get()];
+        let me = std::process::id();
+        if percent == 0 || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
+        {
             state.leading = false;
             return;
         }
@@ -169,7 +154,7 @@ impl Leader {
                 leading: true,
                 last_seen_us: clock::unix_us(),
                 last_control_ns: now,
-                last_waits: entry.waits.load(Ordering::Relaxed),
+                last_waits: entry.waits(),
                 settle_until_ns: now + SETTLE_NS,
                 ..Device::default()
             };
@@ -180,27 +165,24 @@ impl Leader {
             return;
         }
         state.last_control_ns = now;
-        if now.saturating_sub(entry.tat_ns.load(Ordering::Relaxed)) > IDLE_RESET_NS {
-            entry.rate_scale_milli.store(1000, Ordering::Relaxed);
+        if now.saturating_sub(entry.schedule_ns()) > IDLE_RESET_NS {
+            entry.set_rate_scale_milli(1000);
             state.settle_until_ns = now + SETTLE_NS;
         }
         let Some(reading) = container_utilisation(attach, dev, &mut state.last_seen_us) else {
-            entry.rate_scale_milli.store(1000, Ordering::Relaxed);
+            entry.set_rate_scale_milli(1000);
             return;
         };
         state.show(&attach.region, dev, reading.per_slot);
-        let waits = entry.waits.load(Ordering::Relaxed);
+        let waits = entry.waits();
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
-        let mut scale_milli = match entry.rate_scale_milli.load(Ordering::Relaxed) {
-            0 => 1000,
-            s => s,
-        };
+        let mut scale_milli = entry.rate_scale_milli();
         if reading.neighbours {
             if now >= state.neighbours_until_ns {
                 // Steps taken while the neighbour went unseen were misled.
                 scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
-                entry.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
+                entry.set_rate_scale_milli(scale_milli);
             }
             state.neighbours_until_ns = now + NEIGHBOUR_HOLD_NS;
         }
@@ -227,30 +209,33 @@ impl Leader {
             f64::from(scale_milli) / 1000.0
         );
         let scale_milli = (scale * 1000.0).round() as u32;
-        entry.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
+        entry.set_rate_scale_milli(scale_milli);
         state.remember(now, scale_milli);
     }
 }
 
 /// The container's SM utilisation of `dev` since the last call, and
 /// whether anyone else used the device; None when it cannot be measured.
-fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) -> Option<Reading> {
+fn container_utilisation(
+    attach: &Attach,
+    dev: EntryIndex,
+    last_seen_us: &mut u64,
+) -> Option<Reading> {
     let region = &attach.region;
     let mut pids = Vec::new();
     for i in region.occupied_slots() {
-        let slot = region.slot(i);
         if region.slot_total(i, dev) == 0 {
             continue;
         }
-        match slot.host_pid.load(Ordering::Acquire) {
-            0 if pid_exists(slot.pid.load(Ordering::Acquire)) => {
+        match region.host_pid(i) {
+            None if pid_exists(region.pid(i)) => {
                 crate::warn_once!(
                     "a process of the container has no known host pid yet: the SM limit runs open-loop until it has"
                 );
                 return None;
             }
-            0 => {}
-            p => pids.push((i, p as u32)),
+            None => {}
+            Some(p) => pids.push((i, p)),
         }
     }
     let nd = client::device(&region.device(dev).uuid())?;
@@ -279,7 +264,7 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
             neighbours = true;
         }
     }
-    let per_slot: Vec<(usize, f64)> = pids
+    let per_slot: Vec<(SlotIndex, f64)> = pids
         .iter()
         .map(|&(slot, pid)| {
             let mean = per_pid
@@ -300,7 +285,7 @@ fn container_utilisation(attach: &Attach, dev: usize, last_seen_us: &mut u64) ->
 fn region_holds_pid(region: &vgpu_shm::Region, pid: u32) -> bool {
     region
         .occupied_slots()
-        .any(|i| region.slot(i).host_pid.load(Ordering::Acquire) == pid as i32)
+        .any(|i| region.host_pid(i) == Some(pid))
 }
 
 #[cfg(test)]

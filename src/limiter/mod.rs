@@ -1,197 +1,81 @@
-//! The compute quota. [`around`] is the one call a launch hook makes:
-//! with no SM limit anywhere in this process it costs one atomic load;
-//! with a limit, a launch spends credit this process bought from the
-//! device's shared bucket (one atomic subtraction), and buys more (one CAS
-//! on the bucket) a lease at a time.
+//! The compute quota. A launch hook (`cuda/launch.rs`) asks
+//! [`any_limit`] first: with no SM limit anywhere in this process that is
+//! the whole cost, one atomic load. Otherwise it resolves the launch's
+//! device and calls [`admit`], which spends credit this process bought
+//! from the device's shared bucket (one atomic subtraction) and buys more
+//! (one CAS on the bucket) a lease at a time. The limiter makes no driver
+//! call: launches are timed on the driver's side (`cuda/events.rs`), which
+//! records what it measured in the shapes' costs (`estimate`).
 //!
 //! - `bucket`: the GCRA bucket in the shared region (pure)
 //! - `estimate`: per-shape launch costs, learned (pure)
-//! - `timing`: event timing of sampled launches
+//! - `credit`: what this process bought and where a limit is in force
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
+#![forbid(unsafe_code)]
 
 pub mod bucket;
 pub mod controller;
+pub mod credit;
 pub mod estimate;
 pub mod leader;
-pub mod timing;
 
-use std::cell::Cell;
-use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bucket::Admit;
-use vgpu_shm::MAX_DEVICES;
-use vgpu_shm::layout::DeviceEntry;
+use estimate::Slot;
+use vgpu_shm::EntryIndex;
 
 use crate::attach::Attach;
-use crate::config::CorePolicy;
-use crate::cuda::driver::{self, call};
-use crate::cuda::{device, sys::*};
-use crate::{clock, init};
+use crate::{clock, process};
 
-/// Some device this process uses has an SM limit in force.
+/// Some device this process uses has an SM limit in force. (Kept in a
+/// forked child: its container's limits are its parent's.)
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Per device entry, whether an SM limit is in force there, as the region
-/// said at the last look (a new context, every watcher tick): a launch
-/// reads no shared memory until it buys time, and checks the region file
-/// first (`Attach::intact`: a truncated file must not fault it).
-static ENFORCED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// The device entry this process uses, while it uses exactly one
-/// (`NONE` before the first, `MANY` after a second): spares the launch
-/// path a driver call to find the current context.
-static ONLY_DEVICE: AtomicUsize = AtomicUsize::new(NONE);
-const NONE: usize = usize::MAX;
-const MANY: usize = usize::MAX - 1;
-/// Stream captures in progress in this process.
-static CAPTURES: AtomicI32 = AtomicI32::new(0);
 
-/// What a launch is, for the bucket.
-#[derive(Clone, Copy)]
-pub struct Launch {
-    pub key: u64,
-    /// The stream as the event API names it (`CU_STREAM_PER_THREAD` for a
-    /// `_ptsz` launch on the default stream).
-    pub stream: CUstream,
-}
-
-impl Launch {
-    pub fn kernel(
-        func: CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        stream: CUstream,
-        per_thread: bool,
-    ) -> Launch {
-        Launch {
-            key: estimate::kernel_key(func as usize, grid, block),
-            stream: event_stream(stream, per_thread),
-        }
-    }
-
-    pub fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
-        Launch {
-            key: estimate::graph_key(exec as usize),
-            stream: event_stream(stream, per_thread),
-        }
-    }
-}
-
-fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
-    if per_thread && stream.is_null() {
-        STREAM_PER_THREAD
-    } else {
-        stream
-    }
-}
-
-fn enforced(entry: &DeviceEntry) -> bool {
-    entry.sm_limit.load(Ordering::Relaxed) != 0
-        && entry.policy.load(Ordering::Relaxed) != CorePolicy::Disable as u32
-}
-
-/// Notes that this process uses device entry `dev`.
-pub fn device_in_use(attach: &Attach, dev: usize) {
-    let _ = ONLY_DEVICE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| match d {
-        NONE => Some(dev),
-        d if d == dev || d == MANY => None,
-        _ => Some(MANY),
-    });
-    let on = enforced(attach.region.device(dev));
-    ENFORCED[dev].store(on, Ordering::Release);
-    if on {
-        ACTIVE.store(true, Ordering::Release);
-    }
-}
-
-/// Runs a launch through the bucket of its device.
-#[inline]
-pub fn around(launch: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) -> CUresult {
-    if !ACTIVE.load(Ordering::Relaxed) {
-        return go();
-    }
-    limited(launch(), go)
-}
-
-thread_local! {
-    /// (context, device entry) of this thread's last launch.
-    static LAST: Cell<(usize, usize)> = const { Cell::new((0, usize::MAX)) };
-}
-
-fn current_device() -> Option<(&'static Attach, usize)> {
-    let attach = init::attach()?;
-    let only = ONLY_DEVICE.load(Ordering::Relaxed);
-    if only < MANY {
-        return Some((attach, only));
-    }
-    let ctx = driver::current_context()? as usize;
-    let (c, d) = LAST.with(Cell::get);
-    if c == ctx && d != usize::MAX {
-        return Some((attach, d));
-    }
-    let (dev, _) = device::current_entry(attach)?;
-    LAST.with(|l| l.set((ctx, dev)));
-    Some((attach, dev))
-}
-
-fn capturing(stream: CUstream) -> bool {
-    let mut status: c_int = 0;
-    call!(cuStreamIsCapturing(stream, &mut status)).is_ok() && status != 0
-}
-
-fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
-    let capture = CAPTURES.load(Ordering::Acquire) > 0;
-    if capture && capturing(l.stream) {
-        // Recorded into a graph, not run: the graph's launches pay.
-        return go();
-    }
-    let Some((attach, dev)) = current_device() else {
-        return go();
-    };
-    if !ENFORCED[dev].load(Ordering::Relaxed) {
-        return go();
-    }
-    let slot = estimate::slot(l.key);
-    if slot.cost_ns() == 0 && !capture {
-        timing::wait_for(slot);
-    }
-    let cost = match slot.cost_ns() {
-        0 => estimate::DEFAULT_NS,
-        c => c,
-    };
-    pay(attach, dev, cost);
-    let sample = if capture {
-        None
-    } else {
-        timing::begin(slot, l.stream, clock::coarse_ns())
-    };
-    let rc = go();
-    if let Some(s) = sample {
-        timing::end(s, rc);
-    }
-    rc
-}
-
-/// GPU time this process has bought from each device's bucket and not yet
-/// spent. Launches spend it without touching the shared bucket or the
-/// clock; it is bought a lease at a time.
-static CREDIT: [AtomicI64; MAX_DEVICES] = [const { AtomicI64::new(0) }; MAX_DEVICES];
 /// The least GPU time bought at once: about one time slice of a shared
 /// GPU (2.5 ms on an H200), so that beside another container's context a
 /// limited one runs its kernels in slices' worth, not one context switch
 /// per kernel; still far below what shows in a one-second window.
 const LEASE_NS: u64 = 2_000_000;
 
-/// Pays `cost` GPU-ns for a launch on device entry `dev`, waiting for the
-/// bucket when this process has no credit left.
-fn pay(attach: &Attach, dev: usize, cost: u64) {
-    let credit = &CREDIT[dev];
-    let cost_i = i64::try_from(cost).unwrap_or(i64::MAX / 2);
-    if credit.fetch_sub(cost_i, Ordering::Relaxed) >= cost_i {
+/// Whether any device this process uses has an SM limit in force: the
+/// launch path's first and, without a limit, only question.
+#[inline]
+pub fn any_limit() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Whether an SM limit is in force on device entry `dev`.
+pub fn enforced(dev: EntryIndex) -> bool {
+    process::device(dev).limiter.enforced()
+}
+
+/// Whether a stream capture may be in progress in this process (its
+/// launches are recorded into a graph, not run).
+pub fn capturing() -> bool {
+    process::captures() > 0
+}
+
+/// The learned cost of a launch shape (`estimate::kernel_key`,
+/// `estimate::graph_key`), claimed on first use.
+pub fn shape(key: u64) -> &'static Slot {
+    estimate::slot(key)
+}
+
+/// Admits a launch of `shape` on device entry `dev` (a limit is in force
+/// there): pays its cost from the credit this process bought, and buys
+/// more from the device's bucket when it has none, waiting for it.
+pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
+    let cost = match shape.cost_ns() {
+        0 => estimate::DEFAULT_NS,
+        c => c,
+    };
+    let credit = &process::device(dev).limiter;
+    if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
     }
-    credit.fetch_add(cost_i, Ordering::Relaxed);
     let lease = cost.max(LEASE_NS);
     let mut now = clock::monotonic_ns();
     // (Not intact only when even a private copy failed: the launch goes.)
@@ -200,62 +84,43 @@ fn pay(attach: &Attach, dev: usize, cost: u64) {
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
             break;
         };
-        entry.waits.fetch_add(1, Ordering::Relaxed);
+        entry.count_wait();
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();
     }
-    credit.fetch_add(i64::try_from(lease - cost).unwrap_or(0), Ordering::Relaxed);
+    credit.add(i64::try_from(lease - cost).unwrap_or(0));
 }
 
-/// A stream capture began (`delta` 1) or ended (-1).
-pub fn capture_changed(delta: i32) {
-    let _ = CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-        Some((n + delta).max(0))
-    });
-}
-
-/// Sets a graph's first cost estimate, computed once at instantiation.
-pub fn graph_instantiated(exec: CUgraphExec, cost_ns: u64) {
-    estimate::slot(estimate::graph_key(exec as usize)).seed(cost_ns);
-}
-
-/// The learned cost of a kernel shape, if any.
-pub fn kernel_cost(func: usize, grid: [u32; 3], block: [u32; 3]) -> Option<u64> {
-    estimate::find(estimate::kernel_key(func, grid, block))
-        .map(estimate::Slot::cost_ns)
-        .filter(|&c| c != 0)
-}
-
-/// A context is gone: forget its events.
-pub fn context_gone(ctx: usize) {
-    timing::forget_context(ctx);
-    LAST.with(|l| {
-        if l.get().0 == ctx {
-            l.set((0, usize::MAX));
-        }
-    });
+/// Notes that this process uses device entry `dev`, and whether an SM
+/// limit is in force there.
+pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
+    let on = attach.region.device(dev).enforces_sm_limit();
+    process::device(dev).limiter.set_enforced(on);
+    if on {
+        ACTIVE.store(true, Ordering::Release);
+    }
 }
 
 /// The watcher re-checks whether limits appeared in the region.
-pub fn refresh(attach: &Attach, devices: impl Iterator<Item = usize>) {
+pub fn refresh(attach: &Attach, devices: impl Iterator<Item = EntryIndex>) {
     for dev in devices {
         device_in_use(attach, dev);
     }
 }
 
-pub fn fork_prepare() {
-    timing::fork_prepare();
+/// A stream capture began (`delta` 1) or ended (-1).
+pub fn capture_changed(delta: i32) {
+    process::capture_changed(delta);
 }
 
-pub fn fork_parent() {
-    timing::fork_parent();
+/// Sets a graph's first cost estimate, computed once at instantiation.
+pub fn graph_instantiated(exec: usize, cost_ns: u64) {
+    estimate::slot(estimate::graph_key(exec)).seed(cost_ns);
 }
 
-pub fn fork_child() {
-    timing::fork_child();
-    for c in &CREDIT {
-        c.store(0, Ordering::Relaxed);
-    }
-    CAPTURES.store(0, Ordering::Release);
-    ONLY_DEVICE.store(NONE, Ordering::Release);
+/// The learned cost of a kernel shape, if any.
+pub fn kernel_cost(func: usize, grid: [u32; 3], block: [u32; 3]) -> Option<u64> {
+    estimate::find(estimate::kernel_key(func, grid, block))
+        .map(Slot::cost_ns)
+        .filter(|&c| c != 0)
 }

@@ -4,38 +4,16 @@
 //! hooks, and never while we hold a lock.
 //!
 //! [`Guard`]: crate::guard::Guard
+#![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_uint};
-use std::sync::LazyLock;
+use std::ffi::{CString, c_uint};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
+use super::real;
 use super::sys::*;
 use crate::guard::Guard;
-use crate::interpose::real::Lib;
-
-crate::interpose::table::reals! {
-    lib: Lib::Nvml;
-    fn nvmlInit_v2() -> NvmlReturn;
-    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses_v2(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfo) -> NvmlReturn;
-    fn nvmlDeviceGetComputeRunningProcesses(device: NvmlDevice, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NvmlReturn;
-    fn nvmlDeviceGetProcessUtilization(device: NvmlDevice, samples: *mut UtilSample, count: *mut c_uint, since: u64) -> NvmlReturn;
-}
-
-macro_rules! nvml {
-    ($f:ident ( $($a:expr),* $(,)? )) => {
-        match $f() {
-            // SAFETY: arguments follow the declared C signature of $f.
-            Some(f) => unsafe { f($($a),*) },
-            None => NvmlReturn::ERROR_FUNCTION_NOT_FOUND,
-        }
-    };
-}
+use crate::lock::{Lock, Map, map};
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
@@ -51,7 +29,7 @@ pub fn init() -> bool {
         Ok(_) => {
             let rc = {
                 let _internal = Guard::enter();
-                nvml!(nvmlInit_v2())
+                real::nvmlInit_v2()
             };
             let ok = rc.is_ok();
             if !ok {
@@ -83,13 +61,12 @@ pub fn wait_ready(timeout: Duration) -> bool {
     }
 }
 
-/// In a forked child: initialise again before use.
-pub fn after_fork_child() {
+/// NVML's handles by GPU UUID. A forked child starts over: it initialises
+/// NVML again before use, and asks for the handles again.
+pub static DEVICES: Lock<Map<[u8; 16], usize>> = Lock::new(map(), |devices| {
+    devices.clear();
     STATE.store(IDLE, Ordering::Release);
-    DEVICES.lock().clear();
-}
-
-static DEVICES: LazyLock<Mutex<HashMap<[u8; 16], usize>>> = LazyLock::new(Default::default);
+});
 
 /// NVML's handle for the GPU with this UUID.
 pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
@@ -100,13 +77,28 @@ pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
     let mut dev: NvmlDevice = std::ptr::null_mut();
     let rc = {
         let _internal = Guard::enter();
-        nvml!(nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev))
+        real::nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev)
     };
     if !rc.is_ok() || dev.is_null() {
         return None;
     }
     DEVICES.lock().insert(*uuid, dev as usize);
     Some(dev)
+}
+
+/// NVML's index of the GPU with this UUID: where it stands in NVML's
+/// enumeration. None when NVML cannot be used or does not know the GPU.
+pub fn index_of(uuid: &[u8; 16]) -> Option<NvmlIndex> {
+    if !init() {
+        return None;
+    }
+    let dev = device(uuid)?;
+    let mut index = NvmlIndex::default();
+    let rc = {
+        let _internal = Guard::enter();
+        real::nvmlDeviceGetIndex(dev, &mut index)
+    };
+    rc.is_ok().then_some(index)
 }
 
 /// (pid, used bytes) of every compute process on `dev`.
@@ -116,27 +108,15 @@ pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
     loop {
         let mut buf = vec![ProcessInfo::default(); cap as usize];
         let mut n = cap;
-        let mut rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v3(
-            dev,
-            &mut n,
-            buf.as_mut_ptr()
-        ));
+        let mut rc = real::nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, buf.as_mut_ptr());
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             n = cap;
-            rc = nvml!(nvmlDeviceGetComputeRunningProcesses_v2(
-                dev,
-                &mut n,
-                buf.as_mut_ptr()
-            ));
+            rc = real::nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut n, buf.as_mut_ptr());
         }
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             let mut v1 = vec![ProcessInfoV1::default(); cap as usize];
             n = cap;
-            rc = nvml!(nvmlDeviceGetComputeRunningProcesses(
-                dev,
-                &mut n,
-                v1.as_mut_ptr()
-            ));
+            rc = real::nvmlDeviceGetComputeRunningProcesses(dev, &mut n, v1.as_mut_ptr());
             buf = v1
                 .iter()
                 .map(|p| ProcessInfo {
@@ -168,12 +148,7 @@ pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlR
     loop {
         let mut buf = vec![UtilSample::default(); cap as usize];
         let mut n = cap;
-        match nvml!(nvmlDeviceGetProcessUtilization(
-            dev,
-            buf.as_mut_ptr(),
-            &mut n,
-            since
-        )) {
+        match real::nvmlDeviceGetProcessUtilization(dev, buf.as_mut_ptr(), &mut n, since) {
             NvmlReturn::SUCCESS => {
                 buf.truncate(n as usize);
                 return Ok(buf);

@@ -1,9 +1,9 @@
-//! NVML: the hooked memory-info calls (`hooks.rs`) and vgpu's own NVML
-//! client (`client.rs`), which reads per-process memory and utilisation.
+//! NVML: the hooked memory-info calls (`memory_info.rs`, exported from
+//! `exports.rs`) and vgpu's own NVML client (`client.rs`), which reads
+//! per-process memory and utilisation.
 
 pub mod client;
-pub mod hooks;
+pub mod exports;
+pub mod memory_info;
+pub mod real;
 pub mod sys;
-
-/// Every NVML hook family, for the table.
-pub(crate) static FAMILIES: &[&[crate::interpose::table::Hook]] = &[hooks::HOOKS];

@@ -1,4 +1,5 @@
 //! Hand-written NVML types: only what vgpu reads or writes.
+#![forbid(unsafe_code)]
 
 use std::ffi::{c_uint, c_void};
 use std::fmt;
@@ -22,7 +23,7 @@ impl NvmlReturn {
     }
 }
 
-impl crate::interpose::table::NoLibrary for NvmlReturn {
+impl crate::interpose::real::NoLibrary for NvmlReturn {
     const NO_LIBRARY: Self = Self::ERROR_LIBRARY_NOT_FOUND;
 }
 
@@ -33,6 +34,13 @@ impl fmt::Display for NvmlReturn {
 }
 
 pub type NvmlDevice = *mut c_void;
+
+/// A device as NVML numbers it (`nvmlDeviceGetIndex`): the enumeration
+/// of the devices the container can see, which `CUDA_VISIBLE_DEVICES`
+/// does not change. Not a CUDA ordinal.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmlIndex(pub c_uint);
 
 /// `nvmlMemory_t`.
 #[repr(C)]

@@ -54,7 +54,7 @@ impl Region {
         }
         let other_boot = was != [0, 0];
         if other_boot {
-            for i in 0..MAX_SLOTS {
+            for i in crate::SlotIndex::first(MAX_SLOTS) {
                 if self.slot(i).pid.load(Ordering::Acquire) != 0 {
                     self.release_slot(i);
                 }

@@ -12,24 +12,46 @@ use crate::layout::{MAGIC, PREFIX_LEN, Prefix, REGION_SIZE, STATE_READY, VERSION
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Shorter than the fixed prefix.
-    Truncated { len: u64 },
+    Truncated {
+        /// The file's length.
+        len: u64,
+    },
     /// Not a vgpu region at all (HAMi-core's file, random bytes, ...).
-    BadMagic { found: u64 },
+    BadMagic {
+        /// The first eight bytes, as a little-endian number.
+        found: u64,
+    },
     /// Written by a newer vgpu whose layout this library does not know.
-    NewerLayout { major: u32, minor: u32 },
+    NewerLayout {
+        /// The file's layout version.
+        major: u32,
+        /// The file's minor layout version.
+        minor: u32,
+    },
     /// Written by an older vgpu.
-    OlderLayout { major: u32, minor: u32 },
+    OlderLayout {
+        /// The file's layout version.
+        major: u32,
+        /// The file's minor layout version.
+        minor: u32,
+    },
     /// The header describes another geometry (slot count, slot size, ...)
     /// than this library's layout.
     Geometry {
+        /// The header field that disagrees.
         field: &'static str,
+        /// Its value in the file.
         found: u64,
+        /// Its value in this library's layout.
         expected: u64,
     },
     /// The header's size disagrees with the file or the layout.
     SizeMismatch {
+        /// The size the header records.
         header_says: u64,
+        /// The file's length.
         file_len: u64,
+        /// The size of a region of this layout.
         expected: u64,
     },
 }
@@ -130,43 +152,61 @@ pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
 /// Why a region could not be opened, created or locked.
 #[derive(Debug)]
 pub enum ShmError {
+    /// A system call on the file failed.
     Io {
+        /// The region file.
         path: PathBuf,
+        /// What was being done (`open for writing`, `mmap`, `lock`, ...).
         op: &'static str,
+        /// The error the system gave.
         source: io::Error,
     },
+    /// The file is not a region of this layout (see [`Refusal`]).
     Refused {
+        /// The region file.
         path: PathBuf,
+        /// Why it was refused.
         why: Refusal,
     },
     /// A symbolic link, directory, FIFO, device or hard link: never used.
     NotRegular {
+        /// The region path.
         path: PathBuf,
+        /// What is there instead.
         what: &'static str,
     },
     /// Owned by another user who is not root (see `file.rs`).
     ForeignOwner {
+        /// The region file.
         path: PathBuf,
+        /// Its owner's uid.
         owner: u32,
+        /// This process's uid.
         me: u32,
     },
     /// The filesystem could not give the region its space (full tmpfs):
     /// mapping it anyway would end in SIGBUS.
     NoSpace {
+        /// The region file.
         path: PathBuf,
+        /// The error the system gave.
         source: io::Error,
     },
     /// The file shrank or was created again under our mapping.
     Tampered {
+        /// The region file.
         path: PathBuf,
+        /// What happened to it.
         why: crate::private::Tamper,
     },
     /// Every process slot is held by a live process.
     SlotsFull {
+        /// The region file.
         path: PathBuf,
     },
     /// Every device entry is taken by another UUID.
     DevicesFull {
+        /// The region file.
         path: PathBuf,
     },
 }

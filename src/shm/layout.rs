@@ -19,8 +19,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 pub const VERSION_MAJOR: u32 = 1;
 /// Bumped when fields are added in reserved space; readers accept any minor.
 pub const VERSION_MINOR: u32 = 1;
+/// Device entries in a region: GPUs a container can use.
 pub const MAX_DEVICES: usize = 16;
+/// Process slots in a region: processes of a container counted at once.
 pub const MAX_SLOTS: usize = 1024;
+/// Kinds of counted bytes ([`Kind`]).
 pub const NUM_KINDS: usize = 5;
 
 /// `Header::state` once the creator has finished initialising the file.
@@ -47,6 +50,7 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in counter order.
     pub const ALL: [Kind; NUM_KINDS] = [
         Kind::Buffer,
         Kind::Array,
@@ -55,6 +59,7 @@ impl Kind {
         Kind::Context,
     ];
 
+    /// The kind's name in `vgpuctl` output.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Buffer => "buffer",
@@ -79,6 +84,7 @@ pub struct DeviceEntry {
     pub mem_limit: AtomicU64,
     /// Physical memory of the device.
     pub total_mem: AtomicU64,
+    /// Streaming multiprocessors of the device.
     pub sm_count: AtomicU32,
     /// `GPU_CORE_UTILIZATION_POLICY`: 0 default, 1 force, 2 disable.
     pub policy: AtomicU32,
@@ -97,6 +103,7 @@ pub struct DeviceEntry {
     /// What a new CUDA context costs on this device, as last measured
     /// (0 until then): reserved before a context is created.
     pub context_bytes: AtomicU64,
+    /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 21],
 }
 
@@ -111,6 +118,7 @@ pub struct ProcSlot {
     pub start_time: AtomicU64,
     /// Inode of `/proc/<pid>/ns/pid` (only slots of our namespace are checked).
     pub pidns: AtomicU64,
+    /// When the slot was claimed (Unix seconds).
     pub claimed_unix_s: AtomicU64,
     /// Last NVML SM utilisation of this process per device, percent.
     pub sm_util: [AtomicU32; MAX_DEVICES],
@@ -126,25 +134,37 @@ pub struct ProcSlot {
     pub heartbeat_ms: AtomicU64,
     /// [`SLOT_HOST_PID_VERIFIED`] (since 1.1).
     pub flags: AtomicU32,
+    /// Zero: alignment.
     pub _pad: AtomicU32,
+    /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 33],
 }
 
+/// The start of a region file: its identity, its geometry, and the device
+/// table.
 #[repr(C)]
 pub struct Header {
+    /// [`MAGIC`].
     pub magic: AtomicU64,
+    /// [`VERSION_MAJOR`] of the library that created the file.
     pub version_major: AtomicU32,
+    /// [`VERSION_MINOR`] of the library that created the file.
     pub version_minor: AtomicU32,
     /// Size of the whole file in bytes.
     pub size: AtomicU64,
+    /// [`HEADER_SIZE`].
     pub header_size: AtomicU32,
+    /// [`SLOT_SIZE`].
     pub slot_size: AtomicU32,
+    /// [`MAX_DEVICES`].
     pub max_devices: AtomicU32,
+    /// [`MAX_SLOTS`].
     pub max_slots: AtomicU32,
     /// [`STATE_READY`] once initialised.
     pub state: AtomicU32,
     /// One past the highest slot index ever claimed: bounds every scan.
     pub slot_hwm: AtomicU32,
+    /// When the file was initialised (Unix seconds).
     pub created_unix_s: AtomicU64,
     /// Slots reclaimed from dead processes since creation.
     pub reclaims: AtomicU64,
@@ -154,12 +174,17 @@ pub struct Header {
     /// A random value set at each initialisation (since 1.1): a process
     /// notices when the file it mapped was re-created under it.
     pub region_id: AtomicU64,
+    /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 5],
+    /// The device table.
     pub devices: [DeviceEntry; MAX_DEVICES],
 }
 
+/// Size of the [`Header`], device table included.
 pub const HEADER_SIZE: usize = size_of::<Header>();
+/// Size of one [`ProcSlot`].
 pub const SLOT_SIZE: usize = size_of::<ProcSlot>();
+/// Size of one [`DeviceEntry`].
 pub const DEVICE_SIZE: usize = size_of::<DeviceEntry>();
 /// Size of a region file of this layout version.
 pub const REGION_SIZE: usize = HEADER_SIZE + MAX_SLOTS * SLOT_SIZE;
@@ -192,6 +217,7 @@ const _: () = {
 /// The fields a reader checks before it maps a file, parsed from its first
 /// [`PREFIX_LEN`] bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the Header fields of the same names
 pub struct Prefix {
     pub magic: u64,
     pub version_major: u32,
@@ -204,6 +230,7 @@ pub struct Prefix {
     pub state: u32,
 }
 
+/// Bytes of the file [`Prefix`] reads.
 pub const PREFIX_LEN: usize = 44;
 
 impl Prefix {

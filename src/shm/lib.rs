@@ -13,7 +13,9 @@
 //! - [`file`]: open or create the file itself (no symlinks, no races, owner checks)
 //! - `lock`: the OFD file lock (dies with its holder)
 //! - `slots`: claim, release, reclaim dead slots
+//! - `index`: typed indices of device entries and slots
 //! - `devices`: the UUID-keyed device table and limit precedence
+//! - `compute`: a device entry's bucket, scale, utilisation and leader
 //! - `quota`: reserve-then-check without a lock
 //! - [`procinfo`]: process identity and liveness across pid namespaces
 //! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
@@ -21,10 +23,14 @@
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 
+#![warn(missing_docs)]
+
 mod boot;
+mod compute;
 pub mod devices;
 pub mod error;
 pub mod file;
+mod index;
 pub mod layout;
 mod lock;
 mod private;
@@ -35,11 +41,12 @@ pub mod sigbus;
 pub mod slots;
 mod space;
 
-pub use devices::{DeviceInfo, Limits, Registered};
+pub use devices::{CorePolicy, DeviceInfo, Limits, Registered};
 pub use error::{Refusal, ShmError, check};
 pub use file::{DEFAULT_CREATE_MODE, FileOptions};
+pub use index::{EntryIndex, SlotIndex};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
-pub use lock::RegionGuard;
+pub use lock::{LocalLock, RegionGuard};
 pub use private::Tamper;
 pub use procinfo::{ProcId, ProcView};
 pub use quota::{Owners, Reservation};

@@ -20,7 +20,10 @@ use crate::layout::REGION_SIZE;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tamper {
     /// The file is shorter than a region: its pages would raise SIGBUS.
-    Shrunk { len: u64 },
+    Shrunk {
+        /// The file's length now.
+        len: u64,
+    },
     /// The file holds another region than the one mapped (it was
     /// truncated and created again): our slot is not in it.
     Replaced,

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Identifies one process for its whole life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcId {
+    /// The pid in its own namespace.
     pub pid: i32,
     /// Field 22 of `/proc/<pid>/stat`, in clock ticks since boot.
     pub start_time: u64,
@@ -40,6 +41,7 @@ pub struct ProcId {
 pub const INIT_PIDNS: u64 = 0xEFFF_FFFC;
 
 impl ProcId {
+    /// This process.
     pub fn current() -> ProcId {
         ProcId {
             pid: std::process::id() as i32,
@@ -78,6 +80,7 @@ pub struct ProcView {
 }
 
 impl ProcView {
+    /// What this process's `/proc` shows.
     pub fn current() -> ProcView {
         let my_ns = my_pidns();
         let Some(status) = fs::read_to_string("/proc/self/status").ok() else {
@@ -133,9 +136,12 @@ pub fn status_field(status: &str, key: &str) -> Option<Vec<i32>> {
         .collect()
 }
 
+/// What vgpu reads from `/proc/<pid>/stat`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stat {
+    /// Field 3: `R`, `S`, `Z` (zombie), `X` (dead), ...
     pub state: char,
+    /// Field 22, in clock ticks since boot.
     pub start_time: u64,
 }
 
@@ -158,6 +164,7 @@ fn stat_of(pid: &str) -> Option<Stat> {
 /// What a slot's owner is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Liveness {
+    /// Running, as `/proc` shows it.
     Alive,
     /// Gone, a zombie, or its pid now belongs to another process.
     Dead,
@@ -168,8 +175,11 @@ pub enum Liveness {
 /// A slot's owner as the slot records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owner {
+    /// [`ProcId::pid`].
     pub pid: i32,
+    /// [`ProcId::start_time`].
     pub start_time: u64,
+    /// [`ProcId::pidns`].
     pub pidns: u64,
     /// 0 while unknown.
     pub host_pid: i32,

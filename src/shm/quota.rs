@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Region;
+use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::Kind;
 use crate::procinfo::{monotonic_ms, my_pidns, pid_exists};
 use crate::slots::STALE_MS;
@@ -16,12 +17,15 @@ use crate::slots::STALE_MS;
 /// The answer to a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reservation {
+    /// The bytes are counted in the slot.
     Granted,
-    /// Nothing was reserved. `used` is the container's usage without the
-    /// request.
+    /// Nothing was reserved.
     Denied {
+        /// The device's memory limit.
         limit: u64,
+        /// The container's usage without the request.
         used: u64,
+        /// The bytes asked for.
         asked: u64,
     },
 }
@@ -40,9 +44,9 @@ pub enum Owners {
 
 impl Region {
     /// Reserves `bytes` of `kind` on device `dev` for slot `slot`.
-    pub fn reserve(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) -> Reservation {
+    pub fn reserve(&self, slot: SlotIndex, dev: EntryIndex, kind: Kind, bytes: u64) -> Reservation {
         let limit = self.device(dev).mem_limit.load(Ordering::SeqCst);
-        let counter = &self.slot(slot).usage[dev][kind as usize];
+        let counter = &self.slot(slot).usage[dev.get()][kind as usize];
         if limit != 0 && bytes > limit {
             let used = self.device_usage(dev, Owners::All);
             return Reservation::Denied {
@@ -68,41 +72,41 @@ impl Region {
     }
 
     /// Returns bytes reserved earlier (a free, or a failed allocation).
-    pub fn unreserve(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) {
-        sub_saturating(&self.slot(slot).usage[dev][kind as usize], bytes);
+    pub fn unreserve(&self, slot: SlotIndex, dev: EntryIndex, kind: Kind, bytes: u64) {
+        sub_saturating(&self.slot(slot).usage[dev.get()][kind as usize], bytes);
     }
 
     /// Adds bytes without a check: memory this process already holds,
     /// counted again in a new slot.
-    pub fn add_usage(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) {
-        self.slot(slot).usage[dev][kind as usize].fetch_add(bytes, Ordering::SeqCst);
+    pub fn add_usage(&self, slot: SlotIndex, dev: EntryIndex, kind: Kind, bytes: u64) {
+        self.slot(slot).usage[dev.get()][kind as usize].fetch_add(bytes, Ordering::SeqCst);
     }
 
     /// Sets a counter outright: context overhead measured from NVML.
-    pub fn set_usage(&self, slot: usize, dev: usize, kind: Kind, bytes: u64) {
-        self.slot(slot).usage[dev][kind as usize].store(bytes, Ordering::SeqCst);
+    pub fn set_usage(&self, slot: SlotIndex, dev: EntryIndex, kind: Kind, bytes: u64) {
+        self.slot(slot).usage[dev.get()][kind as usize].store(bytes, Ordering::SeqCst);
     }
 
     /// Bytes slot `slot` holds on device `dev`, by kind.
-    pub fn slot_usage(&self, slot: usize, dev: usize, kind: Kind) -> u64 {
-        self.slot(slot).usage[dev][kind as usize].load(Ordering::SeqCst)
+    pub fn slot_usage(&self, slot: SlotIndex, dev: EntryIndex, kind: Kind) -> u64 {
+        self.slot(slot).usage[dev.get()][kind as usize].load(Ordering::SeqCst)
     }
 
     /// Bytes slot `slot` holds on device `dev`, all kinds.
-    pub fn slot_total(&self, slot: usize, dev: usize) -> u64 {
-        self.slot(slot).usage[dev]
+    pub fn slot_total(&self, slot: SlotIndex, dev: EntryIndex) -> u64 {
+        self.slot(slot).usage[dev.get()]
             .iter()
             .fold(0u64, |acc, c| acc.saturating_add(c.load(Ordering::SeqCst)))
     }
 
     /// The container's usage of device `dev`.
-    pub fn device_usage(&self, dev: usize, owners: Owners) -> u64 {
+    pub fn device_usage(&self, dev: EntryIndex, owners: Owners) -> u64 {
         let (my_ns, now) = match owners {
             Owners::Live => (my_pidns(), monotonic_ms()),
             Owners::All => (0, 0),
         };
         let mut total = 0u64;
-        for i in 0..self.slot_hwm() {
+        for i in SlotIndex::first(self.slot_hwm()) {
             let slot = self.slot(i);
             let pid = slot.pid.load(Ordering::SeqCst);
             if pid == 0 || (owners == Owners::Live && !self.may_live(i, my_ns, now)) {
@@ -115,7 +119,7 @@ impl Region {
 
     /// A cheap liveness guess for views: `kill(pid, 0)` in our own
     /// namespace, the heartbeat elsewhere.
-    pub fn may_live(&self, slot: usize, my_ns: u64, now: u64) -> bool {
+    pub fn may_live(&self, slot: SlotIndex, my_ns: u64, now: u64) -> bool {
         let s = self.slot(slot);
         if s.pidns.load(Ordering::Acquire) == my_ns {
             return pid_exists(s.pid.load(Ordering::Acquire));

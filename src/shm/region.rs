@@ -10,21 +10,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
-use parking_lot::Mutex;
 
 use crate::error::{ShmError, check};
 use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
+use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{
     DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
     REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
 };
-use crate::lock::RegionGuard;
+use crate::lock::{LocalLock, RegionGuard};
 use crate::{boot, space};
 
 /// Whether [`Region::open`] may create the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
+    /// Create the file when it does not exist.
     CreateIfMissing,
+    /// Only attach to an existing file.
     ExistingOnly,
 }
 
@@ -36,7 +38,7 @@ pub struct Region {
     pub(crate) map: MmapRaw,
     file: Option<File>,
     path: PathBuf,
-    local: Mutex<()>,
+    local: LocalLock,
     /// `Header::region_id` of the file when it was mapped.
     pub(crate) mapped_id: u64,
     /// The mapping was replaced by a private copy (see `private.rs`).
@@ -65,7 +67,7 @@ impl Region {
     pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
         let create = opts.create.is_some();
         let (file, _created) = crate::file::open(path, opts)?;
-        let local = Mutex::new(());
+        let local = LocalLock::new();
         let guard =
             RegionGuard::acquire(&local, Some(&file)).map_err(|e| ShmError::io(path, "lock", e))?;
         let len = file
@@ -108,7 +110,7 @@ impl Region {
             map,
             file: None,
             path: path.to_path_buf(),
-            local: Mutex::new(()),
+            local: LocalLock::new(),
             mapped_id: 0,
             private: AtomicBool::new(false),
         };
@@ -140,11 +142,12 @@ impl Region {
             map,
             file: None,
             path,
-            local: Mutex::new(()),
+            local: LocalLock::new(),
             mapped_id,
             private: AtomicBool::new(false),
         })
     }
+    /// The file's path (`<private>` for a private region).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -161,19 +164,20 @@ impl Region {
             .filter(|_| !self.private.load(Ordering::Acquire))
     }
 
+    /// The header, which holds the device table.
     pub fn header(&self) -> &Header {
         header_in(&self.map)
     }
 
-    pub fn device(&self, index: usize) -> &DeviceEntry {
-        &self.header().devices[index]
+    /// Device entry `index`.
+    pub fn device(&self, index: EntryIndex) -> &DeviceEntry {
+        &self.header().devices[index.get()]
     }
 
-    /// The slot at `index` (< MAX_SLOTS).
-    pub fn slot(&self, index: usize) -> &ProcSlot {
-        assert!(index < MAX_SLOTS, "slot index {index} out of range");
-        let offset = HEADER_SIZE + index * SLOT_SIZE;
-        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (index checked above), the
+    /// Slot `index`.
+    pub fn slot(&self, index: SlotIndex) -> &ProcSlot {
+        let offset = HEADER_SIZE + index.get() * SLOT_SIZE;
+        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (a SlotIndex is below MAX_SLOTS), the
         // offset is 8-aligned (HEADER_SIZE and SLOT_SIZE are multiples of 8),
         // and ProcSlot is repr(C) atomics only, valid for any bit pattern.
         unsafe { &*(self.map.as_ptr().add(offset) as *const ProcSlot) }
@@ -199,7 +203,7 @@ impl Region {
 
     /// The in-process half of the lock, for `pthread_atfork` handlers: hold
     /// it across `fork` so the child never inherits a half-done change.
-    pub fn fork_mutex(&self) -> &Mutex<()> {
+    pub fn fork_lock(&self) -> &LocalLock {
         &self.local
     }
 }

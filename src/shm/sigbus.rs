@@ -172,7 +172,9 @@ mod tests {
         let magic = r.header().magic.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(magic, 0);
         assert!(super::repaired() > before);
-        r.slot(3).pid.store(7, std::sync::atomic::Ordering::Relaxed);
+        r.slot(crate::SlotIndex::new(3).unwrap())
+            .pid
+            .store(7, std::sync::atomic::Ordering::Relaxed);
     }
 
     #[test]

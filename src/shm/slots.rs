@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::Region;
 use crate::error::ShmError;
+use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{MAX_SLOTS, ProcSlot, SLOT_HOST_PID_VERIFIED};
 use crate::lock::RegionGuard;
 use crate::procinfo::{INIT_PIDNS, Liveness, Owner, ProcId, ProcView, liveness, monotonic_ms};
@@ -39,47 +40,48 @@ impl Region {
     /// slots are reclaimed here only when no slot is free: the driver may
     /// still be freeing their memory, so the allocation path reclaims them
     /// once it has asked NVML (see [`Region::reclaim_dead`]).
-    pub fn claim_slot_as(&self, me: &ProcId, host_pid: Option<i32>) -> Result<usize, ShmError> {
+    pub fn claim_slot_as(&self, me: &ProcId, host_pid: Option<i32>) -> Result<SlotIndex, ShmError> {
         let guard = self.lock()?;
-        if (0..MAX_SLOTS).all(|i| self.slot(i).pid.load(Ordering::Acquire) != 0) {
+        if SlotIndex::first(MAX_SLOTS).all(|i| self.slot(i).pid.load(Ordering::Acquire) != 0) {
             self.reclaim_dead_locked(&guard, &ProcView::current(), None);
         }
         let hwm = self.slot_hwm();
-        let reuse = (0..hwm).find(|&i| {
+        let reuse = SlotIndex::first(hwm).find(|&i| {
             let s = self.slot(i);
             s.pid.load(Ordering::Acquire) == me.pid
                 && s.start_time.load(Ordering::Acquire) == me.start_time
                 && s.pidns.load(Ordering::Acquire) == me.pidns
         });
-        let free = || (0..MAX_SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == 0);
+        let free =
+            || SlotIndex::first(MAX_SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == 0);
         let Some(index) = reuse.or_else(free) else {
             return Err(ShmError::SlotsFull {
                 path: self.path().to_path_buf(),
             });
         };
         self.fill_slot(index, me, host_pid);
-        if index >= hwm {
+        if index.get() >= hwm {
             self.header()
                 .slot_hwm
-                .store(index as u32 + 1, Ordering::Release);
+                .store(index.get() as u32 + 1, Ordering::Release);
         }
         Ok(index)
     }
 
     /// [`Region::claim_slot_as`] with no host pid from the kernel.
-    pub fn claim_slot(&self, me: &ProcId) -> Result<usize, ShmError> {
+    pub fn claim_slot(&self, me: &ProcId) -> Result<SlotIndex, ShmError> {
         self.claim_slot_as(me, None)
     }
 
     /// Puts `me` in slot `index` outright, without the lock: for a private
     /// copy of a region, which keeps this process's slot index.
-    pub fn claim_slot_at(&self, index: usize, me: &ProcId, host_pid: Option<i32>) {
+    pub fn claim_slot_at(&self, index: SlotIndex, me: &ProcId, host_pid: Option<i32>) {
         self.fill_slot(index, me, host_pid);
         let hwm = &self.header().slot_hwm;
-        hwm.fetch_max(index as u32 + 1, Ordering::AcqRel);
+        hwm.fetch_max(index.get() as u32 + 1, Ordering::AcqRel);
     }
 
-    fn fill_slot(&self, index: usize, me: &ProcId, host_pid: Option<i32>) {
+    fn fill_slot(&self, index: SlotIndex, me: &ProcId, host_pid: Option<i32>) {
         let slot = self.slot(index);
         clear_counters(slot);
         slot.start_time.store(me.start_time, Ordering::Relaxed);
@@ -99,7 +101,7 @@ impl Region {
     }
 
     /// Gives a slot back: counters first, then the pid.
-    pub fn release_slot(&self, index: usize) {
+    pub fn release_slot(&self, index: SlotIndex) {
         let slot = self.slot(index);
         clear_counters(slot);
         slot.host_pid.store(0, Ordering::Relaxed);
@@ -109,7 +111,7 @@ impl Region {
     }
 
     /// The owner of slot `index` says it is alive (its watcher, each tick).
-    pub fn beat(&self, index: usize, pid: i32) {
+    pub fn beat(&self, index: SlotIndex, pid: i32) {
         self.slot(index)
             .heartbeat_ms
             .store(beat_word(pid, monotonic_ms()), Ordering::Release);
@@ -118,7 +120,7 @@ impl Region {
     /// How long ago slot `index`'s owner last beat, at `now` (ms); None
     /// when its owner never beat (a library older than 1.1 wrote it). A
     /// beat from the future (another clock) counts as stale.
-    pub fn heartbeat_age_ms(&self, index: usize, now: u64) -> Option<u64> {
+    pub fn heartbeat_age_ms(&self, index: SlotIndex, now: u64) -> Option<u64> {
         let s = self.slot(index);
         let word = s.heartbeat_ms.load(Ordering::Acquire);
         if word == 0 || word >> BEAT_MS_BITS != beat_tag(s.pid.load(Ordering::Acquire)) {
@@ -134,15 +136,38 @@ impl Region {
     }
 
     /// Records the host pid NVML (`verified` false) or the kernel gave.
-    pub fn set_host_pid(&self, index: usize, host_pid: i32, verified: bool) {
+    pub fn set_host_pid(&self, index: SlotIndex, host_pid: i32, verified: bool) {
         let s = self.slot(index);
         let flags = if verified { SLOT_HOST_PID_VERIFIED } else { 0 };
         s.flags.store(flags, Ordering::Release);
         s.host_pid.store(host_pid, Ordering::Release);
     }
 
+    /// The pid NVML reports for slot `index`'s owner, while known.
+    pub fn host_pid(&self, index: SlotIndex) -> Option<u32> {
+        Some(self.slot(index).host_pid.load(Ordering::Acquire))
+            .filter(|&p| p > 0)
+            .map(|p| p as u32)
+    }
+
+    /// Slot `index`'s owner's pid in its own namespace (0: a free slot).
+    pub fn pid(&self, index: SlotIndex) -> i32 {
+        self.slot(index).pid.load(Ordering::Acquire)
+    }
+
+    /// Shows slot `index`'s SM utilisation of device `dev`, in percent.
+    pub fn set_sm_util(&self, index: SlotIndex, dev: EntryIndex, percent: u32) {
+        self.slot(index).sm_util[dev.get()].store(percent, Ordering::Relaxed);
+    }
+
+    /// Slot `index`'s SM utilisation of device `dev` as last shown, in
+    /// percent.
+    pub fn sm_util(&self, index: SlotIndex, dev: EntryIndex) -> u32 {
+        self.slot(index).sm_util[dev.get()].load(Ordering::Relaxed)
+    }
+
     /// Slot `index`'s owner, as the slot records it.
-    pub fn owner(&self, index: usize) -> Owner {
+    pub fn owner(&self, index: SlotIndex) -> Owner {
         let s = self.slot(index);
         Owner {
             pid: s.pid.load(Ordering::Acquire),
@@ -177,7 +202,7 @@ impl Region {
         // Read every owner first, then judge them (reading /proc: syscalls,
         // during which the file may be truncated), and touch the mapping
         // again only after checking the file (see private.rs).
-        let owners: Vec<(usize, Owner, Option<u64>)> = (0..self.slot_hwm())
+        let owners: Vec<(SlotIndex, Owner, Option<u64>)> = SlotIndex::first(self.slot_hwm())
             .map(|i| (i, self.owner(i), self.heartbeat_age_ms(i, now)))
             .filter(|(_, o, _)| o.pid != 0)
             .collect();
@@ -228,8 +253,8 @@ impl Region {
     }
 
     /// Indices of the slots that currently have an owner.
-    pub fn occupied_slots(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.slot_hwm()).filter(|&i| self.slot(i).pid.load(Ordering::Acquire) != 0)
+    pub fn occupied_slots(&self) -> impl Iterator<Item = SlotIndex> + '_ {
+        SlotIndex::first(self.slot_hwm()).filter(|&i| self.slot(i).pid.load(Ordering::Acquire) != 0)
     }
 }
 

@@ -15,7 +15,9 @@ fn temp_path(name: &str) -> std::path::PathBuf {
     p
 }
 
-fn device(r: &Region) -> usize {
+const SLOT5: SlotIndex = SlotIndex::new(5).unwrap();
+
+fn device(r: &Region) -> EntryIndex {
     let info = DeviceInfo {
         uuid: [9; 16],
         total_mem: 1 << 30,
@@ -24,7 +26,7 @@ fn device(r: &Region) -> usize {
     let limits = Limits {
         mem: 1 << 20,
         sm: 30,
-        policy: 0,
+        policy: CorePolicy::Default,
     };
     r.register_device(&info, limits).unwrap().index
 }
@@ -114,22 +116,22 @@ fn a_truncated_file_is_noticed_and_swapped_for_a_private_copy_in_place() {
             Limits {
                 mem: 1 << 20,
                 sm: 30,
-                policy: 0,
+                policy: CorePolicy::Default,
             },
         );
-        fresh.claim_slot_at(5, &me, None);
+        fresh.claim_slot_at(SLOT5, &me, None);
     })
     .unwrap();
     // The same addresses, now private memory holding the copy.
     assert!(!r.is_shared());
     assert_eq!(r.check_intact(), Ok(()));
     assert_eq!(
-        header.devices[dev].mem_limit.load(Ordering::Acquire),
+        header.devices[dev.get()].mem_limit.load(Ordering::Acquire),
         1 << 20
     );
-    assert_eq!(r.slot(5).pid.load(Ordering::Acquire), me.pid);
+    assert_eq!(r.slot(SLOT5).pid.load(Ordering::Acquire), me.pid);
     assert_eq!(
-        r.reserve(5, dev, Kind::Buffer, 2 << 20),
+        r.reserve(SLOT5, dev, Kind::Buffer, 2 << 20),
         Reservation::Denied {
             limit: 1 << 20,
             used: 0,

@@ -41,7 +41,7 @@ fn create_then_attach_sees_the_same_counters() {
             Limits {
                 mem: 1000,
                 sm: 0,
-                policy: 0,
+                policy: CorePolicy::Default,
             },
         )
         .unwrap();
@@ -80,7 +80,7 @@ fn region_limits_win_over_a_later_environment() {
         Limits {
             mem: 4096,
             sm: 30,
-            policy: 0,
+            policy: CorePolicy::Default,
         },
     )
     .unwrap();
@@ -95,7 +95,7 @@ fn region_limits_win_over_a_later_environment() {
             Limits {
                 mem: 8192,
                 sm: 30,
-                policy: 0,
+                policy: CorePolicy::Default,
             },
         )
         .unwrap();
@@ -191,7 +191,7 @@ fn reclaim_frees_slots_of_dead_processes_only() {
             Limits {
                 mem: 1 << 20,
                 sm: 0,
-                policy: 0,
+                policy: CorePolicy::Default,
             },
         )
         .unwrap()
@@ -236,7 +236,7 @@ fn racing_threads_never_overcommit() {
             Limits {
                 mem: 1000,
                 sm: 0,
-                policy: 0,
+                policy: CorePolicy::Default,
             },
         )
         .unwrap()
@@ -250,7 +250,7 @@ fn racing_threads_never_overcommit() {
                 .unwrap()
         })
         .collect();
-    let slots: Vec<usize> = owners
+    let slots: Vec<SlotIndex> = owners
         .iter()
         .map(|c| {
             r.claim_slot(&ProcId {

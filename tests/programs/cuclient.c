@@ -10,6 +10,7 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
+ *   cuclient allocab N ROUNDS BYTES        cuMemAlloc+cuMemFree, vgpu's entry points vs the driver's
  *   cuclient race THREADS SECONDS BYTES [QUIET [PAUSE_MS]]
  *                                          threads allocate and free at once
  *                                          (after QUIET seconds with a context,
@@ -26,6 +27,10 @@
  *                                          (or SECONDS), then hold it HOLD s
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
+ *   cuclient forkheld                      cuInit, fork; the child makes a context,
+ *                                          allocates (buffer, pool) and exits; both
+ *                                          report (with VGPU_TEST_HOLD_LOCK a thread
+ *                                          of vgpu holds a lock at the fork)
  *
  * FAMILY: buffer pitch managed async pool vmm array array3d mipmap
  * MODE:   kernel (default) ex coop graph
@@ -466,6 +471,44 @@ static int cmd_launchab(long n, int rounds) {
     return 0;
 }
 
+/* cuMemAlloc_v2 + cuMemFree_v2 of BYTES through the entry points the program
+ * resolved against the driver's own, alternating batches of N pairs in one
+ * process, as launchab does for launches. */
+static int cmd_allocab(long n, int rounds, size_t bytes) {
+    setup();
+    typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+    typedef CUresult (*free_t)(CUdeviceptr);
+    alloc_t alloc[2] = {(alloc_t)driver_symbol("cuMemAlloc_v2"), cu.cuMemAlloc_v2};
+    free_t release_[2] = {(free_t)driver_symbol("cuMemFree_v2"), cu.cuMemFree_v2};
+    if (!alloc[0] || !release_[0]) {
+        printf("error=no-driver-symbol\n");
+        return 2;
+    }
+    printf("distinct=%d\n", alloc[0] != alloc[1]);
+    double t[2][64];
+    if (rounds > 64) rounds = 64;
+    CUdeviceptr p;
+    for (int i = 0; i < 200; i++) {
+        CHECK(alloc[1](&p, bytes));
+        CHECK(release_[1](p));
+    }
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            int which = (r + k) % 2;
+            double t0 = now_s();
+            for (long i = 0; i < n; i++) {
+                CHECK(alloc[which](&p, bytes));
+                CHECK(release_[which](p));
+            }
+            t[which][r] = (now_s() - t0) * 1e6 / n;
+        }
+    qsort(t[0], rounds, sizeof(double), cmp_double);
+    qsort(t[1], rounds, sizeof(double), cmp_double);
+    double a = t[0][rounds / 2], b = t[1][rounds / 2];
+    printf("native_us=%.4f hooked_us=%.4f overhead_pct=%.3f\n", a, b, (b / a - 1) * 100);
+    return 0;
+}
+
 /* ---- races, storms ---------------------------------------------------------- */
 
 struct racer {
@@ -696,6 +739,45 @@ static int cmd_ctxrace(int threads, int rounds) {
     return 0;
 }
 
+/* The child's CUDA calls after a fork: a context, a buffer, a pool
+ * allocation, each freed. Exit status: 0, or the line of the first error. */
+static void forked_child(void) {
+    setup();
+    CUdeviceptr p;
+    if (cu.cuMemAlloc_v2(&p, 1 << 20) || cu.cuMemFree_v2(p)) _exit(10);
+    CUmemoryPool pool;
+    if (cu.cuDeviceGetDefaultMemPool(&pool, g_dev) || cu.cuMemAllocFromPoolAsync(&p, 1 << 20, pool, 0) ||
+        cu.cuMemFreeAsync(p, 0) || cu.cuCtxSynchronize())
+        _exit(11);
+    _exit(0);
+}
+
+/* Forks right after cuInit and waits up to 10 s for the child; a child
+ * still running then is hung (killed, reported). */
+static int cmd_forkheld(void) {
+    load_and_init();
+    double t0 = now_s();
+    pid_t child = fork();
+    if (child == 0) forked_child();
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(child, &status, WNOHANG)) == 0 && now_s() < t0 + 10) usleep(2000);
+    if (done == child)
+        printf("child_exit=%d child_ms=%.0f\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
+               (now_s() - t0) * 1e3);
+    else {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        printf("child_exit=hung\n");
+    }
+    setup();
+    CUdeviceptr p;
+    CUresult rc = cu.cuMemAlloc_v2(&p, 1 << 20);
+    if (!rc) rc = cu.cuMemFree_v2(p);
+    printf("parent_rc=%d\n", rc);
+    return 0;
+}
+
 static int cmd_info(void) {
     setup();
     int n = 0, ver = 0;
@@ -729,6 +811,8 @@ int main(int argc, char **argv) {
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
+    if (!strcmp(cmd, "allocab"))
+        return cmd_allocab(atol(ARG(2, "2000")), atoi(ARG(3, "21")), strtoull(ARG(4, "1048576"), 0, 0));
     if (!strcmp(cmd, "race"))
         return cmd_race(atoi(ARG(2, "4")), atof(ARG(3, "2")), strtoull(ARG(4, "1048576"), 0, 0),
                         atof(ARG(5, "0")), atof(ARG(6, "0")));
@@ -742,6 +826,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "await"))
         return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));
     if (!strcmp(cmd, "ctxrace")) return cmd_ctxrace(atoi(ARG(2, "64")), atoi(ARG(3, "100")));
+    if (!strcmp(cmd, "forkheld")) return cmd_forkheld();
     printf("error=unknown-command\n");
     return 2;
 }

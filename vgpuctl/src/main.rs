@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use vgpu_shm::{FileOptions, Kind, Owners, ProcView, Region, format_uuid, procinfo};
+use vgpu_shm::{EntryIndex, FileOptions, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 fn region_path(arg: Option<&String>) -> PathBuf {
     arg.map(PathBuf::from)
@@ -50,28 +50,27 @@ fn status(out: &mut String, r: &Region, open_ms: f64) {
         r.slot_hwm(),
         h.reclaims.load(Ordering::Relaxed),
     );
-    for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.device(d).is_used()) {
+    for dev in EntryIndex::all().filter(|&d| r.device(d).is_used()) {
         let d = r.device(dev);
         let l = d.limits();
-        let leader = d.leader.load(Ordering::Relaxed) >> 32;
+        let leader = d.leader_pid();
         let _ = writeln!(
             out,
             "device={dev} uuid={} mem_limit={} sm_limit={} policy={} total={} used={} used_all={} scale={:.3} util={:.3} leader={leader}",
             format_uuid(&d.uuid()),
             l.mem,
             l.sm,
-            l.policy,
-            d.total_mem.load(Ordering::Relaxed),
+            l.policy as u32,
+            d.total_mem(),
             r.device_usage(dev, Owners::Live),
             r.device_usage(dev, Owners::All),
-            f64::from(d.rate_scale_milli.load(Ordering::Relaxed)) / 1000.0,
-            f64::from(d.util_milli.load(Ordering::Relaxed)) / 1000.0,
+            f64::from(d.rate_scale_milli()) / 1000.0,
+            f64::from(d.util_milli()) / 1000.0,
         );
     }
     for i in r.occupied_slots() {
-        let s = r.slot(i);
-        let pid = s.pid.load(Ordering::Relaxed);
         let owner = r.owner(i);
+        let pid = owner.pid;
         let alive = match procinfo::liveness(&owner, &view) {
             procinfo::Liveness::Alive => "1",
             procinfo::Liveness::Dead => "0",
@@ -86,15 +85,12 @@ fn status(out: &mut String, r: &Region, open_ms: f64) {
             owner.host_pid,
             u8::from(owner.host_pid_verified),
         );
-        for dev in (0..vgpu_shm::MAX_DEVICES).filter(|&d| r.slot_total(i, d) > 0) {
+        for dev in EntryIndex::all().filter(|&d| r.slot_total(i, d) > 0) {
             line += &format!(" dev{dev}_total={}", r.slot_total(i, dev));
             for k in Kind::ALL {
                 line += &format!(" dev{dev}_{}={}", k.name(), r.slot_usage(i, dev, k));
             }
-            line += &format!(
-                " dev{dev}_sm_util={}",
-                s.sm_util[dev].load(Ordering::Relaxed)
-            );
+            line += &format!(" dev{dev}_sm_util={}", r.sm_util(i, dev));
         }
         let _ = writeln!(out, "{line}");
     }
@@ -112,12 +108,12 @@ fn run(args: &[String]) -> Result<String, String> {
             let dev: usize = args.get(2).and_then(|d| d.parse().ok()).ok_or(
                 "usage needs a region and a device entry number: vgpuctl usage REGION DEV",
             )?;
-            if dev >= vgpu_shm::MAX_DEVICES {
-                return Err(format!(
+            let dev = EntryIndex::new(dev).ok_or_else(|| {
+                format!(
                     "device entry {dev} out of range: a region has entries 0 to {}",
                     vgpu_shm::MAX_DEVICES - 1
-                ));
-            }
+                )
+            })?;
             let _ = writeln!(out, "used={}", r.device_usage(dev, Owners::Live));
         }
         Some("reclaim") => {

@@ -1,11 +1,15 @@
 //! Per-process handle tables of the simulated driver: contexts, memory,
 //! streams, events, modules, graphs. Handles are small integers cast to
-//! pointers; device addresses come from a bump allocator.
+//! pointers; device addresses come from a bump allocator. The table's lock
+//! is held across `fork` (so a child never inherits it held by a thread
+//! it does not have); the child keeps the tables, as it keeps any memory,
+//! under a fresh lock. (A std mutex: its waiters are the kernel's, so the
+//! child inherits none of the parent's.)
 
-use std::cell::RefCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::collections::HashMap;
-
-use parking_lot::{Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::state::MAX_DEV;
 
@@ -79,14 +83,74 @@ pub struct Local {
     pub execs: HashMap<usize, (usize, Vec<KernelNode>)>,
 }
 
-static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
+/// The tables; the cell is written only in a forked child (`child`).
+struct Tables(UnsafeCell<Mutex<Option<Local>>>);
+
+// SAFETY: a `Mutex` is Sync; the cell is written only by `child`, on a
+// forked child's only thread, with the one guard forgotten.
+unsafe impl Sync for Tables {}
+
+static LOCAL: Tables = Tables(UnsafeCell::new(Mutex::new(None)));
+
+fn tables() -> &'static Mutex<Option<Local>> {
+    // SAFETY: see `Tables`.
+    unsafe { &*LOCAL.0.get() }
+}
 
 thread_local! {
     static CTX_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-pub fn local() -> parking_lot::MappedMutexGuard<'static, Local> {
-    MutexGuard::map(LOCAL.lock(), |l| l.get_or_insert_with(Local::default))
+/// The tables, locked.
+pub struct LocalGuard(MutexGuard<'static, Option<Local>>);
+
+impl Deref for LocalGuard {
+    type Target = Local;
+    fn deref(&self) -> &Local {
+        self.0.as_ref().expect("filled by local()")
+    }
+}
+
+impl DerefMut for LocalGuard {
+    fn deref_mut(&mut self) -> &mut Local {
+        self.0.as_mut().expect("filled by local()")
+    }
+}
+
+pub fn local() -> LocalGuard {
+    static FORK_SAFE: std::sync::Once = std::sync::Once::new();
+    FORK_SAFE.call_once(|| {
+        // SAFETY: three handlers without arguments that do not unwind.
+        unsafe { libc::pthread_atfork(Some(hold), Some(release), Some(child)) };
+    });
+    let mut g = tables().lock().unwrap_or_else(PoisonError::into_inner);
+    g.get_or_insert_with(Local::default);
+    LocalGuard(g)
+}
+
+thread_local! {
+    static HELD: RefCell<Option<MutexGuard<'static, Option<Local>>>> = const { RefCell::new(None) };
+}
+
+extern "C" fn hold() {
+    let g = tables().lock().unwrap_or_else(PoisonError::into_inner);
+    let _ = HELD.try_with(|h| *h.borrow_mut() = Some(g));
+}
+
+extern "C" fn release() {
+    let _ = HELD.try_with(|h| h.borrow_mut().take());
+}
+
+extern "C" fn child() {
+    let _ = HELD.try_with(|h| std::mem::forget(h.borrow_mut().take()));
+    // SAFETY: the forked child's only thread, before anything else runs;
+    // the one guard was forgotten. The tables move bitwise into a fresh
+    // mutex written over the old one, which is never dropped.
+    unsafe {
+        let old = &mut *LOCAL.0.get();
+        let tables = old.get_mut().unwrap_or_else(PoisonError::into_inner) as *mut Option<Local>;
+        LOCAL.0.get().write(Mutex::new(tables.read()));
+    }
 }
 
 impl Local {

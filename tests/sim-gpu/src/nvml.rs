@@ -18,6 +18,7 @@ const UNINITIALIZED: Ret = 1;
 const INVALID_ARGUMENT: Ret = 2;
 const NOT_FOUND: Ret = 6;
 const INSUFFICIENT_SIZE: Ret = 7;
+const DRIVER_NOT_LOADED: Ret = 9;
 const ARGUMENT_VERSION_MISMATCH: Ret = 25;
 
 type Device = *mut c_void;
@@ -52,6 +53,9 @@ fn uuid_text(dev: usize) -> String {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
+    if std::env::var_os("SIM_GPU_NVML").is_some_and(|v| v == "0") {
+        return DRIVER_NOT_LOADED;
+    }
     state::shared();
     INIT.fetch_add(1, Ordering::AcqRel);
     OK

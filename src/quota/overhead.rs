@@ -12,14 +12,16 @@
 //! ours was inside the driver while NVML looked; one that raced with them
 //! is an upper bound, and may only lower it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use vgpu_shm::{Kind, MAX_DEVICES, Region};
+use vgpu_shm::{EntryIndex, Kind, Region, SlotIndex};
 
+use super::counters::DeviceQuota;
 use crate::attach::Attach;
 use crate::guard::Guard;
 use crate::hostpid;
 use crate::nvml::client;
+use crate::process;
 
 pub const PROVISIONAL: u64 = 640 << 20;
 /// At most one synchronous measurement per device in this window.
@@ -27,87 +29,75 @@ const MIN_INTERVAL_NS: u64 = 20_000_000;
 /// How long an overhead estimate stands before a lower one may replace it.
 const SETTLE_NS: u64 = 1_000_000_000;
 
-static CONTEXTS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
-static LAST_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// Bytes of allocations that completed, and of frees that started, per
-/// device, ever (monotonic; a failed free adds its bytes back on the
-/// allocated side). A measurement brackets NVML's reading with
-/// them, so an allocation or free racing with it can only make the
-/// overhead look larger, never smaller.
-static ALLOCATED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-static FREED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// Allocation and free calls that entered the driver, and that left it,
-/// per device. A measurement is exact only when no call was inside the
-/// driver while NVML looked: its bracket above is then tight.
-static STARTED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-static FINISHED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// Whether each device's estimate is a measurement (not the provisional).
-static MEASURED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// When each device's estimate last rose (CLOCK_MONOTONIC ns).
-static RAISED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// The quota's counters of device entry `dev` in this process.
+fn counters(dev: EntryIndex) -> &'static DeviceQuota {
+    &process::device(dev).quota
+}
 
 /// An allocation of `bytes` on `dev` completed.
-pub fn allocated(dev: usize, bytes: u64) {
-    ALLOCATED[dev].fetch_add(bytes, Ordering::AcqRel);
+pub fn allocated(dev: EntryIndex, bytes: u64) {
+    counters(dev).allocated.fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// A free of `bytes` on `dev` is about to start. (Counted before the
 /// driver frees it: once it has, NVML no longer sees the bytes.)
-pub fn freeing(dev: usize, bytes: u64) {
-    FREED[dev].fetch_add(bytes, Ordering::AcqRel);
+pub fn freeing(dev: EntryIndex, bytes: u64) {
+    counters(dev).freed.fetch_add(bytes, Ordering::AcqRel);
 }
 
-/// An allocation or free call inside the driver on one device; hold it
-/// from before the call until its bytes are counted as allocated or freed.
-#[must_use]
-pub struct InDriver(usize);
+/// An allocation or free call entered the driver on `dev`: from before
+/// the call until its bytes are counted as allocated or freed.
+pub fn call_started(dev: EntryIndex) {
+    counters(dev).started.fetch_add(1, Ordering::SeqCst);
+}
 
-pub fn in_driver(dev: usize) -> InDriver {
-    STARTED[dev].fetch_add(1, Ordering::SeqCst);
+/// The call [`call_started`] announced is over, its bytes counted.
+pub fn call_finished(dev: EntryIndex) {
+    counters(dev).finished.fetch_add(1, Ordering::SeqCst);
+}
+
+/// An allocation or creation call inside the driver on one device
+/// ([`call_started`] to [`call_finished`], as a guard).
+#[must_use]
+pub struct InDriver(EntryIndex);
+
+pub fn in_driver(dev: EntryIndex) -> InDriver {
+    call_started(dev);
     InDriver(dev)
 }
 
 impl Drop for InDriver {
     fn drop(&mut self) {
-        FINISHED[self.0].fetch_add(1, Ordering::SeqCst);
+        call_finished(self.0);
     }
 }
 
 /// What a new context on `dev` is expected to cost: the last measured
 /// one, or the provisional figure before any was measured.
-pub fn expected_context_bytes(attach: &Attach, dev: usize) -> u64 {
-    match attach
+pub fn expected_context_bytes(attach: &Attach, dev: EntryIndex) -> u64 {
+    attach
         .region
         .device(dev)
-        .context_bytes
-        .load(Ordering::Acquire)
-    {
-        0 => PROVISIONAL,
-        b => b,
-    }
+        .context_bytes()
+        .unwrap_or(PROVISIONAL)
 }
 
 /// A context of ours now lives on device `dev` (its expected cost was
 /// reserved before it was made): measured at once when NVML is up.
-pub fn context_created(attach: &Attach, dev: usize) {
-    if CONTEXTS[dev].fetch_add(1, Ordering::AcqRel) == 0 {
-        MEASURED[dev].store(false, Ordering::Release);
+pub fn context_created(attach: &Attach, dev: EntryIndex) {
+    if process::context_added(dev) {
+        counters(dev).measured.store(false, Ordering::Release);
     }
     let Some(slot) = attach.slot() else { return };
     if client::is_ready() {
-        LAST_NS[dev].store(0, Ordering::Release);
+        counters(dev).last_ns.store(0, Ordering::Release);
         reconcile_now(attach, slot, dev);
     }
 }
 
 /// A context of ours on `dev` is gone; with the last one, so is the overhead.
-pub fn context_destroyed(attach: &Attach, dev: usize) {
-    let before = CONTEXTS[dev]
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            Some(n.saturating_sub(1))
-        })
-        .unwrap_or(0);
-    if before <= 1
+pub fn context_destroyed(attach: &Attach, dev: EntryIndex) {
+    if process::context_removed(dev)
         && attach.intact()
         && let Some(slot) = attach.slot()
     {
@@ -115,39 +105,17 @@ pub fn context_destroyed(attach: &Attach, dev: usize) {
     }
 }
 
-/// Devices on which this process has a context.
-pub fn devices_in_use() -> impl Iterator<Item = usize> {
-    (0..MAX_DEVICES).filter(|&d| CONTEXTS[d].load(Ordering::Acquire) > 0)
-}
-
-pub fn after_fork_child() {
-    for c in &CONTEXTS {
-        c.store(0, Ordering::Release);
-    }
-    for m in &MEASURED {
-        m.store(false, Ordering::Release);
-    }
-    // A parent thread inside the driver at the fork never finishes here.
-    for c in ALLOCATED
-        .iter()
-        .chain(&FREED)
-        .chain(&STARTED)
-        .chain(&FINISHED)
-    {
-        c.store(0, Ordering::Release);
-    }
-}
-
 /// Measures our overhead on `dev` now (the denial path, and the watcher).
 /// False when it could not be measured.
-pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
-    if CONTEXTS[dev].load(Ordering::Acquire) == 0 {
+pub fn reconcile_now(attach: &Attach, slot: SlotIndex, dev: EntryIndex) -> bool {
+    if !process::device(dev).in_use() {
         return false;
     }
     let now = crate::clock::monotonic_ns();
-    let last = LAST_NS[dev].load(Ordering::Acquire);
+    let c = counters(dev);
+    let last = c.last_ns.load(Ordering::Acquire);
     if now.saturating_sub(last) < MIN_INTERVAL_NS
-        || LAST_NS[dev]
+        || c.last_ns
             .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
     {
@@ -169,17 +137,17 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
     };
     // Started is read before finished: a call that slips between the two
     // reads shows up as a change of `started` afterwards.
-    let started = STARTED[dev].load(Ordering::SeqCst);
-    let idle_before = FINISHED[dev].load(Ordering::SeqCst) == started;
-    let allocated_before = ALLOCATED[dev].load(Ordering::SeqCst);
+    let started = counters(dev).started.load(Ordering::SeqCst);
+    let idle_before = counters(dev).finished.load(Ordering::SeqCst) == started;
+    let allocated_before = counters(dev).allocated.load(Ordering::SeqCst);
     let Ok(list) = client::processes(nd) else {
         return false;
     };
-    let freed_after = FREED[dev].load(Ordering::SeqCst);
+    let freed_after = counters(dev).freed.load(Ordering::SeqCst);
     if !attach.intact() {
         return false;
     }
-    let exact = idle_before && STARTED[dev].load(Ordering::SeqCst) == started;
+    let exact = idle_before && counters(dev).started.load(Ordering::SeqCst) == started;
     let Some(&(_, used)) = list.iter().find(|(p, _)| *p == pid) else {
         return false;
     };
@@ -195,17 +163,14 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
         // good for lowering the estimate, never for raising it.
         return lower(region, slot, dev, measured, current, now);
     }
-    let first = !MEASURED[dev].swap(true, Ordering::AcqRel);
+    let first = !counters(dev).measured.swap(true, Ordering::AcqRel);
     if first && measured > 0 {
         // What contexts cost here, for the next one to reserve. (Exact:
         // not a figure inflated by frees racing with NVML.)
-        region
-            .device(dev)
-            .context_bytes
-            .store(measured, Ordering::Release);
+        region.device(dev).set_context_bytes(measured);
     }
     if first || measured >= current {
-        RAISED_NS[dev].store(now, Ordering::Release);
+        counters(dev).raised_ns.store(now, Ordering::Release);
         region.set_usage(slot, dev, Kind::Context, measured);
         return true;
     }
@@ -214,8 +179,15 @@ pub fn reconcile_now(attach: &Attach, slot: usize, dev: usize) -> bool {
 
 /// The driver's own memory jitters between measurements: an estimate may
 /// rise at once but fall only once it is a second old.
-fn lower(region: &Region, slot: usize, dev: usize, measured: u64, current: u64, now: u64) -> bool {
-    let settled = now.saturating_sub(RAISED_NS[dev].load(Ordering::Acquire)) >= SETTLE_NS;
+fn lower(
+    region: &Region,
+    slot: SlotIndex,
+    dev: EntryIndex,
+    measured: u64,
+    current: u64,
+    now: u64,
+) -> bool {
+    let settled = now.saturating_sub(counters(dev).raised_ns.load(Ordering::Acquire)) >= SETTLE_NS;
     if measured < current && settled {
         region.set_usage(slot, dev, Kind::Context, measured);
     }

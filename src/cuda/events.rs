@@ -1,21 +1,22 @@
-//! Times launches with CUDA events, a sample at a time: the first launch of
-//! a shape, then one every `RESAMPLE_NS`. Events come from a per-context
-//! pool; finished timings are collected without blocking at later samples.
-//! No lock is held across a driver call, and nothing here runs while a
-//! stream capture is in progress (an event query could invalidate it).
+//! Times launches with CUDA events, for the limiter's cost estimates
+//! (`limiter/estimate.rs`), a sample at a time: the first launch of a
+//! shape, then one every `RESAMPLE_NS`. Events come from a per-context
+//! pool, destroyed with their context; finished timings are collected
+//! without blocking at later samples. No lock is held across a driver
+//! call, and nothing here runs while a stream capture is in progress (an
+//! event query could invalidate it).
+#![forbid(unsafe_code)]
 
 use std::ffi::c_int;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-
-use super::estimate::Slot;
-use crate::cuda::driver::{self, call};
-use crate::cuda::sys::*;
+use super::sys::*;
+use super::{driver, real};
+use crate::limiter::estimate::{self, Slot};
+use crate::lock::Lock;
 
 /// A timing in flight.
-struct Pending {
+pub struct Pending {
     slot: &'static Slot,
     ctx: usize,
     start: usize,
@@ -41,9 +42,14 @@ pub struct Sample {
 /// the host's delay (a preemption, a full launch queue) as kernel time.
 const MAX_HOST_GAP_NS: u64 = 100_000;
 
-static PENDING: LazyLock<Mutex<Vec<Pending>>> = LazyLock::new(Default::default);
-/// Idle events: (context, event).
-static POOL: LazyLock<Mutex<Vec<(usize, usize)>>> = LazyLock::new(Default::default);
+/// Timings in flight. In a forked child there are none: no shape waits
+/// for one (its events were the parent's).
+pub static PENDING: Lock<Vec<Pending>> = Lock::new(Vec::new(), |pending| {
+    pending.clear();
+    estimate::clear_pending();
+});
+/// Idle events: (context, event). A forked child has none.
+pub static POOL: Lock<Vec<(usize, usize)>> = Lock::new(Vec::new(), |pool| pool.clear());
 
 const EVENT_DEFAULT: c_int = 0;
 
@@ -58,7 +64,7 @@ fn take_event(ctx: usize) -> Option<CUevent> {
         return Some(e as CUevent);
     }
     let mut e: CUevent = std::ptr::null_mut();
-    call!(cuEventCreate(&mut e, EVENT_DEFAULT as u32))
+    real::cuEventCreate(&mut e, EVENT_DEFAULT as u32)
         .is_ok()
         .then_some(e)
 }
@@ -96,8 +102,8 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
             return None;
         };
         // An idle stream's start event fires before the launch latency.
-        let idle = call!(cuStreamQuery(stream)).is_ok();
-        if !call!(cuEventRecord(start, stream)).is_ok() {
+        let idle = real::cuStreamQuery(stream).is_ok();
+        if !real::cuEventRecord(start, stream).is_ok() {
             give_back(ctx, &[start as usize, end as usize]);
             return None;
         }
@@ -120,7 +126,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
 /// Finishes a timing after the launch returned `rc`.
 pub fn end(s: Sample, rc: CUresult) {
     let prompt = crate::clock::monotonic_ns().saturating_sub(s.recorded_ns) <= MAX_HOST_GAP_NS;
-    if rc.is_ok() && prompt && call!(cuEventRecord(s.end, s.stream)).is_ok() {
+    if rc.is_ok() && prompt && real::cuEventRecord(s.end, s.stream).is_ok() {
         PENDING.lock().push(Pending {
             slot: s.slot,
             ctx: s.ctx,
@@ -142,21 +148,16 @@ fn collect(wait_for: Option<&'static Slot>) {
     if let Some(target) = wait_for
         && let Some(p) = todo.iter().find(|p| std::ptr::eq(p.slot, target))
     {
-        let _ = call!(cuEventSynchronize(p.end as CUevent));
+        let _ = real::cuEventSynchronize(p.end as CUevent);
     }
     todo.retain(|p| {
-        let rc = call!(cuEventQuery(p.end as CUevent));
+        let rc = real::cuEventQuery(p.end as CUevent);
         if rc == CUresult::ERROR_NOT_READY {
             return true;
         }
         let mut ms = 0f32;
         if rc.is_ok()
-            && call!(cuEventElapsedTime(
-                &mut ms,
-                p.start as CUevent,
-                p.end as CUevent
-            ))
-            .is_ok()
+            && real::cuEventElapsedTime(&mut ms, p.start as CUevent, p.end as CUevent).is_ok()
         {
             p.slot.record_timing((f64::from(ms) * 1e6) as u64, p.idle);
         }
@@ -179,6 +180,25 @@ pub fn wait_for(slot: &'static Slot) {
     }
 }
 
+/// Context `ctx` is about to be destroyed or reset: its idle events are
+/// destroyed now (those of timings in flight go with the context).
+pub fn destroy_idle_events(ctx: usize) {
+    let idle: Vec<usize> = {
+        let mut pool = POOL.lock();
+        let mut idle = Vec::new();
+        pool.retain(|&(c, e)| {
+            if c == ctx {
+                idle.push(e);
+            }
+            c != ctx
+        });
+        idle
+    };
+    for e in idle {
+        let _ = real::cuEventDestroy_v2(e as CUevent);
+    }
+}
+
 /// A context was destroyed: its events went with it.
 pub fn forget_context(ctx: usize) {
     POOL.lock().retain(|&(c, _)| c != ctx);
@@ -188,26 +208,4 @@ pub fn forget_context(ctx: usize) {
         }
         p.ctx != ctx
     });
-}
-
-pub fn fork_prepare() {
-    std::mem::forget(PENDING.lock());
-    std::mem::forget(POOL.lock());
-}
-
-pub fn fork_parent() {
-    // SAFETY: fork_prepare() locked both on this thread and forgot the guards.
-    unsafe {
-        PENDING.force_unlock();
-        POOL.force_unlock();
-    }
-}
-
-/// In the child the parent's contexts and events are unusable.
-pub fn fork_child() {
-    fork_parent();
-    for p in PENDING.lock().drain(..) {
-        p.slot.pending.store(false, Ordering::Release);
-    }
-    POOL.lock().clear();
 }

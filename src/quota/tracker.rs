@@ -2,14 +2,12 @@
 //! exactly that, a free of something we never saw passes through untouched,
 //! and destroying a context releases everything it held.
 
-use std::collections::HashMap;
-use std::sync::LazyLock;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-use vgpu_shm::layout::NUM_KINDS;
-use vgpu_shm::{Kind, MAX_DEVICES};
+use vgpu_shm::{EntryIndex, Kind};
+
+use crate::lock::{Lock, Map, map};
+use crate::process;
 
 /// An allocation's identity: device pointers, VMM handles and array
 /// handles live in different name spaces.
@@ -22,7 +20,7 @@ pub enum Key {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tracked {
-    pub dev: usize,
+    pub dev: EntryIndex,
     pub kind: Kind,
     pub bytes: u64,
     /// The context current when it was made (0 if none).
@@ -31,10 +29,16 @@ pub struct Tracked {
 
 const SHARDS: usize = 16;
 
-type Shard = Mutex<HashMap<Key, Tracked>>;
+/// A part of the table; in a forked child, empty (its device memory is
+/// not the parent's).
+type Shard = Lock<Map<Key, Tracked>>;
 
-static TABLE: LazyLock<[Shard; SHARDS]> =
-    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(HashMap::new())));
+static TABLE: [Shard; SHARDS] = [const { Lock::new(map(), |m| m.clear()) }; SHARDS];
+
+/// The table's locks, for the fork handlers.
+pub fn shards() -> &'static [Shard; SHARDS] {
+    &TABLE
+}
 
 fn shard(key: &Key) -> &'static Shard {
     let bits = match *key {
@@ -54,8 +58,8 @@ pub fn remove(key: Key) -> Option<Tracked> {
 }
 
 /// Bytes held in context `ctx`, per device entry.
-pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
-    let mut per_dev: Vec<(usize, u64)> = Vec::new();
+pub fn context_bytes(ctx: usize) -> Vec<(EntryIndex, u64)> {
+    let mut per_dev: Vec<(EntryIndex, u64)> = Vec::new();
     for s in TABLE.iter() {
         for t in s.lock().values().filter(|t| t.ctx == ctx) {
             match per_dev.iter_mut().find(|(d, _)| *d == t.dev) {
@@ -67,39 +71,39 @@ pub fn context_bytes(ctx: usize) -> Vec<(usize, u64)> {
     per_dev
 }
 
-/// Bytes reserved for allocations inside the driver now, per device entry
-/// and kind: not in the table yet, but in the slot.
-static IN_FLIGHT: [[AtomicU64; NUM_KINDS]; MAX_DEVICES] =
-    [const { [const { AtomicU64::new(0) }; NUM_KINDS] }; MAX_DEVICES];
-
-/// An allocation of `bytes` was reserved and goes to the driver.
-pub fn flight_started(dev: usize, kind: Kind, bytes: u64) {
-    IN_FLIGHT[dev][kind as usize].fetch_add(bytes, Ordering::AcqRel);
+/// An allocation of `bytes` was reserved and goes to the driver: counted
+/// in the slot, not in the table yet.
+pub fn flight_started(dev: EntryIndex, kind: Kind, bytes: u64) {
+    in_flight(dev, kind).fetch_add(bytes, Ordering::AcqRel);
 }
 
 /// It came back: [`insert`]ed first when it succeeded, so that
 /// [`totals`] never misses it.
-pub fn flight_ended(dev: usize, kind: Kind, bytes: u64) {
-    let _ = IN_FLIGHT[dev][kind as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+pub fn flight_ended(dev: EntryIndex, kind: Kind, bytes: u64) {
+    let _ = in_flight(dev, kind).fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
         Some(v.saturating_sub(bytes))
     });
+}
+
+fn in_flight(dev: EntryIndex, kind: Kind) -> &'static AtomicU64 {
+    &process::device(dev).quota.in_flight[kind as usize]
 }
 
 /// Bytes this process's slot must count when it is filled again (a new
 /// slot, a private copy): allocations in flight, read first, then every
 /// live allocation. One ending meanwhile may be counted twice, never not.
-pub fn totals() -> Vec<(usize, Kind, u64)> {
-    let mut out: Vec<(usize, Kind, u64)> = Vec::new();
-    let mut add = |dev: usize, kind: Kind, bytes: u64| match out
+pub fn totals() -> Vec<(EntryIndex, Kind, u64)> {
+    let mut out: Vec<(EntryIndex, Kind, u64)> = Vec::new();
+    let mut add = |dev: EntryIndex, kind: Kind, bytes: u64| match out
         .iter_mut()
         .find(|(d, k, _)| *d == dev && *k == kind)
     {
         Some((_, _, b)) => *b += bytes,
         None => out.push((dev, kind, bytes)),
     };
-    for (dev, kinds) in IN_FLIGHT.iter().enumerate() {
+    for dev in EntryIndex::all() {
         for kind in Kind::ALL {
-            match kinds[kind as usize].load(Ordering::Acquire) {
+            match in_flight(dev, kind).load(Ordering::Acquire) {
                 0 => {}
                 b => add(dev, kind, b),
             }
@@ -127,33 +131,4 @@ pub fn drain_context(ctx: usize) -> Vec<Tracked> {
         });
     }
     out
-}
-
-/// Before `fork`: hold every shard so the child never inherits one
-/// mid-update.
-pub fn lock_all() {
-    for s in TABLE.iter() {
-        std::mem::forget(s.lock());
-    }
-}
-
-/// After `fork`, in the parent.
-pub fn unlock_all() {
-    for s in TABLE.iter() {
-        // SAFETY: lock_all() locked every shard on this thread just before
-        // fork and forgot the guards.
-        unsafe { s.force_unlock() };
-    }
-}
-
-/// After `fork`, in the child: its device memory is not the parent's.
-pub fn reset_in_child() {
-    for c in IN_FLIGHT.iter().flatten() {
-        c.store(0, Ordering::Release);
-    }
-    for s in TABLE.iter() {
-        // SAFETY: as unlock_all(): locked by lock_all() before fork.
-        unsafe { s.force_unlock() };
-        s.lock().clear();
-    }
 }

@@ -1,0 +1,226 @@
+//! Unit tests of the environment's parsing.
+
+use std::ffi::OsString;
+
+use log::LevelFilter;
+use vgpu_shm::Limits;
+
+use super::parse::*;
+use super::*;
+
+fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::from_lookup(|k| {
+        vars.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| OsString::from(v))
+    })
+}
+
+#[test]
+fn memory_units_follow_hami_core() {
+    assert_eq!(parse_bytes("1073741824"), Some(1 << 30));
+    assert_eq!(parse_bytes("1048576k"), Some(1 << 30));
+    assert_eq!(parse_bytes("1024M"), Some(1 << 30));
+    assert_eq!(parse_bytes(" 4g "), Some(4 << 30));
+    assert_eq!(parse_bytes("4G"), Some(4 << 30));
+    for bad in [
+        "",
+        "g",
+        "4q",
+        "-1g",
+        "4.5g",
+        "4gb",
+        "99999999999999999999",
+        "18014398509481984g",
+    ] {
+        assert_eq!(parse_bytes(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn per_ordinal_limits_override_the_global_one() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+        ("CUDA_DEVICE_SM_LIMIT_1", "30"),
+    ])
+    .unwrap();
+    let (n0, n1) = (DeviceNumber::new(0), DeviceNumber::new(1));
+    assert_eq!(c.mem_limit_for(n0), 4 << 30);
+    assert_eq!(c.mem_limit_for(n1), 2 << 30);
+    assert_eq!((c.sm_limit_for(n0), c.sm_limit_for(n1)), (0, 30));
+    assert!(c.has_limits() && c.has_per_device_limits());
+    assert!(!cfg(&[]).unwrap().has_limits());
+    assert!(
+        !cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "4g")])
+            .unwrap()
+            .has_per_device_limits()
+    );
+}
+
+#[test]
+fn a_device_of_unknown_number_gets_the_least_limit() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_2", "6g"),
+        ("CUDA_DEVICE_SM_LIMIT_3", "30"),
+    ])
+    .unwrap();
+    let unknown = c.limits_for(None);
+    assert_eq!((unknown.mem, unknown.sm), (2 << 30, 30));
+    let two = c.limits_for(Some(DeviceNumber::new(2)));
+    assert_eq!((two.mem, two.sm), (6 << 30, 0));
+    // Numbers past the last suffix get the variable without one.
+    assert_eq!(c.limits_for(Some(DeviceNumber::new(40))).mem, 4 << 30);
+    assert_eq!(cfg(&[]).unwrap().limits_for(None), Limits::default());
+}
+
+#[test]
+fn nvidia_visible_devices_counts_only_as_a_uuid_list() {
+    let a = "GPU-51516d67-9000-0000-0000-000000000001";
+    let b = "GPU-51516d67-9000-0000-0000-000000000000";
+    let c = cfg(&[("NVIDIA_VISIBLE_DEVICES", &format!("{a}, {b}"))]).unwrap();
+    let list = c.visible_uuids.unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0][15], 1);
+    for other in ["all", "none", "void", "0,1", "", &format!("{a},1")] {
+        let c = cfg(&[("NVIDIA_VISIBLE_DEVICES", other)]).unwrap();
+        assert_eq!(c.visible_uuids, None, "{other:?}");
+    }
+}
+
+#[test]
+fn bad_limits_are_errors_that_name_the_variable() {
+    let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "4q")]).unwrap_err();
+    assert_eq!(e.var, "CUDA_DEVICE_MEMORY_LIMIT_1");
+    assert!(
+        e.to_string()
+            .starts_with("CUDA_DEVICE_MEMORY_LIMIT_1=\"4q\": expected bytes"),
+        "{e}"
+    );
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "130")]).unwrap_err().var,
+        "CUDA_DEVICE_SM_LIMIT"
+    );
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "3O")]).unwrap_err().var,
+        "CUDA_DEVICE_SM_LIMIT"
+    );
+    assert_eq!(
+        cfg(&[("GPU_CORE_UTILIZATION_POLICY", "strict")])
+            .unwrap_err()
+            .var,
+        "GPU_CORE_UTILIZATION_POLICY"
+    );
+}
+
+fn cfg_named(vars: &[(&str, &str)], secure: bool) -> Result<Config, ConfigError> {
+    Config::from_vars(
+        vars.iter().map(|(k, _)| *k),
+        |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        },
+        secure,
+    )
+}
+
+#[test]
+fn number_suffixes_must_be_canonical_and_in_range() {
+    for good in ["0", "7", "15"] {
+        assert!(parse_number(good).is_some(), "{good}");
+    }
+    for bad in ["", "16", "99999", "00", "07", "-1", "+1", "x", "1 "] {
+        assert_eq!(parse_number(bad), None, "{bad:?}");
+    }
+    let e = cfg_named(&[("CUDA_DEVICE_SM_LIMIT_00", "30")], false).unwrap_err();
+    assert_eq!(e.var, "CUDA_DEVICE_SM_LIMIT_00");
+    assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT_15", "1g")], false).is_ok());
+    // Names that only share a prefix are not ours.
+    assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r")], false).is_ok());
+}
+
+#[test]
+fn region_settings_parse_and_relative_paths_are_refused() {
+    let c = cfg(&[("VGPU_REGION_MODE", "0660"), ("VGPU_REGION_ANY_OWNER", "1")]).unwrap();
+    assert_eq!((c.region_mode, c.region_any_owner), (0o660, true));
+    assert_eq!(cfg(&[]).unwrap().region_mode, 0o666);
+    for bad in ["0777", "4666", "0066", "rw", ""] {
+        assert_eq!(
+            cfg(&[("VGPU_REGION_MODE", bad)]).unwrap_err().var,
+            "VGPU_REGION_MODE"
+        );
+    }
+    let e = cfg(&[("CUDA_DEVICE_MEMORY_SHARED_CACHE", "vgpu.cache")]).unwrap_err();
+    assert_eq!(e.var, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
+}
+
+#[test]
+fn secure_execution_reads_limits_only() {
+    let vars = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/root/x.cache"),
+        ("LIBCUDA_LOG_LEVEL", "4"),
+        ("CUDA_DISABLE_CONTROL", "1"),
+        ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+        ("VGPU_REGION_MODE", "0600"),
+        ("VGPU_REGION_ANY_OWNER", "1"),
+        ("VGPU_TEST_PANIC", "cuInit"),
+        ("VGPU_TEST_HOLD_LOCK", "contexts"),
+    ];
+    let c = cfg_named(&vars, true).unwrap();
+    assert_eq!(c.mem_limit, Some(1 << 30));
+    assert!(c.secure && c.shared_cache.is_none() && !c.disable_control);
+    assert_eq!(c.log_level, LevelFilter::Warn);
+    assert_eq!(c.policy, CorePolicy::Default);
+    assert_eq!((c.region_mode, c.region_any_owner), (0o666, false));
+    assert!(c.test_panic.is_none() && c.test_hold_lock.is_none() && c.warnings.is_empty());
+    // A bad limit is still an error: it can only narrow.
+    assert!(cfg_named(&[("CUDA_DEVICE_MEMORY_LIMIT", "4q")], true).is_err());
+    assert!(!c.without_limits().has_limits());
+}
+
+#[test]
+fn zero_and_hundred_percent_mean_unlimited() {
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "0")]).unwrap().sm_limit,
+        None
+    );
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "100")]).unwrap().sm_limit,
+        None
+    );
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "30")]).unwrap().sm_limit,
+        Some(30)
+    );
+}
+
+#[test]
+fn soft_variables_warn_and_keep_defaults() {
+    let c = cfg(&[
+        ("LIBCUDA_LOG_LEVEL", "loud"),
+        ("CUDA_DISABLE_CONTROL", "maybe"),
+    ])
+    .unwrap();
+    assert_eq!(c.log_level, LevelFilter::Warn);
+    assert!(!c.disable_control);
+    assert_eq!(c.warnings.len(), 2);
+    assert!(
+        cfg(&[("CUDA_DISABLE_CONTROL", "TRUE")])
+            .unwrap()
+            .disable_control
+    );
+    assert_eq!(
+        cfg(&[("GPU_CORE_UTILIZATION_POLICY", "FORCE")])
+            .unwrap()
+            .policy,
+        CorePolicy::Force
+    );
+}

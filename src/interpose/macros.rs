@@ -1,0 +1,118 @@
+//! The two macros that declare a driver library's functions: [`reals!`]
+//! (`cuda/real.rs`, `nvml/real.rs`: every real function vgpu calls, typed)
+//! and [`hooks!`] (`cuda/exports.rs`, `nvml/exports.rs`: every exported
+//! hook and its table entry).
+//!
+//! [`reals!`]: crate::interpose::macros::reals
+//! [`hooks!`]: crate::interpose::macros::hooks
+
+use super::real::Real;
+
+/// One hooked symbol: an entry of the table (`table.rs`).
+pub struct Hook {
+    /// Its real function.
+    pub real: &'static Real,
+    /// Our exported wrapper.
+    pub wrapper: *const (),
+}
+
+// SAFETY: `wrapper` is the address of a function (immutable code); `real`
+// is a Sync slot of atomics.
+unsafe impl Sync for Hook {}
+
+/// Declares a driver library's hooks. For each `fn name(args) -> R =>
+/// handler;`:
+/// - `name`: the exported C function (feature `interpose`), shaped
+///   export → `ffi_boundary` → `handler(args)`, falling back to
+///   `real::name(args)` if `handler` panics. Without the real function
+///   nothing of vgpu runs (no region, no thread): the answer is `missing`,
+///   or [`NoLibrary::NO_LIBRARY`] without the driver library, as for a
+///   process with no driver that calls one of our exports by accident;
+/// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
+///
+/// `real` names the module that [`reals!`] filled with the library's real
+/// functions: a hook whose signature differs from its real function's
+/// does not compile.
+macro_rules! hooks {
+    (
+        lib: $lib:expr, missing: $missing:expr, real: $real:ident;
+        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path; )*
+    ) => {
+        $(
+            #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
+            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                if $real::slot::$name.get().is_none() {
+                    return match $crate::interpose::real::handle($lib) {
+                        Some(_) => $missing,
+                        None => <$ret as $crate::interpose::real::NoLibrary>::NO_LIBRARY,
+                    };
+                }
+                $crate::guard::ffi_boundary(
+                    stringify!($name),
+                    || $imp($($arg),*),
+                    || $real::$name($($arg),*),
+                )
+            }
+        )*
+
+        /// Every hook of this library, for the table.
+        pub(crate) static HOOKS: &[$crate::interpose::macros::Hook] = &[
+            $( $crate::interpose::macros::Hook {
+                real: &$real::slot::$name,
+                wrapper: $name as *const (),
+            }, )*
+        ];
+    };
+}
+
+/// Declares real functions: for each `fn name(args) -> R;`, a lazily
+/// resolved slot `slot::name`, and `name(args) -> R`, which calls it, or
+/// answers `missing` when the driver lacks the symbol.
+///
+/// The wrappers are safe to call with what a program passed to the same
+/// driver function (the driver, not vgpu, reads and writes through those
+/// pointers, as it would without vgpu), or with pointers to live locals of
+/// the declared types.
+macro_rules! reals {
+    (
+        lib: $lib:expr, missing: $missing:expr;
+        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty; )*
+    ) => {
+        #[allow(non_upper_case_globals)]
+        pub(crate) mod slot {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                pub(crate) static $name: $crate::interpose::real::Real =
+                    $crate::interpose::real::Real::new(
+                        match ::std::ffi::CStr::from_bytes_with_nul(
+                            concat!(stringify!($name), "\0").as_bytes(),
+                        ) {
+                            Ok(c) => c,
+                            Err(_) => panic!("symbol name"),
+                        },
+                        $lib,
+                    );
+            )*
+        }
+
+        $(
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            pub(crate) fn $name($($arg: $ty),*) -> $ret {
+                // SAFETY: the slot resolves exactly this symbol, whose C
+                // signature is the one declared here.
+                let f = unsafe { slot::$name.typed::<unsafe extern "C" fn($($ty),*) -> $ret>() };
+                match f {
+                    // SAFETY: the arguments follow the declared C signature
+                    // and come from the caller's own call or our locals (see
+                    // the macro's docs).
+                    Some(f) => unsafe { f($($arg),*) },
+                    None => $missing,
+                }
+            }
+        )*
+    };
+}
+
+pub(crate) use {hooks, reals};

@@ -1,0 +1,169 @@
+//! Our mutexes, made safe across `fork`. A forked child has one thread: a
+//! lock another thread held at the fork would stay held there forever. So
+//! the `pthread_atfork` handlers (`fork.rs`) take every lock of ours
+//! before the fork, in one order, and give each back after it; in the
+//! child each [`Lock`] is replaced by a fresh one, holding its value as
+//! the child should see it (the parent's contexts, allocations and events
+//! are not the child's). None is ever held across a call into the driver
+//! or NVML.
+//!
+//! They are std's mutexes, whose waiters the kernel queues (a futex), not
+//! parking_lot's: parking_lot queues waiters in the process's own memory,
+//! so a child would inherit the parent's waiting threads and could hand
+//! the lock to one of those ghosts when it gives it back (a child stuck
+//! that way was seen under a fork storm).
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::hash::{BuildHasherDefault, DefaultHasher};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+
+/// The hasher of our tables: fixed keys (their keys are the driver's
+/// handles, not an attacker's strings), so a table can be a `static`.
+pub type Hasher = BuildHasherDefault<DefaultHasher>;
+
+/// A map of ours, constant-initialised.
+pub type Map<K, V> = std::collections::HashMap<K, V, Hasher>;
+
+/// An empty [`Map`], in a `const` context.
+pub const fn map<K, V>() -> Map<K, V> {
+    Map::with_hasher(BuildHasherDefault::new())
+}
+
+/// A mutex, and what a forked child makes of the value it guards.
+pub struct Lock<T> {
+    /// Written only by [`ForkLock::reset_in_child`].
+    cell: UnsafeCell<Mutex<T>>,
+    in_child: fn(&mut T),
+}
+
+// SAFETY: as `Mutex<T>`, which is Sync for T: Send. The cell is written
+// only in a forked child before anything else runs there (one thread, no
+// guard alive: see `reset_in_child`); otherwise it is only read.
+unsafe impl<T: Send> Sync for Lock<T> {}
+
+impl<T> Lock<T> {
+    /// A lock of `value`; `in_child` adjusts the value in a forked child
+    /// (use [`keep`] to leave it as it was).
+    pub const fn new(value: T, in_child: fn(&mut T)) -> Lock<T> {
+        Lock {
+            cell: UnsafeCell::new(Mutex::new(value)),
+            in_child,
+        }
+    }
+
+    fn mutex(&self) -> &Mutex<T> {
+        // SAFETY: only `reset_in_child` writes the cell, when no reference
+        // to the mutex is alive (see there).
+        unsafe { &*self.cell.get() }
+    }
+
+    /// Waits for the lock. (A panic while it was held leaves the value as
+    /// it was: vgpu never leaves a value half-changed across a panic.)
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.mutex().lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What a forked child makes of a value that stays valid there.
+pub fn keep<T>(_: &mut T) {}
+
+/// A lock taken for a fork: given back when dropped (the parent), or
+/// forgotten (the child, which replaces the lock).
+pub struct Held {
+    _guard: Box<dyn Any>,
+}
+
+impl Held {
+    fn new(guard: impl Any) -> Held {
+        Held {
+            _guard: Box::new(guard),
+        }
+    }
+}
+
+/// A lock as the fork handlers see it.
+pub trait ForkLock: Sync {
+    /// Waits for the lock and holds it until the result is dropped.
+    fn hold(&'static self) -> Held;
+
+    /// Holds the lock, if it is free now.
+    fn try_hold(&'static self) -> Option<Held>;
+
+    /// In a forked child: a fresh, unlocked lock replaces this one, with
+    /// the value the child should see.
+    ///
+    /// # Safety
+    /// Only in a forked child's `pthread_atfork` handler, before anything
+    /// else runs there, with every guard of this lock forgotten, never
+    /// dropped afterwards.
+    unsafe fn reset_in_child(&self);
+}
+
+impl<T: Send + 'static> ForkLock for Lock<T> {
+    fn hold(&'static self) -> Held {
+        Held::new(self.lock())
+    }
+
+    fn try_hold(&'static self) -> Option<Held> {
+        match self.mutex().try_lock() {
+            Ok(g) => Some(Held::new(g)),
+            Err(TryLockError::Poisoned(p)) => Some(Held::new(p.into_inner())),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    unsafe fn reset_in_child(&self) {
+        // SAFETY: the caller guarantees one thread and no live guard, so
+        // the mutex is this thread's alone. The value is adjusted in place,
+        // then moved bitwise into a fresh mutex written over the old one,
+        // which is never dropped (std's mutex is a futex word: nothing to
+        // release).
+        unsafe {
+            let mutex = &mut *self.cell.get();
+            let data: *mut T = mutex.get_mut().unwrap_or_else(PoisonError::into_inner);
+            (self.in_child)(&mut *data);
+            let value = data.read();
+            self.cell.get().write(Mutex::new(value));
+        }
+    }
+}
+
+/// The in-process half of a region's lock (`vgpu_shm::Region::fork_lock`).
+impl ForkLock for vgpu_shm::LocalLock {
+    fn hold(&'static self) -> Held {
+        Held::new(self.lock())
+    }
+
+    fn try_hold(&'static self) -> Option<Held> {
+        self.try_lock().map(Held::new)
+    }
+
+    unsafe fn reset_in_child(&self) {
+        // SAFETY: the caller's guarantees are `LocalLock::reset_in_child`'s.
+        unsafe { vgpu_shm::LocalLock::reset_in_child(self) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static TABLE: Lock<Map<u32, u32>> = Lock::new(map(), |m| m.clear());
+
+    #[test]
+    fn a_held_lock_comes_back_and_a_child_gets_a_fresh_one() {
+        TABLE.lock().insert(1, 2);
+        let held = TABLE.hold();
+        assert!(TABLE.try_hold().is_none());
+        drop(held);
+        assert!(TABLE.try_hold().is_some());
+        // As in a child: held, forgotten, replaced.
+        std::mem::forget(TABLE.hold());
+        // SAFETY: no guard is alive (forgotten above) and the test's other
+        // threads do not use TABLE.
+        unsafe { TABLE.reset_in_child() };
+        assert!(TABLE.lock().is_empty());
+        assert!(TABLE.try_hold().is_some());
+    }
+}

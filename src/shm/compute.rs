@@ -1,0 +1,101 @@
+//! The compute fields of a device entry, as the limiter uses them: the
+//! bucket's schedule (a GCRA's theoretical arrival time), the controller's
+//! refill scale, the waits that tell it the limit binds, the utilisation
+//! shown to monitors, and the elected leader's lease.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+
+use crate::layout::DeviceEntry;
+
+/// The leader word: its pid above the low 32 bits of its last heartbeat,
+/// in monotonic seconds.
+const BEAT_BITS: u32 = 32;
+const BEAT_MASK: u64 = (1 << BEAT_BITS) - 1;
+
+impl DeviceEntry {
+    /// The SM limit in percent, 0 for none.
+    pub fn sm_limit(&self) -> u32 {
+        self.sm_limit.load(Ordering::Relaxed)
+    }
+
+    /// The bucket's schedule: the CLOCK_MONOTONIC time (ns) by which the
+    /// device's admitted work is done at the limit.
+    pub fn schedule_ns(&self) -> u64 {
+        self.tat_ns.load(Ordering::Acquire)
+    }
+
+    /// Moves the schedule from `current` to `new`; `Err` holds what was
+    /// found instead (another process moved it, or a spurious failure:
+    /// call it in a loop).
+    pub fn move_schedule(&self, current: u64, new: u64) -> Result<(), u64> {
+        self.tat_ns
+            .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+    }
+
+    /// The controller's multiplier on the refill rate, ×1000 (a stored 0
+    /// reads as 1000).
+    pub fn rate_scale_milli(&self) -> u32 {
+        match self.rate_scale_milli.load(Ordering::Relaxed) {
+            0 => 1000,
+            s => s,
+        }
+    }
+
+    /// Sets the refill rate's multiplier, ×1000.
+    pub fn set_rate_scale_milli(&self, scale_milli: u32) {
+        self.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
+    }
+
+    /// Counts a launch that had to wait for the bucket.
+    pub fn count_wait(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Launches that had to wait for the bucket, ever.
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    /// The container's utilisation of the device as last shown, ×1000.
+    pub fn util_milli(&self) -> u32 {
+        self.util_milli.load(Ordering::Relaxed)
+    }
+
+    /// Shows the container's utilisation of the device, ×1000.
+    pub fn set_util_milli(&self, util_milli: u32) {
+        self.util_milli.store(util_milli, Ordering::Relaxed);
+    }
+
+    /// The pid of the process that leads the device's bucket (0: none).
+    pub fn leader_pid(&self) -> u32 {
+        (self.leader.load(Ordering::Acquire) >> BEAT_BITS) as u32
+    }
+
+    /// Takes or renews the lead of the device for process `me` at `now_s`
+    /// (monotonic seconds); true while `me` holds it. A lead whose last
+    /// heartbeat is more than `lease_s` old, or whose holder `alive` says
+    /// is gone, is taken over.
+    pub fn elect_leader(
+        &self,
+        me: u32,
+        now_s: u64,
+        lease_s: u64,
+        alive: impl Fn(u32) -> bool,
+    ) -> bool {
+        let mine = u64::from(me) << BEAT_BITS | (now_s & BEAT_MASK);
+        let cur = self.leader.load(Ordering::Acquire);
+        let (pid, beat) = ((cur >> BEAT_BITS) as u32, cur & BEAT_MASK);
+        if pid == me {
+            self.leader.store(mine, Ordering::Release);
+            return true;
+        }
+        let stale = pid == 0 || (now_s & BEAT_MASK).wrapping_sub(beat) > lease_s || !alive(pid);
+        stale
+            && self
+                .leader
+                .compare_exchange(cur, mine, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+}
