@@ -103,7 +103,7 @@ def run_case(name, kind_key, members, sizes, preload=True, extra=None):
     procs, regions = [], []
     for i, (limit, offset, secs) in enumerate(members):
         region = S.new_region()
-        env = {"LIBCUDA_LOG_LEVEL": "4"}
+        env = {"LIBCUDA_LOG_LEVEL": os.environ.get("NEIGHBOURS_LOG_LEVEL", "4")}
         env.update(extra or {})
         if limit is not None:
             env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
