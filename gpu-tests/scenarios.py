@@ -557,6 +557,7 @@ def restarts():
             p = spawn(ns + [client(), "await", str(3 * GIB), "10", "2" if end == "exit" else "60"], env,
                       f"restart-{int(mount_proc)}-{i}")
             r = kv(wait_line(p, "await_rc", 20) or "")
+            print(f"# restart mount_proc={mount_proc} run {i}: {r}", flush=True)
             waits.append(float(r.get("await_ms", "nan")) if r.get("await_rc") == "0" else float("inf"))
             if end == "kill9":
                 time.sleep(0.5)
