@@ -185,7 +185,9 @@ impl Region {
     ///   its host pid (it frees a killed process's memory moments later),
     ///   or for [`UNKNOWN_PID_GRACE_MS`] when its host pid is unknown.
     /// - An owner no `/proc` here can see is reclaimed once its heartbeat
-    ///   is [`STALE_MS`] old and the driver does not list its host pid.
+    ///   is [`STALE_MS`] old and the driver does not list its host pid
+    ///   (when NVML gave the owner its pid in its own namespace, this
+    ///   namespace's NVML cannot list it, and the heartbeat alone decides).
     ///   Without the driver's list it is kept.
     pub fn reclaim_dead(&self, view: &ProcView, driver: Option<&[u32]>) -> Result<u32, ShmError> {
         let guard = self.lock()?;
@@ -236,7 +238,7 @@ impl Region {
                 Liveness::Unknown => {
                     driver.is_some()
                         && beat.is_some_and(|age| age >= STALE_MS)
-                        && !listed(owner.host_pid)
+                        && (owner.nvml_pid_is_local() || !listed(owner.host_pid))
                 }
             };
             if free {

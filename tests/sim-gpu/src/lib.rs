@@ -23,11 +23,14 @@
 //!   utilisation samples as the real NVML gives them under time-slicing
 //!   (nvml_util.rs: each sample period goes to one process), and an option
 //!   to report pids with an offset as a pid namespace would;
-//! - like the real driver, whatever pid namespace a process runs in, NVML
-//!   lists it by its *host* pid and frees its memory when it dies. The
-//!   host is the namespace of the `/proc` named by `SIM_GPU_HOST_PROC_FD`
-//!   (an inherited directory fd, which survives `unshare --mount-proc`),
-//!   else of the `/proc` the process sees. A process holds a POSIX lock
+//! - like driver 580, NVML shows a caller in the host's pid namespace
+//!   every process by its *host* pid, and a caller in another namespace
+//!   only the processes of its own, by their pids there (run 18 in
+//!   docs/benchmarks.md); the driver frees a process's memory when it
+//!   dies, whatever its namespace. The host is the namespace of the
+//!   `/proc` named by `SIM_GPU_HOST_PROC_FD` (an inherited directory fd,
+//!   which survives `unshare --mount-proc`), else of the `/proc` the
+//!   process sees. A process holds a POSIX lock
 //!   on its own entry's byte of the state file for life (taken with its
 //!   first context or memory): the kernel drops it at death, whatever the
 //!   namespace, so liveness needs no pid at all; the scheduler drops a

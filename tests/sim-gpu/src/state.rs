@@ -182,8 +182,22 @@ pub fn fd() -> i32 {
     state().file.as_raw_fd()
 }
 
-pub fn pid_offset() -> u32 {
-    state().pid_offset
+/// The pid NVML shows the caller for `p`, if it shows `p` at all. Like
+/// driver 580's (docs/benchmarks.md, run 18): a caller in the host's pid
+/// namespace sees every process by its host pid (plus
+/// `SIM_GPU_PID_OFFSET`); one in another namespace sees only the
+/// processes of its own namespace, by their pids there.
+pub fn reported_pid(p: &Proc) -> Option<u32> {
+    let host = p.pid.load(Ordering::Acquire);
+    if host <= 0 {
+        return None;
+    }
+    // Our pid as the host sees it equals getpid() in the host's namespace.
+    if host_pid() == std::process::id() as i32 {
+        return Some((host as u32).wrapping_add(state().pid_offset));
+    }
+    let mine = vgpu_shm::procinfo::my_pidns();
+    (p.pidns.load(Ordering::Acquire) == mine).then(|| p.local_pid.load(Ordering::Acquire) as u32)
 }
 
 /// How long an NVML process list takes to come back after it was read.
