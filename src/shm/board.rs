@@ -128,6 +128,17 @@ pub const BOARD_SIZE: usize = HEADER_SIZE + BOARD_ENTRIES * size_of::<BoardEntry
 const _: () = assert!(size_of::<BoardHeader>() <= HEADER_SIZE);
 const _: () = assert!(size_of::<BoardEntry>() == 256);
 
+/// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn uuid_words(uuid: &[u8; 16]) -> [u64; 2] {
     let (a, b) = uuid.split_at(8);
     [
