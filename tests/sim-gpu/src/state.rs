@@ -254,6 +254,8 @@ pub fn me() -> &'static Proc {
         p.pid.store(host, Ordering::Release);
         st.me
             .store((pid as u64) << 32 | i as u64, Ordering::Release);
+        // Host copies of processes that died since are freed now.
+        reclaim_dead();
         return p;
     }
     panic!("sim-gpu: more than {MAX_PROC} live processes with a context");
@@ -355,7 +357,14 @@ pub fn reclaim_dead() {
     let st = state();
     let mine = my_index(st);
     for (i, p) in st.shared().procs.iter().enumerate() {
-        if p.pid.load(Ordering::Acquire) == 0 || Some(i) == mine {
+        if Some(i) == mine {
+            continue;
+        }
+        if p.pid.load(Ordering::Acquire) == 0 {
+            if ckpt_path(i).exists() && lock_entry(&st.file, i, true) {
+                let _ = std::fs::remove_file(ckpt_path(i));
+                lock_entry(&st.file, i, false);
+            }
             continue;
         }
         if lock_entry(&st.file, i, true) {
