@@ -8,7 +8,8 @@
 //! device ([`DeviceNumber`], assigned in `numbering.rs`), never a process's
 //! CUDA ordinal; `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs, gives
 //! that order. vgpu's own: `VGPU_REGION_MODE`, `VGPU_REGION_ANY_OWNER` (how
-//! region files are made and trusted).
+//! region files are made and trusted), `VGPU_OVERSUBSCRIBE_*` (how
+//! oversubscription behaves, docs/oversubscription.md).
 //!
 //! In a secure-execution process (setuid, setgid, file capabilities:
 //! `AT_SECURE`), whoever started it may not be the user it runs as, so

@@ -13,7 +13,7 @@ use super::sys::*;
 use crate::oversub::in_call;
 
 pub fn ctx_synchronize() -> CUresult {
-    in_call(|| real::cuCtxSynchronize())
+    in_call(real::cuCtxSynchronize)
 }
 
 pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
