@@ -6,7 +6,9 @@
 //! - resolves this process's host pid (`hostpid`);
 //! - measures context overhead on the devices this process uses;
 //! - picks up SM limits that appeared in the region;
-//! - leads the compute bucket of each limited device it is elected for.
+//! - leads the compute bucket of each limited device it is elected for;
+//! - with `CUDA_OVERSUBSCRIBE`, suspends and restores this process
+//!   (`oversub`), and does nothing else while it is suspended.
 //!
 //! It holds no lock of ours across a driver call, makes every NVML call
 //! inside a `Guard` (nvml/client.rs), and is restarted lazily in a forked
@@ -67,6 +69,15 @@ fn run(attach: &'static Attach) {
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
     loop {
         std::thread::park_timeout(TICK);
+        // Oversubscription first: while this process is suspended, nothing
+        // else runs (it could call into the locked driver).
+        if !crate::oversub::tick(attach) {
+            log::warn!("VGPU_TEST_WATCHER_STOP: the watcher thread ends");
+            return;
+        }
+        if crate::oversub::suspended() {
+            continue;
+        }
         attach.tick();
         let now = crate::clock::monotonic_ns();
         // Each step below checks the region file first: a truncation is

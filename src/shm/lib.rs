@@ -22,9 +22,11 @@
 //! - `boot`: state of another boot is reset
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
+//! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
 
 #![warn(missing_docs)]
 
+pub mod board;
 mod boot;
 mod compute;
 pub mod devices;

@@ -50,6 +50,14 @@
 //! other context's slice comes in between, and NVML hands each 1/6 s
 //! period to one process.
 //!
+//! - the checkpoint API (checkpoint.rs) for a process acting on itself:
+//!   lock blocks its other calls, checkpoint moves its device memory to a
+//!   host file beside the state file (copies and memsets keep contents,
+//!   data.rs, so tests can checksum them), restore takes the memory back
+//!   on the card (out of memory while it does not fit), unlock lets calls
+//!   through; a host copy goes when its process dies. `SIM_GPU_MEMORY` is
+//!   the card's capacity, whatever the quotas say.
+//!
 //! Kernels: `vgpu_spin(ns, counter)` (tests/programs/spin_ptx.h) runs `ns`
 //! per wave of blocks (one block per SM per wave), `vgpu_empty` 0.1 µs, any
 //! other function `SIM_GPU_BLOCK_NS` per wave.
@@ -68,9 +76,11 @@ macro_rules! tri {
     };
 }
 
+mod checkpoint;
 mod config;
 mod context;
 mod cuda;
+mod data;
 mod ffi;
 mod graph;
 mod launch;
