@@ -165,6 +165,29 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
 }
 
 #[test]
+fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
+    // A 46.7 GiB checkpoint took 25 s on the H200; the process's next call
+    // came meanwhile, took the watcher's silence for its death, restored a
+    // half-checkpointed process and lost it (run 19).
+    let _serial = serial();
+    let node = Node::new();
+    let keep = keeper("4");
+    let a = node.spawn("a", &[("SIM_GPU_CKPT_MS", "5000")], &args(&keep));
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = node.spawn(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000")],
+        &["hold", "2147483648", "1"],
+    );
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish(a);
+    assert_intact(&a);
+    assert!(!a.stderr.contains("watcher thread is gone"), "{}", a.stderr);
+    assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+}
+
+#[test]
 fn a_process_killed_while_suspended_frees_its_host_copy() {
     let _serial = serial();
     let node = Node::new();

@@ -51,6 +51,9 @@ const SUSPENDED: u8 = 1;
 const RESTORING: u8 = 2;
 /// A checkpoint or restore failed for good: its CUDA calls fail.
 const FAILED: u8 = 3;
+/// The watcher is inside the checkpoint (tens of seconds for tens of GiB
+/// on an H200): callers wait for it, never restore meanwhile.
+const SUSPENDING: u8 = 4;
 static STATE: AtomicU8 = AtomicU8::new(RUNNING);
 
 struct Settings {

@@ -22,8 +22,8 @@ use vgpu_shm::board::ProcState;
 use super::admission::WAITING;
 use super::policy::{Seen, card_to_free};
 use super::{
-    ACTIVE, ACTIVITY, FAILED, Here, IN_CALL, RESTORING, RUNNING, STATE, SUSPENDED, checkpoint,
-    here, settings,
+    ACTIVE, ACTIVITY, FAILED, Here, IN_CALL, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING,
+    checkpoint, here, settings,
 };
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
@@ -151,7 +151,11 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
             "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
         ));
     }
-    STATE.store(SUSPENDED, Ordering::Release);
+    // Not SUSPENDED before the checkpoint is done and SAVED says what to
+    // restore: a caller that took the watcher's silence during a 25 s
+    // checkpoint for its death restored a half-checkpointed process with
+    // nothing saved, and the driver failed it (run 19).
+    STATE.store(SUSPENDING, Ordering::Release);
     if let Err(rc) = checkpoint::checkpoint() {
         if checkpoint::state() == Some(checkpoint::FAILED) {
             fail(
@@ -165,6 +169,8 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
         return undo(format!("the checkpoint failed ({rc})"));
     }
     *SAVED.lock().unwrap_or_else(PoisonError::into_inner) = cards.to_vec();
+    BEAT.store(clock::monotonic_ns(), Ordering::Release);
+    STATE.store(SUSPENDED, Ordering::Release);
     for (c, _) in cards {
         e.set_bytes_on(c, 0);
     }
@@ -201,7 +207,9 @@ pub fn resume() -> Result<(), CUresult> {
             _ => {}
         }
         let silent = clock::monotonic_ns().saturating_sub(BEAT.load(Ordering::Acquire));
+        // (While SUSPENDING the watcher is inside the checkpoint: silent.)
         if silent > WATCHER_GONE_NS
+            && STATE.load(Ordering::Acquire) == SUSPENDED
             && let Some(h) = here()
         {
             drop(g);

@@ -14,6 +14,9 @@
 //! Another process's pid gets CUDA_ERROR_NOT_SUPPORTED: the simulation
 //! models the self-driven case only. `SIM_GPU_CKPT_FAIL=restore` makes a
 //! restore fail for good (state FAILED), as an uncorrectable error would.
+//! `SIM_GPU_CKPT_MS` makes a checkpoint take that long (46.7 GiB took 25 s
+//! on an H200, run 19), during which the other checkpoint calls fail at
+//! once, as the real driver's restore did (304).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_void};
@@ -29,6 +32,8 @@ pub const RUNNING: c_int = 0;
 pub const LOCKED: c_int = 1;
 pub const CHECKPOINTED: c_int = 2;
 pub const FAILED: c_int = 3;
+/// A checkpoint is under way (not a driver state: `GetState` says LOCKED).
+const CHECKPOINTING: c_int = -1;
 
 const ILLEGAL_STATE: CUresult = 401;
 const UNKNOWN: CUresult = 999;
@@ -102,6 +107,16 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *mut c
     let mut g = gate();
     if g.state != LOCKED {
         return ILLEGAL_STATE;
+    }
+    let slow = std::env::var("SIM_GPU_CKPT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = slow {
+        g.state = CHECKPOINTING;
+        drop(g);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        g = gate();
+        g.state = LOCKED;
     }
     let mut l = local_ungated();
     let mut image = Vec::new();
@@ -191,7 +206,11 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(pid: c_int, _args: *mut c_voi
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> CUresult {
     tri!(own(pid));
-    if put(out, gate().state) {
+    let state = match gate().state {
+        CHECKPOINTING => LOCKED,
+        s => s,
+    };
+    if put(out, state) {
         SUCCESS
     } else {
         INVALID_VALUE
