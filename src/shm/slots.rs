@@ -21,6 +21,8 @@ pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
 /// A slot whose owner no `/proc` here can see is the driver's to judge
 /// once its heartbeat is this old (the owner beats every 100 ms).
 pub const STALE_MS: u64 = 3_000;
+/// A heartbeat this old has stopped (owners beat every 100 ms).
+pub const BEAT_STOPPED_MS: u64 = 500;
 
 /// The heartbeat word: the owner's pid (low 24 bits) above 40 bits of
 /// CLOCK_MONOTONIC ms, so a beat left by a previous owner of the slot
@@ -252,6 +254,29 @@ impl Region {
                 .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
         }
         reclaimed
+    }
+
+    /// Whether some slot's owner looks gone but is not reclaimable yet: it
+    /// is dead and the driver may still hold its memory, or no `/proc`
+    /// here sees it and its heartbeat stopped less than [`STALE_MS`] ago.
+    /// An allocation refused meanwhile waits for the verdict (a restarted
+    /// container's first context came right after its predecessor exited,
+    /// and was refused, run 19). Reads /proc; takes no lock.
+    pub fn owners_fading(&self, view: &ProcView) -> bool {
+        let now = monotonic_ms();
+        SlotIndex::first(self.slot_hwm()).any(|i| {
+            let owner = self.owner(i);
+            if owner.pid == 0 {
+                return false;
+            }
+            match liveness(&owner, view) {
+                Liveness::Alive => false,
+                Liveness::Dead => true,
+                Liveness::Unknown => self
+                    .heartbeat_age_ms(i, now)
+                    .is_some_and(|age| (BEAT_STOPPED_MS..STALE_MS).contains(&age)),
+            }
+        })
     }
 
     /// Indices of the slots that currently have an owner.
