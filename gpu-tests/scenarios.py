@@ -657,6 +657,9 @@ def oversub():
     oversubscribed containers (80 GiB quotas) whose PyTorch jobs take turns
     on a card that cannot hold both. Needs no managed memory."""
     sec = "oversub"
+    jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
+    if os.environ.get("OVERSUB_TURNS_ONLY") and not SIM:  # part 2 alone
+        return oversub_turns(sec, jobs)
     probe = os.path.join(BIN, "oversub_probe")
     built = subprocess.run(["cc", "-O2", "-o", probe, os.path.join(ROOT, "gpu-tests/oversub_probe.c"),
                             "-ldl", "-lpthread"]).returncode == 0
@@ -684,7 +687,6 @@ def oversub():
                    "measured", True)
     if SIM:
         return
-    jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     for gib in (4, 20):
         p = subprocess.Popen([PY, jobs, "hold", str(gib)], env=base_env(), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=open(log_path(f"torch-hold-{gib}"), "w"), text=True)
