@@ -369,6 +369,20 @@ def launchcost():
         pct, native, hooked = got[len(got) // 2] if got else (float("nan"), 0, 0)
         record(sec, f"empty-kernel launch, {name}: vgpu vs the driver's entry point, same process (us)",
                f"{hooked:.3f} vs {native:.3f} ({pct:+.2f}%)", f"<= +{target}%", pct <= target)
+    # Allocation cost the same way (cuclient allocab): cuMemAlloc+cuMemFree
+    # of 1 MiB through vgpu's entry points against the driver's.
+    for name, extra in [("no limit", None), ("memory limit 16g", {"CUDA_DEVICE_MEMORY_LIMIT": "16g"})]:
+        got = []
+        for i in range(3):
+            rc, out, _ = run(PIN + [client("dlsym"), "allocab", "2000", "21", str(MIB)],
+                             make_env(True, extra, new_region()), 120, f"allocab-{name}")
+            r = kv(out)
+            if rc == 0 and r.get("distinct") == "1":
+                got.append((float(r["overhead_pct"]), float(r["native_us"]), float(r["hooked_us"])))
+        got.sort()
+        pct, native, hooked = got[len(got) // 2] if got else (float("nan"), 0, 0)
+        record(sec, f"cuMemAlloc+cuMemFree 1 MiB, {name}: vgpu vs the driver's entry point, same process (us)",
+               f"{hooked:.3f} vs {native:.3f} ({pct:+.2f}%)", "measured", bool(got))
 
 
 def spin(ns, secs, extra, region, path="procaddr", name="spin"):
