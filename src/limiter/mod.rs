@@ -77,14 +77,21 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
         return;
     }
     let lease = cost.max(LEASE_NS);
-    let mut now = clock::monotonic_ns();
+    let start = clock::monotonic_ns();
+    let (mut now, mut waited) = (start, false);
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
+            if waited {
+                entry.add_wait_ns(now - start);
+            }
             break;
         };
-        entry.count_wait();
+        if !waited {
+            entry.count_wait();
+            waited = true;
+        }
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();
     }

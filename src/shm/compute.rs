@@ -58,6 +58,26 @@ impl DeviceEntry {
         self.waits.load(Ordering::Relaxed)
     }
 
+    /// Adds `ns` to the time launches spent waiting for the bucket.
+    pub fn add_wait_ns(&self, ns: u64) {
+        self.wait_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds launches spent waiting for the bucket, ever.
+    pub fn wait_ns(&self) -> u64 {
+        self.wait_ns.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request refused with `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn count_oom_denial(&self) {
+        self.oom_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused with `CUDA_ERROR_OUT_OF_MEMORY`, ever.
+    pub fn oom_denials(&self) -> u64 {
+        self.oom_denials.load(Ordering::Relaxed)
+    }
+
     /// The container's utilisation of the device as last shown, ×1000.
     pub fn util_milli(&self) -> u32 {
         self.util_milli.load(Ordering::Relaxed)

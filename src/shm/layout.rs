@@ -18,7 +18,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// Bumped when a field moves or changes meaning; readers refuse other majors.
 pub const VERSION_MAJOR: u32 = 1;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 1;
+pub const VERSION_MINOR: u32 = 2;
 /// Device entries in a region: GPUs a container can use.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in a region: processes of a container counted at once.
@@ -103,8 +103,12 @@ pub struct DeviceEntry {
     /// What a new CUDA context costs on this device, as last measured
     /// (0 until then): reserved before a context is created.
     pub context_bytes: AtomicU64,
+    /// Requests refused with `CUDA_ERROR_OUT_OF_MEMORY` (since 1.2).
+    pub oom_denials: AtomicU64,
+    /// Nanoseconds launches spent waiting for the bucket (since 1.2).
+    pub wait_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 21],
+    pub _reserved: [AtomicU64; 19],
 }
 
 /// One process of the container.
@@ -197,6 +201,8 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, leader) == 64);
     assert!(offset_of!(DeviceEntry, waits) == 72);
     assert!(offset_of!(DeviceEntry, context_bytes) == 80);
+    assert!(offset_of!(DeviceEntry, oom_denials) == 88);
+    assert!(offset_of!(DeviceEntry, wait_ns) == 96);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
