@@ -11,6 +11,7 @@
 //! - [`layout`]: the `#[repr(C)]` layout, mirrored by `include/vgpu_shm.h`
 //! - [`region`]: create/attach/validate a file, or a private region
 //! - [`file`]: open or create the file itself (no symlinks, no races, owner checks)
+//! - `copy`: a read-only copy of a region file, for monitors
 //! - `lock`: the OFD file lock (dies with its holder)
 //! - `slots`: claim, release, reclaim dead slots
 //! - `index`: typed indices of device entries and slots
@@ -27,6 +28,7 @@
 
 mod boot;
 mod compute;
+mod copy;
 pub mod devices;
 pub mod error;
 pub mod file;
@@ -83,6 +85,8 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+#[cfg(test)]
+mod copy_tests;
 #[cfg(test)]
 mod survival_tests;
 #[cfg(test)]

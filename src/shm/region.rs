@@ -136,8 +136,15 @@ impl Region {
             .map_err(|e| ShmError::io(&path, "mmap", e))?;
         let map: MmapRaw = map.into();
         initialise(header_in(&map));
+        Ok(Region::in_private(map, path))
+    }
+
+    /// A region over `map`, private memory of [`REGION_SIZE`] bytes that
+    /// already holds one (initialised, or a copy of a file).
+    pub(crate) fn in_private(map: MmapRaw, path: PathBuf) -> Region {
+        debug_assert!(map.len() >= REGION_SIZE);
         let mapped_id = header_in(&map).region_id.load(Ordering::Acquire);
-        Ok(Region {
+        Region {
             _watch: None,
             map,
             file: None,
@@ -145,7 +152,7 @@ impl Region {
             local: LocalLock::new(),
             mapped_id,
             private: AtomicBool::new(false),
-        })
+        }
     }
     /// The file's path (`<private>` for a private region).
     pub fn path(&self) -> &Path {
