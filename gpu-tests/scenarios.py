@@ -123,25 +123,35 @@ def wait_line(p, prefix, timeout=60):
 
 def region_used(region):
     rc, out, _ = run([CTL, "usage", region, "0"], base_env(), 10, "vgpuctl-usage")
-    return int(kv(out).get("used", 0))
+    return int(out) if rc == 0 and out.strip().isdigit() else 0
+
+
+def region_json(region):
+    """`vgpuctl status --json` of one region (docs/vgpuctl.md): its object,
+    or an empty one when it cannot be read yet. Read without writing a log:
+    the storm samples it often."""
+    p = subprocess.run([CTL, "status", "--json", region], env=base_env(), capture_output=True, text=True,
+                       timeout=10)
+    if p.returncode != 0:
+        return {"devices": [], "processes": []}
+    return json.loads(p.stdout)["regions"][0]
 
 
 def region_status(region):
     """Device 0 in the region: what the quota counts (dead slots not yet
     reclaimed included), each slot's context estimate, and the
-    bytes of slots whose process is dead (not yet reclaimed). Read without
-    writing a log: the storm samples it often."""
-    out = subprocess.run([CTL, "status", region], env=base_env(), capture_output=True, text=True,
-                         timeout=10).stdout
+    bytes of slots whose process is dead (not yet reclaimed)."""
+    r = region_json(region)
     st = {"used": 0, "dead": 0, "contexts": []}
-    for line in out.splitlines():
-        f = kv(line)
-        if line.startswith("device=0 "):
-            st["used"] = int(f.get("used_all", 0))
-        elif line.startswith("slot="):
-            st["contexts"].append(int(f.get("dev0_context", 0)))
-            if f.get("alive") == "0":
-                st["dead"] += int(f.get("dev0_total", 0))
+    for d in r["devices"]:
+        if d["index"] == 0:
+            st["used"] = d["counted_bytes"] or 0
+    for p in r["processes"]:
+        for d in p["devices"]:
+            if d["index"] == 0:
+                st["contexts"].append(d["context_bytes"])
+                if p["alive"] == "no":
+                    st["dead"] += d["used_bytes"]
     return st
 
 

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -337,11 +338,10 @@ fn process_1025_is_refused_at_init_and_1024_killed_holders_come_back_at_once() {
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "4g");
     let region = sim.region().to_str().unwrap().to_string();
     let occupied = || {
-        sim.ctl(&["status", &region])
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("slot="))
-            .count()
+        sim.status(Path::new(&region))["processes"]
+            .as_array()
+            .unwrap()
+            .len()
     };
     // 1024 processes that hold a slot and nothing else (no context: the
     // simulated driver keeps no state for them, so this is cheap).
@@ -379,8 +379,8 @@ fn process_1025_is_refused_at_init_and_1024_killed_holders_come_back_at_once() {
         .ok();
     assert_eq!(next.i64("alloc_rc"), 0, "{}", next.stderr);
     assert!(t.elapsed() < Duration::from_secs(5));
-    let s = sim.ctl(&["status", &region]);
-    assert!(s.u64("reclaims") >= 1024, "{}", s.stdout);
+    let s = sim.status(Path::new(&region));
+    assert!(s["slots_reclaimed"].as_u64().unwrap() >= 1024, "{s}");
 }
 
 /// The absolute path of a system command.

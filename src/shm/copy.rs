@@ -51,8 +51,11 @@ impl Region {
         let hwm_at = std::mem::offset_of!(Header, slot_hwm);
         let hwm = u32::from_le_bytes(map[hwm_at..hwm_at + 4].try_into().expect("4 bytes"));
         let slots = (hwm as usize).min(MAX_SLOTS) * SLOT_SIZE;
-        file.read_exact_at(&mut map[HEADER_SIZE..HEADER_SIZE + slots], HEADER_SIZE as u64)
-            .map_err(short)?;
+        file.read_exact_at(
+            &mut map[HEADER_SIZE..HEADER_SIZE + slots],
+            HEADER_SIZE as u64,
+        )
+        .map_err(short)?;
         Ok(Region::in_private(map.into(), path.to_path_buf()))
     }
 }

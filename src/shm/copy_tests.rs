@@ -38,7 +38,10 @@ fn refusal(p: &std::path::Path) -> String {
 fn a_copy_reads_usage_limits_and_owners_without_touching_the_file() {
     let p = temp_path("live.cache");
     let (r, dev, slot) = live_region(&p);
-    assert_eq!(r.reserve(slot, dev, Kind::Buffer, 300), Reservation::Granted);
+    assert_eq!(
+        r.reserve(slot, dev, Kind::Buffer, 300),
+        Reservation::Granted
+    );
     r.add_usage(slot, dev, Kind::Context, 50);
     r.device(dev).count_oom_denial();
     let before = std::fs::read(&p).unwrap();
@@ -57,7 +60,9 @@ fn a_copy_reads_usage_limits_and_owners_without_touching_the_file() {
     r.reserve(slot, dev, Kind::Buffer, 1);
     assert_eq!(c.device_usage(dev, Owners::All), 350);
     assert_eq!(
-        Region::read_copy(&p).unwrap().device_usage(dev, Owners::All),
+        Region::read_copy(&p)
+            .unwrap()
+            .device_usage(dev, Owners::All),
         351
     );
     drop(c);
@@ -92,7 +97,11 @@ fn a_copy_refuses_what_open_refuses_and_leaves_it_as_it_was() {
     let empty = temp_path("empty.cache");
     std::fs::write(&empty, b"").unwrap();
     assert!(Region::read_copy(&empty).is_err());
-    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "never initialised");
+    assert_eq!(
+        std::fs::metadata(&empty).unwrap().len(),
+        0,
+        "never initialised"
+    );
 
     let missing = temp_path("missing.cache");
     assert!(Region::read_copy(&missing).is_err());
