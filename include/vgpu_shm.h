@@ -14,7 +14,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 1u
-#define VGPU_SHM_VERSION_MINOR 2u
+#define VGPU_SHM_VERSION_MINOR 1u
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
 #define VGPU_SHM_NUM_KINDS 5
@@ -45,9 +45,7 @@ typedef struct vgpu_shm_device {
     uint64_t leader;            /* pid << 32 | heartbeat seconds */
     uint64_t waits;             /* launches that waited on the bucket */
     uint64_t context_bytes;     /* a new context's cost, last measured */
-    uint64_t oom_denials;       /* requests refused with CUDA_ERROR_OUT_OF_MEMORY (1.2) */
-    uint64_t wait_ns;           /* ns launches waited for the bucket (1.2) */
-    uint64_t reserved[19];
+    uint64_t reserved[21];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

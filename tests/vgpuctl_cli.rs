@@ -60,6 +60,14 @@ fn status_json_follows_the_documented_schema() {
     assert_eq!(pd["buffer_bytes"], 100 * MIB);
     assert_eq!(pd["by_kind"]["buffer"], 100 * MIB);
     assert_eq!(pd["context_bytes"], 256 * MIB);
+    // The HAMi part that node monitors read: its numbering and fields.
+    assert_eq!(d["vdevice_index"], 0);
+    assert_eq!(s["hami"]["priority"], 1);
+    assert_eq!(
+        s["hami"]["recent_kernel"].as_i64().map(|k| k >= 0),
+        Some(true)
+    );
+    assert!(pd["nvml_used_bytes"].is_u64());
     // Every field is documented in docs/vgpuctl.md, and nothing else is
     // there: the schema and its documentation stay one.
     let doc =
@@ -86,7 +94,8 @@ fn status_json_follows_the_documented_schema() {
             "total_memory_bytes",
             "used_bytes",
             "utilization_percent",
-            "uuid"
+            "uuid",
+            "vdevice_index"
         ]
     );
 }
@@ -104,7 +113,7 @@ fn the_table_shows_devices_limits_and_processes() {
         "{}",
         r.stdout
     );
-    assert!(lines[0].contains("vgpu layout 1."), "{}", r.stdout);
+    assert!(lines[0].contains("vgpu layout 2."), "{}", r.stdout);
     assert!(lines[1].split_whitespace().eq([
         "DEV",
         "UUID",
@@ -220,7 +229,7 @@ fn unreadable_regions_are_errors_that_name_the_file() {
                 b[..4].copy_from_slice(&19920718i32.to_le_bytes());
                 b
             },
-            "HAMi layout 0.0 of 4096 bytes",
+            "HAMi-core region of layout 0.0 (4096 bytes)",
         ),
     ];
     for (name, bytes, why) in cases {

@@ -27,8 +27,16 @@ fn live_region(p: &std::path::Path) -> (Region, EntryIndex, SlotIndex) {
     (r, dev, slot)
 }
 
+fn copy(p: &std::path::Path) -> Region {
+    match read_copy(p) {
+        Ok(hami::Opened::Vgpu(r)) => r,
+        Ok(_) => panic!("{} read as HAMi-core's", p.display()),
+        Err(e) => panic!("{}: {e}", p.display()),
+    }
+}
+
 fn refusal(p: &std::path::Path) -> String {
-    match Region::read_copy(p) {
+    match read_copy(p) {
         Ok(_) => panic!("{} was read", p.display()),
         Err(e) => e.to_string(),
     }
@@ -46,7 +54,7 @@ fn a_copy_reads_usage_limits_and_owners_without_touching_the_file() {
     r.device(dev).count_oom_denial();
     let before = std::fs::read(&p).unwrap();
 
-    let c = Region::read_copy(&p).unwrap();
+    let c = copy(&p);
     assert_eq!(c.path(), p.as_path());
     assert!(!c.is_shared());
     assert_eq!(c.device(dev).mem_limit(), 1 << 30);
@@ -59,12 +67,7 @@ fn a_copy_reads_usage_limits_and_owners_without_touching_the_file() {
     // A later change in the file shows in the next copy, not in this one.
     r.reserve(slot, dev, Kind::Buffer, 1);
     assert_eq!(c.device_usage(dev, Owners::All), 350);
-    assert_eq!(
-        Region::read_copy(&p)
-            .unwrap()
-            .device_usage(dev, Owners::All),
-        351
-    );
+    assert_eq!(copy(&p).device_usage(dev, Owners::All), 351);
     drop(c);
     let after = std::fs::read(&p).unwrap();
     // Only the reservation above changed the file.
@@ -74,14 +77,25 @@ fn a_copy_reads_usage_limits_and_owners_without_touching_the_file() {
 
 #[test]
 fn a_copy_refuses_what_open_refuses_and_leaves_it_as_it_was() {
-    // HAMi-core's magic, a short file, a symbolic link, an empty file.
+    // HAMi-core's magic on a file too short for its layout, random bytes,
+    // a short file, a symbolic link, an empty file.
     let hami = temp_path("hami.cache");
     let mut bytes = vec![0u8; 4096];
     bytes[..4].copy_from_slice(&19920718i32.to_le_bytes());
+    bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
     std::fs::write(&hami, &bytes).unwrap();
     let e = refusal(&hami);
-    assert!(e.contains("wrong magic"), "{e}");
+    assert!(
+        e.contains("HAMi-core region of layout 1.2 (4096 bytes)"),
+        "{e}"
+    );
     assert_eq!(std::fs::read(&hami).unwrap(), bytes);
+
+    let junk = temp_path("junk.cache");
+    std::fs::write(&junk, [7u8; 64]).unwrap();
+    let e = refusal(&junk);
+    assert!(e.contains("wrong magic"), "{e}");
 
     let short = temp_path("short.cache");
     std::fs::write(&short, b"VGPU").unwrap();
@@ -96,7 +110,7 @@ fn a_copy_refuses_what_open_refuses_and_leaves_it_as_it_was() {
 
     let empty = temp_path("empty.cache");
     std::fs::write(&empty, b"").unwrap();
-    assert!(Region::read_copy(&empty).is_err());
+    assert!(read_copy(&empty).is_err());
     assert_eq!(
         std::fs::metadata(&empty).unwrap().len(),
         0,
@@ -104,18 +118,44 @@ fn a_copy_refuses_what_open_refuses_and_leaves_it_as_it_was() {
     );
 
     let missing = temp_path("missing.cache");
-    assert!(Region::read_copy(&missing).is_err());
+    assert!(read_copy(&missing).is_err());
     assert!(!missing.exists(), "never created");
 }
 
 #[test]
-fn a_truncated_file_is_refused_before_it_is_read() {
+fn a_truncated_file_is_read_for_what_is_left_or_refused() {
     let p = temp_path("shrunk.cache");
     let (r, dev, slot) = live_region(&p);
     r.reserve(slot, dev, Kind::Buffer, 10);
     drop(r);
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-    f.set_len(layout::HEADER_SIZE as u64 + 10).unwrap();
+    // Cut inside vgpu's part: what is left is a whole HAMi part.
+    f.set_len(layout::VGPU_OFFSET as u64 + layout::HEADER_SIZE as u64 + 10)
+        .unwrap();
+    assert!(matches!(read_copy(&p), Ok(hami::Opened::HamiCore(_))));
+    // Cut inside the HAMi part: nothing to read.
+    f.set_len(1000).unwrap();
     let e = refusal(&p);
-    assert!(e.contains("size mismatch"), "{e}");
+    assert!(e.contains("(1000 bytes)"), "{e}");
+}
+
+#[test]
+fn a_vgpu_1x_file_is_read_as_its_part_alone() {
+    let p = temp_path("new.cache");
+    let (r, dev, slot) = live_region(&p);
+    r.reserve(slot, dev, Kind::Buffer, 4242);
+    drop(r);
+    // Layout 1.x was vgpu's part alone at offset 0, major version 1.
+    let bytes = std::fs::read(&p).unwrap();
+    let mut old = bytes[layout::VGPU_OFFSET..].to_vec();
+    old[8..12].copy_from_slice(&layout::LEGACY_MAJOR.to_le_bytes());
+    old[16..24].copy_from_slice(&(layout::LEGACY_SIZE as u64).to_le_bytes());
+    let legacy = temp_path("legacy.cache");
+    std::fs::write(&legacy, &old).unwrap();
+    let c = copy(&legacy);
+    assert!(c.hami().is_none());
+    assert!(matches!(c.format(), Format::VgpuLegacy { major: 1, .. }));
+    assert_eq!(c.device_usage(dev, Owners::All), 4242);
+    assert_eq!(c.device(dev).mem_limit(), 1 << 30);
+    assert_eq!(std::fs::read(&legacy).unwrap(), old);
 }

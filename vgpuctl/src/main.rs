@@ -23,7 +23,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use vgpu_shm::{EntryIndex, FileOptions, Owners, ProcView, Region};
+use vgpu_shm::hami::Opened;
+use vgpu_shm::{EntryIndex, ProcView};
 
 use vgpuctl::cli::{self, Cli, Command, Regions};
 use vgpuctl::snapshot::{self, Report, SCHEMA_VERSION, Snapshot};
@@ -92,8 +93,13 @@ fn run(command: Command, out: &mut impl Write) -> Result<(), Stop> {
                     vgpu_shm::MAX_DEVICES - 1
                 )
             })?;
-            let r = Region::read_copy(&region).map_err(|e| e.to_string())?;
-            emit(out, &format!("{}\n", r.device_usage(dev, Owners::Live)))
+            let s = read::read(&region)?;
+            let used = s
+                .devices
+                .iter()
+                .find(|d| d.index == dev.get())
+                .map_or(0, |d| d.used_bytes);
+            emit(out, &format!("{used}\n"))
         }
         Command::Reclaim { region } => {
             let path = region.unwrap_or_else(cli::default_region);
@@ -167,12 +173,14 @@ fn watch(a: &cli::WatchArgs, out: &mut impl Write) -> Result<(), Stop> {
 
 fn reclaim(path: &Path) -> Result<u32, Failure> {
     // A region of any owner (this tool only frees dead processes' slots),
-    // never created, never through a symlink.
-    let opts = FileOptions {
-        create: None,
-        any_owner: true,
-    };
-    let r = Region::open_with(path, opts).map_err(|e| e.to_string())?;
-    r.reclaim_dead(&ProcView::current(), None)
-        .map_err(|e| e.to_string())
+    // never created, adopted or upgraded, never through a symlink.
+    match vgpu_shm::hami::open_any(path, true).map_err(|e| e.to_string())? {
+        Opened::Vgpu(r) => r
+            .reclaim_dead(&ProcView::current(), None)
+            .map_err(|e| e.to_string()),
+        Opened::HamiCore(_) => Err(format!(
+            "region {}: a HAMi-core file; its slots are HAMi-core's to free",
+            path.display()
+        )),
+    }
 }

@@ -34,9 +34,9 @@ pub struct Unreadable {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
-    /// vgpu's own layout (`VGPUSHM`).
+    /// vgpu's layout: 2.x (HAMi's layout 1.2, then vgpu's part) or 1.x.
     Vgpu,
-    /// HAMi-core's layout 1.2, as HAMi-core writes it (no vgpu state).
+    /// HAMi-core's layout 1.2, as HAMi-core writes it (no vgpu part).
     Hami,
 }
 
@@ -91,8 +91,12 @@ pub struct HamiFields {
 /// One device of the container.
 #[derive(Clone, Debug, Serialize)]
 pub struct Device {
-    /// Its index in the region (HAMi's `vdevice_index`).
+    /// Its index in the region: vgpu's device entry (what `vgpuctl usage`
+    /// takes), or HAMi's device index in a HAMi-core file.
     pub index: usize,
+    /// Its index in the HAMi part, the container's device number (HAMi's
+    /// `vdevice_index`); the entry index where there is no HAMi part.
+    pub vdevice_index: usize,
     /// NVML's UUID, `GPU-…`.
     pub uuid: String,
     /// Memory limit in bytes, 0 for none.

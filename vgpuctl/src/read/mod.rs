@@ -1,57 +1,25 @@
 //! Reading a region file of any format into a [`Snapshot`], without
-//! writing to it: the file is opened read-only, never through a symbolic
-//! link, and read with `pread` (no lock, no mapping of the file).
-//!
-//! The format is told by the file's first bytes: vgpu's magic `VGPUSHM`,
-//! or HAMi-core's 19920718. Each format has its reader here, behind the
-//! one function [`read`], so that a reader can be swapped for the
-//! `vgpu-shm` crate's own when it has one.
+//! writing to it: `vgpu-shm`'s [`read_copy`] opens the file read-only,
+//! never through a symbolic link, and copies it with `pread` (no lock, no
+//! mapping of the file), then tells its format: vgpu's layout 2.x (HAMi's
+//! layout 1.2 with vgpu's part behind it), vgpu's layout 1.x, or a
+//! HAMi-core file. Each has its translation here.
 #![forbid(unsafe_code)]
 
 pub mod hami;
 pub mod vgpu;
 
-use std::fs::File;
-use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+
+use vgpu_shm::hami::Opened;
+use vgpu_shm::{ProcView, read_copy};
 
 use crate::snapshot::Snapshot;
 
 /// Reads the region at `path`, whichever layout it has.
 pub fn read(path: &Path) -> Result<Snapshot, String> {
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => {
-                format!("region {}: a symbolic link, never followed", path.display())
-            }
-            _ => format!("region {}: open failed: {e}", path.display()),
-        })?;
-    if !file.metadata().is_ok_and(|m| m.file_type().is_file()) {
-        return Err(format!("region {}: not a regular file", path.display()));
+    match read_copy(path).map_err(|e| e.to_string())? {
+        Opened::Vgpu(region) => Ok(vgpu::snapshot(&region, &ProcView::current())),
+        Opened::HamiCore(file) => Ok(hami::snapshot(file.path(), &file.snapshot())),
     }
-    let mut head = [0u8; 8];
-    let n = read_upto(&file, &mut head).map_err(|e| format!("region {}: {e}", path.display()))?;
-    if hami::is_hami(&head[..n]) {
-        hami::read(path, &file)
-    } else {
-        // vgpu's reader names every other case (wrong magic, too short).
-        vgpu::read(path)
-    }
-}
-
-fn read_upto(file: &File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }

@@ -1,19 +1,15 @@
-//! vgpu's own layout (`VGPUSHM`), read through `vgpu-shm`'s read-only copy.
+//! A vgpu region (layout 2.x with its HAMi part, or 1.x without) as a
+//! [`Snapshot`]: vgpu's own part for usage, owners and the bucket, the
+//! HAMi part for what HAMi's monitor writes and the device numbering its
+//! dashboards show.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot};
-
-/// Reads the vgpu region at `path` without writing to it.
-pub fn read(path: &Path) -> Result<Snapshot, String> {
-    let region = Region::read_copy(path).map_err(|e| e.to_string())?;
-    Ok(snapshot(&region, &ProcView::current()))
-}
 
 /// What `region` shows, judging its owners from `view`.
 pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
@@ -31,7 +27,9 @@ pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
         ),
         owner: None,
         slots_reclaimed: Some(h.reclaims.load(Ordering::Relaxed)),
-        hami: None,
+        hami: region
+            .hami()
+            .map(|part| super::hami::fields(&part.snapshot())),
         devices: devices.iter().map(|&d| device(region, d)).collect(),
         processes: region
             .occupied_slots()
@@ -45,6 +43,7 @@ fn device(region: &Region, dev: EntryIndex) -> Device {
     let limits = d.limits();
     Device {
         index: dev.get(),
+        vdevice_index: region.hami_index(dev).unwrap_or(dev.get()),
         uuid: format_uuid(&d.uuid()),
         memory_limit_bytes: limits.mem,
         sm_limit_percent: limits.sm,
@@ -101,7 +100,7 @@ fn process(
                     module_bytes: 0,
                     buffer_bytes: total.saturating_sub(context),
                     by_kind: Some(kinds),
-                    nvml_used_bytes: None,
+                    nvml_used_bytes: region.hami().map(|_| region.nvml_used(slot, d)),
                     sm_util_percent: region.sm_util(slot, d),
                 }
             })

@@ -324,7 +324,7 @@ impl Families {
             .map_or(0, |d| d.as_secs());
         for d in &s.devices {
             let mut labels = container.clone();
-            labels.push(("vdevice_index", d.index.to_string()));
+            labels.push(("vdevice_index", d.vdevice_index.to_string()));
             labels.push(("device_uuid", d.uuid.clone()));
             self.device(s, d, &labels, now);
             if let Some(l) = &self.legacy {
@@ -332,7 +332,7 @@ impl Families {
                     ("podnamespace", owner.namespace.clone()),
                     ("podname", owner.pod.clone()),
                     ("ctrname", owner.container.clone()),
-                    ("vdeviceid", d.index.to_string()),
+                    ("vdeviceid", d.vdevice_index.to_string()),
                     ("deviceuuid", d.uuid.clone()),
                 ];
                 l.device(s, d, &old, now);
