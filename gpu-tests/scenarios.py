@@ -4,8 +4,9 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours restarts demo (every one but demo by default), and the
-probes mechanism and nvml_raw (issue 9's measurements). With --sim DIR, the driver-API sections run against the
+compute pair neighbours restarts demo (every one but demo by default), the
+probes mechanism and nvml_raw (issue 9's measurements), and exporter
+(issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
 Each check appends a row to $OUT/results.tsv; the table is printed last.
@@ -617,6 +618,12 @@ def neighbours():
     nb.neighbours(sys.modules[__name__])
 
 
+def exporter():
+    import exporter as ex
+
+    ex.exporter(sys.modules[__name__])
+
+
 def nvml_raw():
     import neighbours
 
@@ -651,7 +658,7 @@ def safety():
 
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, safety, demo, mechanism, nvml_raw, neighbours]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, exporter]}
 
 
 def main():
@@ -661,7 +668,7 @@ def main():
         SIM, args = args[1], args[2:]
     os.makedirs(LOGS, exist_ok=True)
     for name in args or ["transparency", "memory", "overhead", "startup", "launchcost", "graphs", "storm", "compute",
-                         "pair", "neighbours", "restarts", "safety"]:
+                         "pair", "neighbours", "restarts", "safety", "exporter"]:
         t = time.time()
         try:
             SECTIONS[name]()

@@ -12,6 +12,7 @@
     torch_probe.py calibrate            sizes of memory-bound kernels of 0.05/1/10 ms
     torch_probe.py work KIND SIZE SECONDS GO_FILE [OFFSET]
                                         back-to-back kernels (neighbours scenario)
+    torch_probe.py busy GIB SECONDS     hold GIB and run GEMMs back to back (exporter scenario)
 """
 import os
 import sys
@@ -104,6 +105,24 @@ def hold(gib, secs, quota=False):
     torch.cuda.synchronize()
     print(f"holding={x.numel()}", flush=True)
     time.sleep(secs)
+
+
+def busy(gib, secs):
+    """Holds GIB, then runs bf16 GEMMs back to back for SECS."""
+    import torch
+
+    x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    op = _op("gemm", 4096)
+    op()
+    torch.cuda.synchronize()
+    print(f"holding={x.numel()}", flush=True)
+    end, n = time.time() + secs, 0
+    while time.time() < end:
+        for _ in range(10):
+            op()
+        torch.cuda.synchronize()
+        n += 10
+    print(f"kernels={n}")
 
 
 def second(gib):
@@ -341,5 +360,6 @@ if __name__ == "__main__":
         "startup": lambda: startup(),
         "storm": lambda: storm(float(args[0]), int(args[1])),
         "calibrate": lambda: calibrate(),
+        "busy": lambda: busy(float(args[0]), float(args[1])),
         "work": lambda: work(args[0], float(args[1]), float(args[2]), args[3], float(args[4]) if len(args) > 4 else 0.0),
     }[cmd]()
