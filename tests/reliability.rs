@@ -403,14 +403,16 @@ fn hostile_files() -> Vec<(&'static str, Vec<u8>)> {
         drop(vgpu_shm::Region::open(&p, vgpu_shm::OpenMode::CreateIfMissing).unwrap());
         std::fs::read(&p).unwrap()
     };
+    // vgpu's header is at VGPU_OFFSET, behind HAMi's layout.
+    let at = vgpu_shm::layout::VGPU_OFFSET;
     let mut future = good.clone();
-    future[8..12].copy_from_slice(&(vgpu_shm::layout::VERSION_MAJOR + 1).to_le_bytes());
+    future[at + 8..at + 12].copy_from_slice(&(vgpu_shm::layout::VERSION_MAJOR + 1).to_le_bytes());
     let mut lying = good.clone();
-    lying[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    lying[at + 16..at + 24].copy_from_slice(&(1u64 << 40).to_le_bytes());
     let mut rng = Rng(42);
     vec![
         ("shorter than a region header", good[..20].to_vec()),
-        ("size mismatch", good[..8192].to_vec()),
+        ("shorter than a region header", good[..8192].to_vec()),
         ("wrong magic", b"not a region".repeat(1000)),
         ("newer than this library", future),
         (

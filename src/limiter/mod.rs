@@ -101,7 +101,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
 /// Notes that this process uses device entry `dev`, and whether an SM
 /// limit is in force there.
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
-    let on = attach.region.device(dev).enforces_sm_limit();
+    let on = attach.region.enforces_sm_limit(dev);
     process::device(dev).limiter.set_enforced(on);
     if on {
         ACTIVE.store(true, Ordering::Release);

@@ -82,6 +82,8 @@ pub(crate) fn legacy(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, 
     if let Some(hami) = region.hami() {
         hami::initialise(hami);
     }
+    let mut region = region;
+    region.created = true;
     Ok(region)
 }
 

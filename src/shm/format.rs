@@ -146,7 +146,10 @@ pub fn classify(start: &[u8], part: &[u8], file_len: u64) -> Result<Found, Refus
         });
     }
     if hami_magic {
-        if major0 != HAMI_MAJOR || minor0 != HAMI_MINOR || file_len < HAMI_SIZE as u64 {
+        if (major0, minor0) == (HAMI_MAJOR, HAMI_MINOR) && file_len < HAMI_SIZE as u64 {
+            return Err(Refusal::Truncated { len: file_len });
+        }
+        if major0 != HAMI_MAJOR || minor0 != HAMI_MINOR || file_len > FILE_SIZE as u64 {
             return Err(Refusal::HamiCoreVersion {
                 major: major0,
                 minor: minor0,

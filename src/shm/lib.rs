@@ -23,6 +23,7 @@
 //! - `index`: typed indices of device entries and slots
 //! - `devices`: the UUID-keyed device table and limit precedence
 //! - `compute`: a device entry's bucket, scale, utilisation and leader
+//! - `lease`: one process of the container does a job while it renews a lease
 //! - `quota`: reserve-then-check without a lock
 //! - [`procinfo`]: process identity and liveness across pid namespaces
 //! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
@@ -43,6 +44,7 @@ pub mod format;
 pub mod hami;
 mod index;
 pub mod layout;
+mod lease;
 mod lock;
 mod open;
 mod private;

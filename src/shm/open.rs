@@ -141,9 +141,10 @@ fn attach(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, ShmError> {
             }
             space::reserve_existing(l.file, FILE_SIZE as u64)
                 .map_err(|e| ShmError::no_space(l.path, e))?;
-            let region = map(l.file, l.path, Shape::CURRENT)?;
+            let mut region = map(l.file, l.path, Shape::CURRENT)?;
             if !hami_ready && let Some(h) = region.hami() {
                 crate::hami::initialise(h);
+                region.created = true;
             }
             region.settle_boot(guard, boot::current());
             Ok(region)
@@ -166,7 +167,8 @@ pub(crate) fn create(file: &File, path: &Path) -> Result<Region, ShmError> {
     }
     // The mode is left as it is: `file.rs` set it when vgpu created the
     // file, and a file someone else made keeps theirs.
-    let region = map(file, path, Shape::CURRENT)?;
+    let mut region = map(file, path, Shape::CURRENT)?;
+    region.created = true;
     // vgpu's part first: a HAMi magic promises a whole file.
     initialise(region.header());
     if let Some(h) = region.hami() {

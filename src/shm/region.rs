@@ -45,6 +45,8 @@ pub struct Region {
     pub(crate) private: AtomicBool,
     /// Where vgpu's part lies in the mapping.
     shape: Shape,
+    /// This open wrote the HAMi part afresh (`Region::created`).
+    pub(crate) created: bool,
 }
 
 /// Where vgpu's part lies in a mapping, and how long the mapping is.
@@ -134,6 +136,7 @@ impl Region {
             mapped_id: 0,
             private: AtomicBool::new(false),
             shape,
+            created: false,
         }
     }
 
@@ -194,6 +197,13 @@ impl Region {
         } else {
             Format::Vgpu { major, minor }
         }
+    }
+
+    /// Whether this open wrote the file's HAMi part afresh (a new region, or
+    /// one upgraded from vgpu's layout 1.x): the settings HAMi takes from
+    /// the creator's environment (`priority`) are the opener's to write.
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// The mapping's shape.

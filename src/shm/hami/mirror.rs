@@ -117,6 +117,16 @@ impl Region {
     /// One pass of the mirror (module docs); only the elected writer calls
     /// it. A region without a HAMi part does nothing.
     pub fn mirror_hami(&self) -> Mirrored {
+        self.mirror(None)
+    }
+
+    /// The writer's last pass as its process `pid` exits: the same,
+    /// without that process.
+    pub fn mirror_hami_leaving(&self, pid: i32) -> Mirrored {
+        self.mirror(Some(pid))
+    }
+
+    fn mirror(&self, leaving: Option<i32>) -> Mirrored {
         let Some(h) = self.hami() else {
             return Mirrored::default();
         };
@@ -136,7 +146,7 @@ impl Region {
         let (my_ns, now) = (my_pidns(), monotonic_ms());
         let live: Vec<SlotIndex> = self
             .occupied_slots()
-            .filter(|&i| self.may_live(i, my_ns, now))
+            .filter(|&i| self.may_live(i, my_ns, now) && Some(self.pid(i)) != leaving)
             .collect();
         let order = self.placement(h, &live);
         let old = usize::try_from(h.proc_num.load(Ordering::Acquire))

@@ -6,6 +6,8 @@
 //! - [`layout`]: the layout, byte for byte (`include/hami_region.h`)
 //! - [`snapshot`]: a bounded, seqlock-consistent copy of what monitors read
 //! - `mirror`: how the library keeps it true from vgpu's own part
+//! - `feedback`: what a monitor writes (priority blocking, the switch of
+//!   the SM limit) and what launches mark for it
 //! - [`open_any`], [`probe`]: open or identify any region file: vgpu's
 //!   layout 2.x, its layout 1.x, or HAMi-core's
 //!
@@ -16,6 +18,7 @@
 //! `utilization_switch`, and may write `limit`/`sm_limit`, which vgpu then
 //! applies as region limits.
 
+mod feedback;
 pub mod layout;
 mod mirror;
 pub mod snapshot;
@@ -25,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use feedback::ACTIVE;
 pub use layout::{
     HAMI_DEVICES, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_PROCS, HAMI_SIZE, HAMI_STATUS_RUNNING,
     HamiProc, HamiRegion,
