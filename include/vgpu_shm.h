@@ -52,7 +52,9 @@ typedef struct vgpu_shm_device {
     uint32_t pad;
     uint64_t hami_limit_seen;   /* limit vgpu last wrote into the HAMi part (2.0) */
     uint64_t hami_sm_seen;      /* sm_limit vgpu last wrote there (2.0) */
-    uint64_t reserved[18];
+    uint64_t oom_denials;       /* requests refused with CUDA_ERROR_OUT_OF_MEMORY (2.0) */
+    uint64_t wait_ns;           /* ns launches waited for the bucket (2.0) */
+    uint64_t reserved[16];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -126,6 +126,11 @@ fn the_c_header_matches_the_rust_layout() {
             "vgpu_shm_device.hami_sm_seen",
             offset_of!(DeviceEntry, hami_sm_seen),
         ),
+        (
+            "vgpu_shm_device.oom_denials",
+            offset_of!(DeviceEntry, oom_denials),
+        ),
+        ("vgpu_shm_device.wait_ns", offset_of!(DeviceEntry, wait_ns)),
         ("vgpu_shm_slot.host_pid", offset_of!(ProcSlot, host_pid)),
         ("vgpu_shm_slot.start_time", offset_of!(ProcSlot, start_time)),
         ("vgpu_shm_slot.pidns", offset_of!(ProcSlot, pidns)),

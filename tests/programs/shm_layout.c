@@ -24,6 +24,7 @@ int main(int argc, char **argv) {
     F(vgpu_shm_device, tat_ns); F(vgpu_shm_device, rate_scale_milli); F(vgpu_shm_device, util_milli);
     F(vgpu_shm_device, leader); F(vgpu_shm_device, waits); F(vgpu_shm_device, context_bytes);
     F(vgpu_shm_device, hami_index); F(vgpu_shm_device, hami_limit_seen); F(vgpu_shm_device, hami_sm_seen);
+    F(vgpu_shm_device, oom_denials); F(vgpu_shm_device, wait_ns);
     F(vgpu_shm_slot, host_pid); F(vgpu_shm_slot, start_time); F(vgpu_shm_slot, pidns);
     F(vgpu_shm_slot, claimed_unix_s); F(vgpu_shm_slot, sm_util); F(vgpu_shm_slot, usage);
     F(vgpu_shm_slot, dead_since_ms); F(vgpu_shm_slot, heartbeat_ms); F(vgpu_shm_slot, flags);
