@@ -86,10 +86,7 @@ fn a_copy_refuses_what_open_refuses_and_leaves_it_as_it_was() {
     bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
     std::fs::write(&hami, &bytes).unwrap();
     let e = refusal(&hami);
-    assert!(
-        e.contains("HAMi-core region of layout 1.2 (4096 bytes)"),
-        "{e}"
-    );
+    assert!(e.contains("4096 bytes"), "{e}");
     assert_eq!(std::fs::read(&hami).unwrap(), bytes);
 
     let junk = temp_path("junk.cache");
