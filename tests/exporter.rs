@@ -439,3 +439,67 @@ fn a_port_in_use_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
 }
+
+fn per_sec(r: &Run) -> Vec<f64> {
+    r.get("per_sec")
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
+    let _serial = serial();
+    let sim = Sim::new(1, "8g");
+    let root = sim.dir.path().join("vgpu");
+    let (high, normal) = (
+        container_region(&root, "pod-h-uid", "high"),
+        container_region(&root, "pod-n-uid", "normal"),
+    );
+    let _exporter = Exporter::start(&sim, &root, &["--feedback", "--feedback-interval", "0.5"]);
+    let spin = |region: &Path, priority: &str, secs: &str| {
+        sim.client_cmd(
+            Path3::ProcAddr,
+            true,
+            &["spin", "1000000", "132", secs, "kernel"],
+        )
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
+        .env("CUDA_TASK_PRIORITY", priority)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let hami = |region: &Path, field: &str| sim.status(region)["hami"][field].as_i64();
+    let n = spin(&normal, "1", "12");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let h = spin(&high, "0", "5");
+    // Within a few rounds of the high-priority container's first launches
+    // the normal one is blocked; the high one, alone on the GPU, has its
+    // switch off, the blocked one on.
+    assert!(
+        wait_until(5.0, || hami(&normal, "recent_kernel") == Some(-1)),
+        "never blocked: {}",
+        sim.status(&normal)
+    );
+    assert!(wait_until(3.0, || hami(&high, "utilization_switch") == Some(0)));
+    assert_eq!(hami(&normal, "utilization_switch"), Some(1));
+    let h = finish(h).ok();
+    // Lifted once the high one has been idle for a round or two.
+    assert!(
+        wait_until(5.0, || hami(&normal, "recent_kernel")
+            .is_some_and(|k| k >= 0)),
+        "never lifted: {}",
+        sim.status(&normal)
+    );
+    let n = finish(n).ok();
+    let (rh, rn) = (per_sec(&h), per_sec(&n));
+    assert!(rh.iter().all(|&v| v > 0.0), "high priority: {rh:?}");
+    let first = rn.iter().position(|&v| v > 0.0).unwrap();
+    let last = rn.iter().rposition(|&v| v > 0.0).unwrap();
+    let idle = rn[first..=last].iter().filter(|&&v| v == 0.0).count();
+    assert!(
+        idle >= 2 && last + 3 >= rn.len(),
+        "normal priority per second: {rn:?}"
+    );
+}

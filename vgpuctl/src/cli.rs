@@ -108,6 +108,15 @@ pub struct ServeArgs {
     /// The NVML library for the host families (hami_host_gpu_*).
     #[arg(long, default_value = "libnvidia-ml.so.1")]
     pub nvml: PathBuf,
+    /// Run HAMi's priority feedback loop in place of HAMi's monitor's:
+    /// block a normal-priority container's launches while a high-priority
+    /// one (CUDA_TASK_PRIORITY=0) runs on its GPU, and set each region's
+    /// utilization_switch. The only writes serve ever makes.
+    #[arg(long)]
+    pub feedback: bool,
+    /// Seconds between feedback rounds (HAMi's monitor: 5).
+    #[arg(long, default_value_t = 5.0, value_parser = positive_secs)]
+    pub feedback_interval: f64,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -6,6 +6,7 @@
 //! - [`layout`]: the layout, byte for byte (`include/hami_region.h`)
 //! - [`snapshot`]: a bounded, seqlock-consistent copy of what monitors read
 //! - `mirror`: how the library keeps it true from vgpu's own part
+//! - [`monitor`]: the node monitor's half of the feedback loop (`vgpuctl serve --feedback`)
 //! - `feedback`: what a monitor writes (priority blocking, the switch of
 //!   the SM limit) and what launches mark for it
 //! - [`open_any`], [`probe`]: open or identify any region file: vgpu's
@@ -21,6 +22,7 @@
 mod feedback;
 pub mod layout;
 mod mirror;
+pub mod monitor;
 pub mod snapshot;
 
 use std::fs::File;

@@ -6,11 +6,13 @@
 //! seconds by a thread of their own) plus any named on the command line.
 //! Each scrape reads every region afresh, read-only (`crate::read`), and
 //! NVML's figures for the host, and encodes them (`metrics`). Nothing is
-//! written to any region.
+//! written to any region, unless `--feedback` runs HAMi's priority loop.
 //!
 //! - `metrics`: the families and their labels
 //! - `host`: NVML, for the `hami_host_gpu_*` families
+//! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
 
+pub mod feedback;
 pub mod host;
 pub mod metrics;
 
@@ -33,6 +35,12 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     let dir = scan::containers_dir(&a.root);
     let targets = Targets::new(dir.clone(), a.regions.clone());
     targets.watch(Duration::from_secs_f64(a.rescan));
+    if a.feedback {
+        feedback::start(
+            targets.clone(),
+            Duration::from_secs_f64(a.feedback_interval),
+        );
+    }
     let host = host::Host::open(&a.nvml);
     let opts = metrics::Options {
         zone: a.zone.clone(),
