@@ -24,11 +24,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::host::HostGpu;
+use super::legacy::Legacy;
 use crate::snapshot::{Alive, Device, Snapshot};
 
 /// Label names and values of one series.
-type Labels = Vec<(&'static str, String)>;
-type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+pub(super) type Labels = Vec<(&'static str, String)>;
+pub(super) type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 type Counters = Family<Labels, Counter<f64, AtomicU64>>;
 
 /// What every scrape's exposition carries besides the regions.
@@ -103,20 +104,7 @@ struct Families {
     legacy: Option<Legacy>,
 }
 
-/// HAMi's names before its `hami_` families.
-struct Legacy {
-    used: Gauges,
-    limit: Gauges,
-    utilization: Gauges,
-    last_kernel: Gauges,
-    context: Gauges,
-    module: Gauges,
-    buffer: Gauges,
-    host_memory: Gauges,
-    host_util: Gauges,
-}
-
-fn gauge(r: &mut Registry, name: &str, help: &str) -> Gauges {
+pub(super) fn gauge(r: &mut Registry, name: &str, help: &str) -> Gauges {
     let f = Gauges::default();
     r.register(name, help, f.clone());
     f
@@ -131,37 +119,7 @@ fn counter(r: &mut Registry, name: &str, help: &str) -> Counters {
 
 impl Families {
     fn new(r: &mut Registry, legacy: bool) -> Families {
-        let legacy = legacy.then(|| Legacy {
-            used: gauge(r, "vGPU_device_memory_usage_in_bytes", "vGPU device usage"),
-            limit: gauge(r, "vGPU_device_memory_limit_in_bytes", "vGPU device limit"),
-            utilization: gauge(
-                r,
-                "Device_utilization_desc_of_container",
-                "Container device utilization description",
-            ),
-            last_kernel: gauge(
-                r,
-                "Device_last_kernel_of_container",
-                "Container device last kernel description",
-            ),
-            context: gauge(
-                r,
-                "vGPU_device_memory_context_size_bytes",
-                "Container device memory context size",
-            ),
-            module: gauge(
-                r,
-                "vGPU_device_memory_module_size_bytes",
-                "Container device memory module size",
-            ),
-            buffer: gauge(
-                r,
-                "vGPU_device_memory_buffer_size_bytes",
-                "Container device memory buffer size",
-            ),
-            host_memory: gauge(r, "HostGPUMemoryUsage", "GPU device memory usage"),
-            host_util: gauge(r, "HostCoreUtilization", "GPU core utilization"),
-        });
+        let legacy = legacy.then(|| Legacy::register(r));
         Families {
             used: gauge(
                 r,
@@ -421,40 +379,11 @@ impl Families {
             self.host_ecc.get_or_create(&labels).inc_by(n as f64);
         }
         if let Some(l) = &self.legacy {
-            let old = vec![
-                ("deviceidx", h.index.to_string()),
-                ("deviceuuid", h.uuid.clone()),
-                ("devicetype", h.device_type.clone()),
-            ];
-            if let Some(v) = h.memory_used_bytes {
-                set(&l.host_memory, &old, v as f64);
-            }
-            if let Some(v) = h.utilization_percent {
-                set(&l.host_util, &old, f64::from(v));
-            }
+            l.host(h);
         }
     }
 }
 
-impl Legacy {
-    fn device(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
-        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
-        set(&self.used, labels, d.used_bytes as f64);
-        set(&self.limit, labels, d.memory_limit_bytes as f64);
-        set(&self.utilization, labels, d.utilization_percent);
-        set(&self.context, labels, sum(|p| p.context_bytes));
-        set(&self.module, labels, sum(|p| p.module_bytes));
-        set(&self.buffer, labels, sum(|p| p.buffer_bytes));
-        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
-            set(
-                &self.last_kernel,
-                labels,
-                now.saturating_sub(h.last_kernel_time) as f64,
-            );
-        }
-    }
-}
-
-fn set(family: &Gauges, labels: &Labels, v: f64) {
+pub(super) fn set(family: &Gauges, labels: &Labels, v: f64) {
     family.get_or_create(labels).set(v);
 }

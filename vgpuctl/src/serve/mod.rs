@@ -10,10 +10,12 @@
 //!
 //! - `metrics`: the families and their labels
 //! - `host`: NVML, for the `hami_host_gpu_*` families
+//! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
 
 pub mod feedback;
 pub mod host;
+mod legacy;
 pub mod metrics;
 
 use std::collections::HashSet;
