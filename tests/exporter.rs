@@ -503,3 +503,41 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
         "normal priority per second: {rn:?}"
     );
 }
+
+#[test]
+fn without_nvml_the_host_families_are_absent_and_said_once() {
+    let sim = Sim::new(1, "8g");
+    let root = sim.dir.path().join("vgpu");
+    let hami = container_region(&root, "hami-uid", "old");
+    write_hami_core_file(&hami, 0);
+    let mut e = Exporter::start(&sim, &root, &["--nvml", "/nonexistent/libnvidia-ml.so.1"]);
+    let s = e.scrape();
+    assert!(
+        !s.text.contains("hami_host_gpu"),
+        "host families without NVML:\n{}",
+        s.text
+    );
+    assert_eq!(
+        s.value("hami_vgpu_memory_limit_bytes", &[("container", "old")]),
+        Some((3 * GIB) as f64)
+    );
+    // No last kernel recorded: no elapsed-time series.
+    assert_eq!(
+        s.value(
+            "hami_container_last_kernel_elapsed_seconds",
+            &[("container", "old")]
+        ),
+        None
+    );
+    let _ = e.child.kill();
+    let out = std::mem::replace(&mut e.child, Command::new("true").spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("NVML (/nonexistent/libnvidia-ml.so.1) unavailable")
+            .count(),
+        1,
+        "{err}"
+    );
+}
