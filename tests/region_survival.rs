@@ -131,12 +131,13 @@ fn state_from_another_boot_is_reset() {
             .tat_ns
             .store(u64::MAX / 2, Ordering::Release);
         drop(region);
-        // Header.boot_id (offset 64): another boot's.
+        // Header.boot_id (offset 64 of vgpu's header): another boot's.
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(sim.region())
             .unwrap();
-        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 16], 64).unwrap();
+        let at = vgpu_shm::layout::VGPU_OFFSET as u64 + 64;
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 16], at).unwrap();
         let r = sim
             .client(
                 Path3::Dlsym,
