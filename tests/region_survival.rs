@@ -132,7 +132,7 @@ fn state_from_another_boot_is_reset() {
             .tat_ns
             .store(u64::MAX / 2, Ordering::Release);
         drop(region);
-        // Header.boot_id (offset 64 of vgpu's part): another boot's.
+        // Header.boot_id (offset 64 of vgpu's header): another boot's.
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(sim.region())

@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Once, OnceLock};
 
 use vgpu_shm::procinfo::pid_exists;
@@ -67,9 +68,13 @@ impl Writer {
             self.last_sample_ns = now;
             self.sample(attach);
         }
-        if attach.intact() {
+        // One pass at a time with `last_pass` (on the exiting thread): the
+        // flags are SeqCst, so of the two at least one sees the other.
+        IN_PASS.store(true, Ordering::SeqCst);
+        if !EXITED.load(Ordering::SeqCst) && attach.intact() {
             region.mirror_hami();
         }
+        IN_PASS.store(false, Ordering::SeqCst);
     }
 
     /// Gives every device entry without one its HAMi index.
@@ -140,14 +145,29 @@ impl Writer {
 
 /// The attachment, for [`last_pass`].
 static EXITING: OnceLock<&'static Attach> = OnceLock::new();
+/// The watcher is in a mirror pass.
+static IN_PASS: AtomicBool = AtomicBool::new(false);
+/// The process is exiting: the watcher makes no more passes.
+static EXITED: AtomicBool = AtomicBool::new(false);
 
 /// At exit: the writer leaves the HAMi part (a forked child, which
-/// inherits the handler, is not the writer and does nothing).
+/// inherits the handler, is not the writer and does nothing). The watcher
+/// still runs: its pass in progress, if any, ends first (100 ms at most).
 extern "C" fn last_pass() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Some(attach) = EXITING.get() else { return };
         let me = std::process::id();
-        if attach.region.hami_writer() == me && attach.intact() {
+        if attach.region.hami_writer() != me {
+            return;
+        }
+        EXITED.store(true, Ordering::SeqCst);
+        for _ in 0..100 {
+            if !IN_PASS.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if attach.intact() {
             attach.region.mirror_hami_leaving(me as i32);
         }
     }));

@@ -100,6 +100,8 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
 }
 
 #[cfg(test)]
+mod adopt_tests;
+#[cfg(test)]
 mod copy_tests;
 #[cfg(test)]
 mod survival_tests;

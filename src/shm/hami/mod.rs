@@ -201,7 +201,7 @@ pub fn sm_to_hami(percent: u32) -> u64 {
     }
 }
 
-/// Writes a fresh HAMi part (on zeroed memory); the magic goes last, with
+/// Writes a fresh HAMi part on zeroed memory; the magic goes last, with
 /// Release ordering. `recent_kernel` starts at 2 and `utilization_switch`
 /// at 1, as HAMi-core starts them: the SM limit applies until a monitor
 /// says the GPU is not shared.
@@ -217,16 +217,23 @@ pub(crate) fn initialise(h: &HamiRegion) {
     for l in &h.sm_limit {
         l.store(100, Ordering::Relaxed);
     }
-    reset_procs(h);
+    // The slots are zero already: free.
+    h.proc_num.store(0, Ordering::Relaxed);
+    h.owner_pid.store(0, Ordering::Relaxed);
+    init_sem(&h.sem);
+    init_sem(&h.sem_postinit);
     h.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
 }
 
-/// Frees every process slot and resets HAMi-core's semaphores (their
-/// holders are gone: the file lock is held and nobody maps the part).
+/// Frees every process slot a HAMi-core file holds and resets its
+/// semaphores (their holders are gone: the file lock is held and no
+/// HAMi-core process maps the file).
 pub(crate) fn reset_procs(h: &HamiRegion) {
     h.proc_num.store(0, Ordering::Release);
-    for k in 0..HAMI_PROCS {
-        mirror::clear(&h.procs[k]);
+    for p in &h.procs {
+        if p.pid.load(Ordering::Acquire) != 0 || p.seqlock.load(Ordering::Acquire) != 0 {
+            mirror::clear(p);
+        }
     }
     h.owner_pid.store(0, Ordering::Relaxed);
     init_sem(&h.sem);
