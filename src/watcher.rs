@@ -62,8 +62,10 @@ pub fn kick() {
 }
 
 fn run(attach: &'static Attach) {
-    // Beat before NVML's initialisation, which can take a while.
+    // Beat, and close the gate if a monitor blocks the container, before
+    // NVML's initialisation, which can take a while.
     attach.tick();
+    hami::observe(attach);
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
