@@ -4,6 +4,7 @@
 //! vgpuctl status  [REGION]     devices, limits, usage, processes
 //! vgpuctl usage   REGION DEV   the container's bytes on device entry DEV
 //! vgpuctl reclaim [REGION]     free the slots of dead processes
+//! vgpuctl oversub [DIR]        the node's oversubscription board (oversub.rs)
 //! ```
 //!
 //! REGION defaults to `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, then
@@ -19,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+mod oversub;
 
 use vgpu_shm::{EntryIndex, FileOptions, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
@@ -123,9 +126,10 @@ fn run(args: &[String]) -> Result<String, String> {
                 .map_err(|e| e.to_string())?;
             let _ = writeln!(out, "reclaimed={n}");
         }
+        Some("oversub") => out = oversub::report(args.get(1))?,
         Some(other) => {
             return Err(format!(
-                "unknown command {other:?}: status, usage or reclaim"
+                "unknown command {other:?}: status, usage, reclaim or oversub"
             ));
         }
     }
