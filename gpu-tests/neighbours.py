@@ -100,7 +100,7 @@ def run_case(name, kind_key, members, sizes, preload=True, extra=None):
     procs, regions = [], []
     for i, (limit, offset, secs) in enumerate(members):
         region = S.new_region()
-        env = {"LIBCUDA_LOG_LEVEL": "4"}
+        env = {"LIBCUDA_LOG_LEVEL": os.environ.get("NEIGHBOURS_LOG_LEVEL", "4")}
         env.update(extra or {})
         if limit is not None:
             env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
@@ -229,6 +229,11 @@ def neighbours(scen):
     sec = "neighbours"
     sizes = calibrated_sizes()
     kinds = ["mem-0.05ms", "mem-1ms", "mem-10ms", "gemm"]
+    only = os.environ.get("NEIGHBOURS_ONLY")
+    if only:  # solo rates of the kinds the chosen cases use only
+        wanted = only.split(",")
+        kinds = [k for k in kinds if any(w.endswith("/" + k) for w in wanted)
+                 or (k == "mem-1ms" and "staggered" in wanted)]
     solo = solo_rates(sizes, kinds)
     secs = int(os.environ.get("NEIGHBOURS_SECS", "20"))
     data = {"sizes": sizes, "solo": solo, "cases": []}
@@ -236,7 +241,6 @@ def neighbours(scen):
     plan += [("50+50", "mem-1ms", [50, 50]), ("10+20+30+40", "mem-1ms", [10, 20, 30, 40]),
              ("25x4", "mem-1ms", [25, 25, 25, 25]), ("50+50", "gemm", [50, 50])]
     plan += [("30+unlimited", k, [30, None]) for k in ("mem-0.05ms", "mem-1ms", "gemm")]
-    only = os.environ.get("NEIGHBOURS_ONLY")
     for case, k, limits in plan:
         if only and f"{case}/{k}" not in only.split(","):
             continue

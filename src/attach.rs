@@ -124,9 +124,11 @@ impl Attach {
             Ok(i) => {
                 *self.me.lock() = Some(me);
                 *self.claim_error.lock() = None;
-                if let Some(h) = view.host_pid {
-                    // The kernel told us (see hostpid.rs).
-                    process::set_host_pid(h as u32);
+                // In the initial namespace the kernel's host pid is NVML's
+                // too. Elsewhere NVML may show us by our pid in our own
+                // namespace (driver 580): hostpid.rs asks NVML itself.
+                if view.host_pid == Some(me.pid) {
+                    process::set_host_pid(me.pid as u32);
                 }
                 self.slot.store(i.get(), Ordering::Release);
                 // It beats from now on, whatever path claimed it.

@@ -9,7 +9,8 @@
 //! device ([`DeviceNumber`], assigned in `numbering.rs`), never a process's
 //! CUDA ordinal; `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs, gives
 //! that order. vgpu's own: `VGPU_REGION_MODE`, `VGPU_REGION_ANY_OWNER` (how
-//! region files are made and trusted).
+//! region files are made and trusted), `VGPU_OVERSUBSCRIBE_*` (how
+//! oversubscription behaves, docs/oversubscription.md).
 //!
 //! In a secure-execution process (setuid, setgid, file capabilities:
 //! `AT_SECURE`), whoever started it may not be the user it runs as, so
@@ -70,6 +71,9 @@ pub struct Config {
     pub task_priority: i32,
     pub disable_control: bool,
     pub oversubscribe: bool,
+    /// How oversubscription behaves (`VGPU_OVERSUBSCRIBE_*`), read only
+    /// with `CUDA_OVERSUBSCRIBE=true`.
+    pub oversub: Oversub,
     pub log_level: LevelFilter,
     /// Mode of a region file this process creates (`VGPU_REGION_MODE`).
     pub region_mode: u32,
@@ -85,6 +89,38 @@ pub struct Config {
     /// Bad values of variables that cannot weaken a limit (log level,
     /// switches): reported, and the default used.
     pub warnings: Vec<ConfigError>,
+}
+
+/// Oversubscription settings (docs/oversubscription.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Oversub {
+    /// `VGPU_OVERSUBSCRIBE_WAIT_MS`: how long an allocation the card
+    /// cannot hold waits for room before `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub wait_ms: u64,
+    /// `VGPU_OVERSUBSCRIBE_IDLE_MS`: how long a process must have made no
+    /// CUDA call before it may be suspended.
+    pub idle_ms: u64,
+    /// `VGPU_OVERSUBSCRIBE_HOST_LIMIT`: bytes of suspended state the node
+    /// may hold on the host (None: half of the node's memory).
+    pub host_limit: Option<u64>,
+    /// `VGPU_OVERSUBSCRIBE_DIR`: the directory of the node's board, shared
+    /// by every oversubscribed container on the node.
+    pub dir: PathBuf,
+    /// `VGPU_TEST_WATCHER_STOP=1`: the watcher ends after its first
+    /// suspension, as a dead actor would (tests only).
+    pub test_watcher_stop: bool,
+}
+
+impl Default for Oversub {
+    fn default() -> Oversub {
+        Oversub {
+            wait_ms: 30_000,
+            idle_ms: 2_000,
+            host_limit: None,
+            dir: PathBuf::from("/tmp/vgpu-oversub"),
+            test_watcher_stop: false,
+        }
+    }
 }
 
 /// A variable with a value we cannot use.
@@ -133,6 +169,7 @@ impl Default for Config {
             task_priority: 1,
             disable_control: false,
             oversubscribe: false,
+            oversub: Oversub::default(),
             log_level: LevelFilter::Warn,
             region_mode: vgpu_shm::DEFAULT_CREATE_MODE,
             region_any_owner: false,
@@ -228,6 +265,34 @@ impl Config {
         soft("CUDA_TASK_PRIORITY", "0 (high) or 1 (normal)", &|v| {
             parse_priority(v).is_some()
         });
+        let mut oversub = Oversub::default();
+        let mut number = |var: &str, default: u64| match trusted_text(var) {
+            None => default,
+            Some(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
+                warnings.push(bad(var, v, "a whole number of milliseconds"));
+                default
+            }),
+        };
+        oversub.wait_ms = number("VGPU_OVERSUBSCRIBE_WAIT_MS", oversub.wait_ms);
+        oversub.idle_ms = number("VGPU_OVERSUBSCRIBE_IDLE_MS", oversub.idle_ms);
+        if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_HOST_LIMIT") {
+            match parse_bytes(&v) {
+                Some(0) | None => warnings.push(bad("VGPU_OVERSUBSCRIBE_HOST_LIMIT", v, BYTES)),
+                Some(b) => oversub.host_limit = Some(b),
+            }
+        }
+        if let Some(v) = trusted("VGPU_OVERSUBSCRIBE_DIR").filter(|v| !v.is_empty()) {
+            if std::path::Path::new(&v).is_absolute() {
+                oversub.dir = PathBuf::from(v);
+            } else {
+                warnings.push(bad(
+                    "VGPU_OVERSUBSCRIBE_DIR",
+                    v.to_string_lossy().into_owned(),
+                    ABSOLUTE,
+                ));
+            }
+        }
+        oversub.test_watcher_stop = trusted_text("VGPU_TEST_WATCHER_STOP").as_deref() == Some("1");
         let region_mode = match trusted_text("VGPU_REGION_MODE") {
             None => vgpu_shm::DEFAULT_CREATE_MODE,
             Some(v) => parse_mode(&v).ok_or_else(|| bad("VGPU_REGION_MODE", v, MODE))?,
@@ -279,6 +344,7 @@ impl Config {
             oversubscribe: trusted_text("CUDA_OVERSUBSCRIBE")
                 .and_then(|v| parse_bool(&v))
                 .unwrap_or(false),
+            oversub,
             log_level: trusted_text("LIBCUDA_LOG_LEVEL")
                 .and_then(|v| parse_level(&v))
                 .unwrap_or(LevelFilter::Warn),

@@ -5,10 +5,16 @@
 //! - where `/proc` shows the initial namespace (`unshare -pf` without
 //!   `--mount-proc`), the kernel says it: the first `NSpid` entry
 //!   (`vgpu_shm::ProcView`, set when the slot is claimed). These two are
-//!   marked verified in the slot: a reclaimer may look them up in /proc;
+//!   marked verified in the slot: a reclaimer may look them up in /proc.
+//!   Outside the initial namespace NVML is asked anyway (below), and the
+//!   kernel's pid stays verified only if NVML shows us by it;
 //! - otherwise, the pids that appear in NVML's process list for a device
 //!   between just before our first context on it and just after, less the
-//!   pids other processes of the container already claimed.
+//!   pids other processes of the container already claimed. If `getpid()`
+//!   is among the new ones, it is ours: driver 580 shows a caller in a pid
+//!   namespace the processes of that namespace only, by their pids there
+//!   (docs/benchmarks.md, run 18), so a restarted container's pid 1 sees
+//!   itself as pid 1, which its predecessor's slot may still claim.
 //!
 //! Nothing on the allocation or launch path waits for it; the watcher
 //! resolves it in the background.
@@ -72,6 +78,9 @@ pub fn choose(
         return now.contains(&me).then_some(me);
     }
     let before = before?;
+    if now.contains(&me) && !before.contains(&me) {
+        return Some(me);
+    }
     let mut new = now
         .iter()
         .filter(|p| !before.contains(p) && !others.contains(p));
@@ -113,7 +122,13 @@ pub fn resolve(attach: &Attach, dev: EntryIndex) -> Option<u32> {
         &claimed_by_others(&attach.region, slot),
     )?;
     if let Some(s) = slot {
-        attach.region.set_host_pid(s, pid as i32, false);
+        // Verified (fit for a reclaimer's /proc lookup) when the kernel
+        // gives the same pid; under driver 580 in a pid namespace it is
+        // our pid there, and the heartbeat judges us.
+        let kernel = vgpu_shm::ProcView::current().host_pid;
+        attach
+            .region
+            .set_host_pid(s, pid as i32, kernel == Some(pid as i32));
     }
     if process::set_host_pid(pid) != Some(pid) {
         log::debug!("host pid {pid}");
@@ -147,5 +162,13 @@ mod tests {
         assert_eq!(choose(5, false, &[100, 300, 400], Some(&[100]), &[]), None);
         // No snapshot: cannot tell.
         assert_eq!(choose(5, false, &[100], None, &[]), None);
+    }
+
+    #[test]
+    fn a_driver_that_shows_namespace_pids_gives_ours_even_if_a_dead_slot_claims_it() {
+        // A restarted container's pid 1; its predecessor's slot says 1 too.
+        assert_eq!(choose(1, false, &[1], Some(&[]), &[1]), Some(1));
+        // Already listed before our first context: someone else's.
+        assert_eq!(choose(1, false, &[1, 9], Some(&[1]), &[]), Some(9));
     }
 }

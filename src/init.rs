@@ -119,7 +119,7 @@ impl Runtime {
             };
         }
         if config.oversubscribe {
-            log::warn!("CUDA_OVERSUBSCRIBE is not supported: memory limits are enforced as usual");
+            crate::oversub::start(&config.oversub);
         }
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());

@@ -30,6 +30,8 @@
 //! - `quota`: per-process memory accounting (grant, charges, frees,
 //!   contexts, overhead, the allocation table)
 //! - `limiter`: compute bucket, cost estimates, credit, controller, leader
+//! - `oversub`: memory oversubscription: admission when the card is full,
+//!   idle processes suspended whole (checkpoint API) and restored
 //! - `hostpid`: this process's pid as NVML sees it
 //! - `view`: the virtual memory view shared by CUDA and NVML
 //! - `attach`, `tamper`: our slot and device entries; the region file
@@ -66,6 +68,7 @@ mod interpose;
 mod limiter;
 mod numbering;
 mod nvml;
+mod oversub;
 mod process;
 mod quota;
 mod tamper;

@@ -9,7 +9,9 @@
 //! - leads the compute bucket of each limited device it is elected for;
 //! - reads what a node monitor wrote into the HAMi part, marks the
 //!   container's launches there, and keeps the HAMi part true when it is
-//!   elected to (`hami`).
+//!   elected to (`hami`);
+//! - with `CUDA_OVERSUBSCRIBE`, suspends and restores this process
+//!   (`oversub`), and does nothing else while it is suspended.
 //!
 //! It holds no lock of ours across a driver call, makes every NVML call
 //! inside a `Guard` (nvml/client.rs), and is restarted lazily in a forked
@@ -62,8 +64,10 @@ pub fn kick() {
 }
 
 fn run(attach: &'static Attach) {
-    // Beat before NVML's initialisation, which can take a while.
+    // Beat, and close the gate if a monitor blocks the container, before
+    // NVML's initialisation, which can take a while.
     attach.tick();
+    hami::observe(attach);
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
@@ -71,6 +75,15 @@ fn run(attach: &'static Attach) {
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
     loop {
         std::thread::park_timeout(TICK);
+        // Oversubscription first: while this process is suspended, nothing
+        // else runs (it could call into the locked driver).
+        if !crate::oversub::tick(attach) {
+            log::warn!("VGPU_TEST_WATCHER_STOP: the watcher thread ends");
+            return;
+        }
+        if crate::oversub::suspended() {
+            continue;
+        }
         attach.tick();
         hami::tick(attach, &mut writer);
         let now = crate::clock::monotonic_ns();

@@ -274,6 +274,7 @@ fn completions_cover_every_subcommand() {
             "usage",
             "reclaim",
             "serve",
+            "oversub",
             "completions",
         ] {
             assert!(script.contains(sub), "{shell}: no {sub}");

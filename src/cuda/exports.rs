@@ -6,17 +6,17 @@
 //! This file is the CUDA side's FFI edge (with `sys.rs` and `real.rs`);
 //! the handlers hold no `unsafe` code.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_void};
 
 use super::real;
 use super::sys::*;
-use super::{context, graph, info, launch, memory, proc_address};
+use super::{context, graph, info, launch, memory, proc_address, wake};
 use crate::interpose::real::Lib;
 
 type Args = *mut *mut c_void;
 
 crate::interpose::macros::hooks! {
-    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND, real: real;
+    lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND, real: real, enter: crate::oversub::enter;
     // memory: every allocation family and its frees
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult => memory::alloc;
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult => memory::alloc_pitch;
@@ -77,4 +77,24 @@ crate::interpose::macros::hooks! {
     fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult => graph::begin_to_graph_ptsz;
     fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => graph::end;
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => graph::end_ptsz;
+    // wake: synchronisation, copies, memsets and the current context, so
+    // that a suspended process is restored before it enters the driver
+    fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize;
+    fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult => wake::ctx_get_current;
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult => wake::ctx_set_current;
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize;
+    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz;
+    fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize;
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy;
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async;
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz;
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult => wake::memcpy_htod;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtoh;
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtod;
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult => wake::memcpy_htod_async;
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_dtoh_async;
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult => wake::memset_d8;
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32;
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async;
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async;
 }

@@ -40,7 +40,7 @@ fn counted(
     on: On,
     kind: Kind,
     bytes: u64,
-    alloc: impl FnOnce() -> CUresult,
+    alloc: impl FnMut() -> CUresult,
     key: impl FnOnce() -> Option<Key>,
 ) -> CUresult {
     quota::counted(kind, bytes, on.entry(), alloc, || {
@@ -158,7 +158,7 @@ fn counted_async(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     on: On,
-    call: impl FnOnce() -> CUresult,
+    mut call: impl FnMut() -> CUresult,
 ) -> CUresult {
     if dptr.is_null() || bytes == 0 {
         return call();

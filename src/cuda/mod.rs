@@ -6,6 +6,8 @@
 //! - `proc_address`: `cuGetProcAddress(_v2)`, swap by returned pointer
 //! - `launch`: every launch family, through the compute bucket
 //! - `graph`: graph instantiation (cost) and stream capture
+//! - `wake`: synchronisation and copies, passed through once a suspended
+//!   process is restored (oversubscription)
 //!
 //! and the helpers they share: `sys` (types), `real` (the driver's own
 //! functions, typed), `driver` (questions vgpu asks the driver), `device`
@@ -23,3 +25,4 @@ pub mod memory;
 pub mod proc_address;
 pub mod real;
 pub mod sys;
+pub mod wake;

@@ -5,7 +5,7 @@
 //! when the driver lacks the symbol. Resolved with libc's own `dlsym`,
 //! never through our hooks.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_void};
 
 use super::sys::*;
 use crate::interpose::real::Lib;
@@ -74,6 +74,29 @@ crate::interpose::macros::reals! {
     fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_int) -> CUresult;
     fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult;
+    // wake: calls that restore a suspended process (oversub), passed through
+    fn cuCtxSynchronize() -> CUresult;
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult;
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult;
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult;
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult;
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult;
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult;
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult;
+    // checkpoint: a process suspending and restoring itself (oversub)
+    fn cuCheckpointProcessLock(pid: c_int, args: *mut CheckpointLockArgs) -> CUresult;
+    fn cuCheckpointProcessCheckpoint(pid: c_int, args: *mut c_void) -> CUresult;
+    fn cuCheckpointProcessRestore(pid: c_int, args: *mut c_void) -> CUresult;
+    fn cuCheckpointProcessUnlock(pid: c_int, args: *mut c_void) -> CUresult;
+    fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_int) -> CUresult;
     // called, not hooked
     fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
     fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;

@@ -18,6 +18,9 @@ impl CUresult {
     pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
     /// `CUDA_ERROR_STUB_LIBRARY`: what the toolkit's stub libcuda returns.
     pub const ERROR_STUB_LIBRARY: Self = Self(34);
+    /// `CUDA_ERROR_ILLEGAL_STATE`: a checkpoint call in the wrong state,
+    /// and our answer to calls of a process whose restore failed.
+    pub const ERROR_ILLEGAL_STATE: Self = Self(401);
     pub const ERROR_NOT_FOUND: Self = Self(500);
     pub const ERROR_NOT_READY: Self = Self(600);
 
@@ -35,6 +38,18 @@ impl fmt::Display for CUresult {
         write!(f, "CUresult {}", self.0)
     }
 }
+
+/// `CUcheckpointLockArgs` (cuda.h 12.8+): a timeout and reserved zeros,
+/// 64 bytes. The other checkpoint calls take NULL (no optional arguments).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct CheckpointLockArgs {
+    pub timeout_ms: c_uint,
+    pub reserved0: c_uint,
+    pub reserved1: [u64; 7],
+}
+
+const _: () = assert!(size_of::<CheckpointLockArgs>() == 64);
 
 /// `CUdevice`: a device as the CUDA driver numbers it in this process.
 /// `CUDA_VISIBLE_DEVICES` renumbers devices per process, so an ordinal is

@@ -24,17 +24,25 @@ use crate::attach::Attach;
 
 /// One watcher tick.
 pub fn tick(attach: &'static Attach, writer: &mut Writer) {
+    if observe(attach) {
+        writer.tick(attach);
+    }
+}
+
+/// Reads what a monitor wrote for the gate, and marks the container's
+/// launches; false when the region has no HAMi part to keep (vgpu's layout
+/// 1.x: no monitor reads it, none blocks it) or cannot be touched now.
+pub fn observe(attach: &Attach) -> bool {
     if !attach.intact() {
-        return;
+        return false;
     }
     let Some(h) = attach.region.hami() else {
-        // vgpu's layout 1.x: no monitor reads it, none blocks it.
         gate::publish(false);
-        return;
+        return false;
     };
     gate::publish(h.blocked());
     if gate::take_launched() {
         h.mark_launch(crate::clock::unix_us() / 1_000_000);
     }
-    writer.tick(attach);
+    true
 }

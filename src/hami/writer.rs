@@ -22,8 +22,8 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
 
 use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES};
@@ -55,13 +55,17 @@ impl Writer {
         if !region.elect_hami_writer(me, now_s, LEASE_S, |p| pid_exists(p as i32)) {
             return;
         }
-        static AT_EXIT: Once = Once::new();
-        AT_EXIT.call_once(|| {
+        // Not a `Once`: a fork while one ran would leave the child's
+        // watcher waiting on it forever.
+        static REGISTERED: AtomicBool = AtomicBool::new(false);
+        if !REGISTERED.swap(true, Ordering::AcqRel) {
             let _ = EXITING.set(attach);
             if !crate::ffi::at_exit(last_pass) {
-                crate::warn_once!("atexit failed: an exiting process stays in the HAMi part until another one runs");
+                crate::warn_once!(
+                    "atexit failed: an exiting process stays in the HAMi part until another one runs"
+                );
             }
-        });
+        }
         self.assign_indices(attach);
         let now = clock::monotonic_ns();
         if now.saturating_sub(self.last_sample_ns) >= SAMPLE_NS && client::is_ready() {

@@ -30,12 +30,16 @@ unsafe impl Sync for Hook {}
 ///   process with no driver that calls one of our exports by accident;
 /// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
 ///
+/// `enter` runs before every handler (not for our own internal calls):
+/// an Err is the hook's answer instead (the CUDA side restores a process
+/// that oversubscription suspended, `oversub::enter`; NVML's is [`open`]).
+///
 /// `real` names the module that [`reals!`] filled with the library's real
 /// functions: a hook whose signature differs from its real function's
 /// does not compile.
 macro_rules! hooks {
     (
-        lib: $lib:expr, missing: $missing:expr, real: $real:ident;
+        lib: $lib:expr, missing: $missing:expr, real: $real:ident, enter: $enter:path;
         $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path; )*
     ) => {
         $(
@@ -50,7 +54,10 @@ macro_rules! hooks {
                 }
                 $crate::guard::ffi_boundary(
                     stringify!($name),
-                    || $imp($($arg),*),
+                    || match $enter() {
+                        Ok(()) => $imp($($arg),*),
+                        Err(rc) => rc,
+                    },
                     || $real::$name($($arg),*),
                 )
             }
@@ -113,6 +120,12 @@ macro_rules! reals {
             }
         )*
     };
+}
+
+/// The `enter` of hooks that nothing ever holds back.
+#[inline]
+pub fn open<R>() -> Result<(), R> {
+    Ok(())
 }
 
 pub(crate) use {hooks, reals};

@@ -16,7 +16,8 @@
 //! process, so over half a second a container at 0.2 reads 0, 0.33, 0.5
 //! or 0.99 (docs/benchmarks.md, run 14), and steering on that pulled a
 //! 30 % tenant down to 0.19. The event-timed costs, which count a kernel's
-//! own time (see `estimate`), then pace the bucket on their own.
+//! own time (see `estimate`), then pace the bucket on their own. Who
+//! counts as a neighbour, and for how long, is `neighbours`.
 
 use std::collections::HashMap;
 
@@ -24,6 +25,7 @@ use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
 use super::controller::Controller;
+use super::neighbours::Neighbours;
 use crate::attach::Attach;
 use crate::clock;
 use crate::nvml::client;
@@ -33,9 +35,6 @@ const LEASE_S: u64 = 3;
 const CONTROL_PERIOD_NS: u64 = 500_000_000;
 /// A bucket idle this long starts its next workload at scale 1.0.
 const IDLE_RESET_NS: u64 = 10_000_000_000;
-/// The scale stays held this long after the last sign of a neighbour: a
-/// neighbour busy a tenth of the time shows in only some NVML samples.
-const NEIGHBOUR_HOLD_NS: u64 = 3_000_000_000;
 /// No step in this long after leading starts or the bucket wakes from
 /// idle: NVML's figure then still averages in the time before the
 /// workload (or a neighbour) was there.
@@ -58,8 +57,10 @@ struct Device {
     last_waits: u64,
     /// No step before this (CLOCK_MONOTONIC ns).
     settle_until_ns: u64,
-    /// Until when neighbours count as present.
-    neighbours_until_ns: u64,
+    /// Processes of other containers seen using the device.
+    neighbours: Neighbours,
+    /// Whether they counted as present at the last control period.
+    neighbours_present: bool,
     /// (when, scale ×1000) of the last control steps, round robin.
     history: [(u64, u32); HISTORY],
     next: usize,
@@ -123,8 +124,8 @@ struct Reading {
     ours: f64,
     /// Each process's (slot, fraction of the device).
     per_slot: Vec<(SlotIndex, f64)>,
-    /// Whether a process outside the container used the device.
-    neighbours: bool,
+    /// Host pids outside the container that used the device.
+    busy_neighbours: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -180,19 +181,22 @@ impl Leader {
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
         let mut scale_milli = entry.rate_scale_milli();
-        if reading.neighbours {
-            if now >= state.neighbours_until_ns {
-                // Steps taken while the neighbour went unseen were misled.
-                scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
-                entry.set_rate_scale_milli(scale_milli);
-            }
-            state.neighbours_until_ns = now + NEIGHBOUR_HOLD_NS;
+        let present = state.neighbours.present(now, &reading.busy_neighbours, || {
+            let nd = client::device(&entry.uuid())?;
+            let list = client::processes(nd).ok()?;
+            Some(list.into_iter().map(|(pid, _)| pid).collect())
+        });
+        if present && !state.neighbours_present {
+            // Steps taken while the neighbour went unseen were misled.
+            scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
+            entry.set_rate_scale_milli(scale_milli);
         }
-        if now < state.neighbours_until_ns || now < state.settle_until_ns {
+        state.neighbours_present = present;
+        if present || now < state.settle_until_ns {
             log::debug!(
                 "control dev {dev}: scale held at {:.3} ({}; measured {:.3})",
                 f64::from(scale_milli) / 1000.0,
-                if now < state.neighbours_until_ns {
+                if present {
                     "neighbours on the device"
                 } else {
                     "settling"
@@ -255,7 +259,7 @@ fn container_utilisation(
         return None;
     }
     let mut per_pid: HashMap<u32, (u64, u32)> = HashMap::new();
-    let mut neighbours = false;
+    let mut busy_neighbours = Vec::new();
     for s in &samples {
         *last_seen_us = (*last_seen_us).max(s.timestamp);
         if pids.iter().any(|&(_, p)| p == s.pid) {
@@ -263,7 +267,7 @@ fn container_utilisation(
             e.0 += u64::from(s.sm);
             e.1 += 1;
         } else if s.sm > 0 && !region_holds_pid(region, s.pid) {
-            neighbours = true;
+            busy_neighbours.push(s.pid);
         }
     }
     let per_slot: Vec<(SlotIndex, f64)> = pids
@@ -278,7 +282,7 @@ fn container_utilisation(
     Some(Reading {
         ours: per_slot.iter().map(|(_, u)| u).sum::<f64>().min(1.0),
         per_slot,
-        neighbours,
+        busy_neighbours,
     })
 }
 

@@ -12,6 +12,7 @@
 //! - `credit`: what this process bought and where a limit is in force
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
+//! - `neighbours`: whether other containers share a device (pure)
 #![forbid(unsafe_code)]
 
 pub mod bucket;
@@ -19,6 +20,7 @@ pub mod controller;
 pub mod credit;
 pub mod estimate;
 pub mod leader;
+pub mod neighbours;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -140,6 +140,21 @@ pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
     }
 }
 
+/// The card's free memory as NVML sees it (what room there is for a
+/// process to come back to).
+pub fn free_memory(uuid: &[u8; 16]) -> Option<u64> {
+    if !init() {
+        return None;
+    }
+    let dev = device(uuid)?;
+    let mut m = Memory::default();
+    let rc = {
+        let _internal = Guard::enter();
+        real::nvmlDeviceGetMemoryInfo(dev, &mut m)
+    };
+    rc.is_ok().then_some(m.free)
+}
+
 /// Per-process utilisation samples on `dev` newer than `since` (µs since
 /// the epoch). No samples is `Ok(empty)`.
 pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlReturn> {

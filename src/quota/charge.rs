@@ -59,6 +59,11 @@ impl Charge {
         }))
     }
 
+    /// The UUID of the card it is on.
+    pub fn card(&self) -> [u8; 16] {
+        self.attach.region.device(self.dev).uuid()
+    }
+
     /// The allocation came out `actual` bytes (the driver pads a pitched
     /// allocation's rows): the charge becomes that. Err when the extra is
     /// refused; the charge still holds what it held.

@@ -5,13 +5,16 @@
 //! lock, never an overcommit). Near the limit a grant re-measures this
 //! process's context overhead first (the driver's page tables grow with
 //! every allocation). A refusal is tried once more after making room:
-//! dead processes' slots are reclaimed and the overhead re-measured. A
-//! final refusal is `CUDA_ERROR_OUT_OF_MEMORY`, with one log line a second.
+//! dead processes' slots are reclaimed and the overhead re-measured, and
+//! while some owner looks gone but cannot be judged yet (a restarted
+//! container's predecessor), for up to 4 s until it is. A final refusal
+//! is `CUDA_ERROR_OUT_OF_MEMORY`, with one log line a second.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use vgpu_shm::{EntryIndex, Kind, Owners, Reservation, SlotIndex, format_uuid};
+use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Reservation, SlotIndex, format_uuid};
 
 use super::overhead;
 use crate::attach::Attach;
@@ -74,14 +77,31 @@ pub fn try_reserve(
     attach.reclaim_dead();
     overhead::reconcile_now(attach, slot, dev);
     intact()?;
-    match region.reserve(slot, dev, kind, bytes) {
-        Reservation::Granted => Ok(()),
-        Reservation::Denied { limit, used, asked } => {
-            report_denial(attach, dev, limit, used, asked);
-            Err(CUresult::ERROR_OUT_OF_MEMORY)
+    let deadline = Instant::now() + FADING_WAIT;
+    loop {
+        match region.reserve(slot, dev, kind, bytes) {
+            Reservation::Granted => return Ok(()),
+            Reservation::Denied { limit, used, asked } => {
+                // A predecessor that just exited or died still holds the
+                // quota until it can be judged: wait for the verdict.
+                if Instant::now() < deadline && region.owners_fading(&ProcView::current()) {
+                    std::thread::sleep(FADING_POLL);
+                    attach.reclaim_dead();
+                    intact()?;
+                    continue;
+                }
+                report_denial(attach, dev, limit, used, asked);
+                return Err(CUresult::ERROR_OUT_OF_MEMORY);
+            }
         }
     }
 }
+
+/// How long a refused allocation waits for owners that look gone to be
+/// judged (`vgpu_shm::slots::STALE_MS` and a margin), and how often it
+/// looks.
+const FADING_WAIT: Duration = Duration::from_millis(vgpu_shm::slots::STALE_MS + 1_000);
+const FADING_POLL: Duration = Duration::from_millis(100);
 
 fn near_limit(attach: &Attach, dev: EntryIndex) -> bool {
     let limit = attach.region.device(dev).mem_limit();

@@ -36,19 +36,21 @@ use crate::cuda::sys::CUresult;
 
 /// Counts `bytes` of `kind` on the device `device` names around `alloc`:
 /// reserved before, kept if `made` names what the driver made (and the
-/// context it was made in), refunded otherwise.
+/// context it was made in), refunded otherwise. Within the quota but
+/// beyond what the card holds, an oversubscribed container's allocation
+/// waits for room (`oversub::admit`), still reserved.
 pub fn counted(
     kind: Kind,
     bytes: u64,
     device: impl FnOnce(&Attach) -> Option<EntryIndex>,
-    alloc: impl FnOnce() -> CUresult,
+    alloc: impl FnMut() -> CUresult,
     made: impl FnOnce() -> Option<(Key, usize)>,
 ) -> CUresult {
     let charge = match Charge::take(kind, bytes, device) {
         Ok(c) => c,
         Err(rc) => return rc,
     };
-    let rc = alloc();
+    let rc = crate::oversub::admit(charge.as_ref().map(Charge::card), bytes, alloc);
     if let Some(c) = charge
         && let Some((key, ctx)) = made().filter(|_| rc.is_ok())
     {

@@ -30,10 +30,12 @@
 //! - `boot`: state of another boot is reset
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
+//! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
 
 #![warn(missing_docs)]
 
 mod adopt;
+pub mod board;
 mod boot;
 mod compute;
 mod copy;

@@ -187,6 +187,15 @@ pub struct Owner {
     pub host_pid_verified: bool,
 }
 
+impl Owner {
+    /// NVML gave the owner its pid in its own namespace (driver 580 shows
+    /// a caller in a pid namespace its own processes by their pids there),
+    /// so only NVML asked from that namespace could list it.
+    pub fn nvml_pid_is_local(&self) -> bool {
+        !self.host_pid_verified && self.host_pid > 0 && self.host_pid == self.pid
+    }
+}
+
 /// Judges `owner` by the rules in the module docs.
 pub fn liveness(owner: &Owner, view: &ProcView) -> Liveness {
     if owner.pid <= 0 {

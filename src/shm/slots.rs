@@ -21,6 +21,8 @@ pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
 /// A slot whose owner no `/proc` here can see is the driver's to judge
 /// once its heartbeat is this old (the owner beats every 100 ms).
 pub const STALE_MS: u64 = 3_000;
+/// A heartbeat this old has stopped (owners beat every 100 ms).
+pub const BEAT_STOPPED_MS: u64 = 500;
 
 /// The heartbeat word: the owner's pid (low 24 bits) above 40 bits of
 /// CLOCK_MONOTONIC ms, so a beat left by a previous owner of the slot
@@ -185,7 +187,9 @@ impl Region {
     ///   its host pid (it frees a killed process's memory moments later),
     ///   or for [`UNKNOWN_PID_GRACE_MS`] when its host pid is unknown.
     /// - An owner no `/proc` here can see is reclaimed once its heartbeat
-    ///   is [`STALE_MS`] old and the driver does not list its host pid.
+    ///   is [`STALE_MS`] old and the driver does not list its host pid
+    ///   (when NVML gave the owner its pid in its own namespace, this
+    ///   namespace's NVML cannot list it, and the heartbeat alone decides).
     ///   Without the driver's list it is kept.
     pub fn reclaim_dead(&self, view: &ProcView, driver: Option<&[u32]>) -> Result<u32, ShmError> {
         let guard = self.lock()?;
@@ -236,7 +240,7 @@ impl Region {
                 Liveness::Unknown => {
                     driver.is_some()
                         && beat.is_some_and(|age| age >= STALE_MS)
-                        && !listed(owner.host_pid)
+                        && (owner.nvml_pid_is_local() || !listed(owner.host_pid))
                 }
             };
             if free {
@@ -250,6 +254,29 @@ impl Region {
                 .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
         }
         reclaimed
+    }
+
+    /// Whether some slot's owner looks gone but is not reclaimable yet: it
+    /// is dead and the driver may still hold its memory, or no `/proc`
+    /// here sees it and its heartbeat stopped less than [`STALE_MS`] ago.
+    /// An allocation refused meanwhile waits for the verdict (a restarted
+    /// container's first context came right after its predecessor exited,
+    /// and was refused, run 19). Reads /proc; takes no lock.
+    pub fn owners_fading(&self, view: &ProcView) -> bool {
+        let now = monotonic_ms();
+        SlotIndex::first(self.slot_hwm()).any(|i| {
+            let owner = self.owner(i);
+            if owner.pid == 0 {
+                return false;
+            }
+            match liveness(&owner, view) {
+                Liveness::Alive => false,
+                Liveness::Dead => true,
+                Liveness::Unknown => self
+                    .heartbeat_age_ms(i, now)
+                    .is_some_and(|age| (BEAT_STOPPED_MS..STALE_MS).contains(&age)),
+            }
+        })
     }
 
     /// Indices of the slots that currently have an owner.

@@ -27,6 +27,10 @@
  *                                          context (refused), then sleep
  *   cuclient await BYTES SECONDS HOLD      retry an allocation until granted
  *                                          (or SECONDS), then hold it HOLD s
+ *   cuclient keep DATA BALLAST SEED IDLE   DATA bytes of a seeded pattern and BALLAST
+ *                                          bytes of plain memory; idle IDLE s (no
+ *                                          CUDA call), then read DATA back and compare
+ *                                          (oversubscription: suspended meanwhile?)
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient forkheld                      cuInit, fork; the child makes a context,
@@ -246,6 +250,39 @@ static int cmd_hold(size_t bytes, double secs) {
     fflush(stdout);
     double end = now_s() + secs;
     while (now_s() < end) usleep(10000);
+    return 0;
+}
+
+static uint64_t pattern_sum(const uint32_t *w, size_t n) {
+    uint64_t s = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) s = (s ^ w[i]) * 1099511628211ull;
+    return s;
+}
+
+static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle) {
+    setup();
+    CUdeviceptr d = 0, b = 0;
+    CHECK(cu.cuMemAlloc_v2(&d, data));
+    CUresult brc = ballast ? cu.cuMemAlloc_v2(&b, ballast) : CUDA_SUCCESS;
+    printf("ballast_rc=%d\n", brc);
+    size_t n = data / 4;
+    uint32_t *w = malloc(data), *back = malloc(data);
+    if (!w || !back) return 1;
+    uint32_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        w[i] = x;
+    }
+    CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
+    printf("sum=%llu\nready=1\n", (unsigned long long)pattern_sum(w, n));
+    fflush(stdout);
+    double end = now_s() + idle;
+    while (now_s() < end) usleep(10000);
+    double t = now_s();
+    CUresult rc = cu.cuMemcpyDtoH_v2(back, d, data);
+    printf("back_rc=%d back_ms=%.1f\n", rc, (now_s() - t) * 1e3);
+    printf("back_sum=%llu\nintact=%d\n", (unsigned long long)pattern_sum(back, n),
+           rc == CUDA_SUCCESS && !memcmp(w, back, data));
     return 0;
 }
 
@@ -828,6 +865,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "alloc")) return cmd_alloc(ARG(2, "buffer"), strtoull(ARG(3, "1048576"), 0, 0));
     if (!strcmp(cmd, "fill")) return cmd_fill(ARG(2, "buffer"), strtoull(ARG(3, "67108864"), 0, 0));
     if (!strcmp(cmd, "hold")) return cmd_hold(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "1")));
+    if (!strcmp(cmd, "keep"))
+        return cmd_keep(strtoull(ARG(2, "1048576"), 0, 0), strtoull(ARG(3, "0"), 0, 0),
+                        (unsigned)atoi(ARG(4, "1")), atof(ARG(5, "1")));
     if (!strcmp(cmd, "ctx")) return cmd_ctx(strtoull(ARG(2, "1048576"), 0, 0));
     if (!strcmp(cmd, "spin"))
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),

@@ -80,6 +80,8 @@ typedef struct {
       (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                      \
     X(cuMemFreeAsync, "cuMemFreeAsync", 13000, (CUdeviceptr, CUstream))                      \
     X(cuMemFree_v2, "cuMemFree", 13000, (CUdeviceptr))                                       \
+    X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 13000, (CUdeviceptr, const void *, size_t))            \
+    X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 13000, (void *, CUdeviceptr, size_t))                  \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 13000, (CUmemoryPool *, CUdevice)) \
     X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 13000,               \
       (size_t *, const CUmemAllocationProp *, int))                                         \

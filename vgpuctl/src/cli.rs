@@ -39,6 +39,13 @@ pub enum Command {
     /// A Prometheus exporter of every container's region on this node, with
     /// HAMi's metric names (a replacement for HAMi's vGPUmonitor).
     Serve(ServeArgs),
+    /// The node's oversubscription board: every process of an oversubscribed
+    /// container, its state and bytes (docs/oversubscription.md).
+    Oversub {
+        /// The board's directory [default: $VGPU_OVERSUBSCRIBE_DIR, else
+        /// /tmp/vgpu-oversub].
+        dir: Option<PathBuf>,
+    },
     /// Prints a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.

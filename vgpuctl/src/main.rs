@@ -7,6 +7,7 @@
 //! vgpuctl usage  REGION DEV                          the container's bytes on device entry DEV
 //! vgpuctl reclaim [REGION]                           free the slots of dead processes
 //! vgpuctl serve  [REGION...] [--root DIR]            Prometheus exporter (HAMi's metric names)
+//! vgpuctl oversub [DIR]                              the node's oversubscription board (oversub.rs)
 //! vgpuctl completions SHELL                          shell completion script
 //! ```
 //!
@@ -21,6 +22,8 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod oversub;
 
 use clap::{CommandFactory, Parser};
 use vgpu_shm::hami::Opened;
@@ -107,6 +110,7 @@ fn run(command: Command, out: &mut impl Write) -> Result<(), Stop> {
             emit(out, &format!("reclaimed {n} slots of dead processes\n"))
         }
         Command::Serve(a) => serve::run(&a).map_err(Stop::Failed),
+        Command::Oversub { dir } => emit(out, &oversub::report(dir.as_deref())?),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "vgpuctl", &mut script);

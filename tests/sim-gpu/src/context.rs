@@ -35,6 +35,8 @@ fn destroy_context(l: &mut Local, ctx: usize) {
         phys_free(a.dev, a.bytes);
     }
     l.allocs.retain(|_, a| a.ctx != ctx);
+    let Local { allocs, data, .. } = &mut *l;
+    data.retain(|base, _| allocs.contains_key(base));
     l.handles.retain(|_, a| a.ctx != ctx);
     l.streams.retain(|_, s| s.ctx != ctx);
     crate::local::drop_from_stack(ctx);

@@ -23,11 +23,14 @@
 //!   utilisation samples as the real NVML gives them under time-slicing
 //!   (nvml_util.rs: each sample period goes to one process), and an option
 //!   to report pids with an offset as a pid namespace would;
-//! - like the real driver, whatever pid namespace a process runs in, NVML
-//!   lists it by its *host* pid and frees its memory when it dies. The
-//!   host is the namespace of the `/proc` named by `SIM_GPU_HOST_PROC_FD`
-//!   (an inherited directory fd, which survives `unshare --mount-proc`),
-//!   else of the `/proc` the process sees. A process holds a POSIX lock
+//! - like driver 580, NVML shows a caller in the host's pid namespace
+//!   every process by its *host* pid, and a caller in another namespace
+//!   only the processes of its own, by their pids there (run 18 in
+//!   docs/benchmarks.md); the driver frees a process's memory when it
+//!   dies, whatever its namespace. The host is the namespace of the
+//!   `/proc` named by `SIM_GPU_HOST_PROC_FD` (an inherited directory fd,
+//!   which survives `unshare --mount-proc`), else of the `/proc` the
+//!   process sees. A process holds a POSIX lock
 //!   on its own entry's byte of the state file for life (taken with its
 //!   first context or memory): the kernel drops it at death, whatever the
 //!   namespace, so liveness needs no pid at all; the scheduler drops a
@@ -47,6 +50,14 @@
 //! other context's slice comes in between, and NVML hands each 1/6 s
 //! period to one process.
 //!
+//! - the checkpoint API (checkpoint.rs) for a process acting on itself:
+//!   lock blocks its other calls, checkpoint moves its device memory to a
+//!   host file beside the state file (copies and memsets keep contents,
+//!   data.rs, so tests can checksum them), restore takes the memory back
+//!   on the card (out of memory while it does not fit), unlock lets calls
+//!   through; a host copy goes when its process dies. `SIM_GPU_MEMORY` is
+//!   the card's capacity, whatever the quotas say.
+//!
 //! Kernels: `vgpu_spin(ns, counter)` (tests/programs/spin_ptx.h) runs `ns`
 //! per wave of blocks (one block per SM per wave), `vgpu_empty` 0.1 µs, any
 //! other function `SIM_GPU_BLOCK_NS` per wave.
@@ -65,9 +76,11 @@ macro_rules! tri {
     };
 }
 
+mod checkpoint;
 mod config;
 mod context;
 mod cuda;
+mod data;
 mod ffi;
 mod graph;
 mod launch;

@@ -68,6 +68,9 @@ pub struct Local {
     /// Primary context and its retain count, per physical device.
     pub primary: [Option<(usize, u32)>; MAX_DEV],
     pub allocs: HashMap<u64, Alloc>,
+    /// Contents of allocations that were written (copies, memsets), by
+    /// base address; allocations past `DATA_MAX` keep none (data.rs).
+    pub data: HashMap<u64, Vec<u8>>,
     pub handles: HashMap<usize, Alloc>,
     pub reserved: HashMap<u64, u64>,
     pub streams: HashMap<usize, Stream>,
@@ -117,7 +120,15 @@ impl DerefMut for LocalGuard {
     }
 }
 
+/// The tables, once the process is not locked by the checkpoint API
+/// (checkpoint.rs): every entry point goes through here.
 pub fn local() -> LocalGuard {
+    crate::checkpoint::wait_open();
+    local_ungated()
+}
+
+/// The tables, whatever the checkpoint state (the checkpoint API itself).
+pub fn local_ungated() -> LocalGuard {
     static FORK_SAFE: std::sync::Once = std::sync::Once::new();
     FORK_SAFE.call_once(|| {
         // SAFETY: three handlers without arguments that do not unwind.

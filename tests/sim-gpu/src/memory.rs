@@ -36,6 +36,7 @@ fn free_addr(p: Dptr) -> CUresult {
     if p == 0 {
         return SUCCESS;
     }
+    l.data.remove(&p);
     match l.allocs.remove(&p) {
         Some(a) => {
             phys_free(a.dev, a.bytes);
@@ -187,17 +188,51 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(_dst: Dptr, _src: *const c_void, _n: usize) -> CUresult {
-    SUCCESS
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: Dptr, src: *const c_void, n: usize) -> CUresult {
+    let mut l = local();
+    tri!(ready(&l));
+    if n == 0 {
+        return SUCCESS;
+    }
+    if src.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller passes `n` readable bytes at `src`, as to the driver.
+    let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, n) };
+    if crate::data::write(&mut l, dst, bytes) {
+        SUCCESS
+    } else {
+        INVALID_VALUE
+    }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, _src: Dptr, n: usize) -> CUresult {
-    zero(dst as *mut u8, n);
-    SUCCESS
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: Dptr, n: usize) -> CUresult {
+    let l = local();
+    tri!(ready(&l));
+    if n == 0 {
+        return SUCCESS;
+    }
+    if dst.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller passes `n` writable bytes at `dst`, as to the driver.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
+    if crate::data::read(&l, src, out) {
+        SUCCESS
+    } else {
+        zero(dst as *mut u8, n);
+        INVALID_VALUE
+    }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemsetD8_v2(_dst: Dptr, _v: u8, _n: usize) -> CUresult {
-    SUCCESS
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: Dptr, v: u8, n: usize) -> CUresult {
+    let mut l = local();
+    tri!(ready(&l));
+    if n == 0 || crate::data::fill(&mut l, dst, v, n) {
+        SUCCESS
+    } else {
+        INVALID_VALUE
+    }
 }

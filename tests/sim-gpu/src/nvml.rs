@@ -266,15 +266,16 @@ pub struct ProcessInfo {
 /// (reported pid, bytes) of every process with a context or memory on `dev`.
 fn processes(dev: usize) -> Vec<(c_uint, u64)> {
     reclaim_dead();
-    let off = state::pid_offset();
     shared()
         .procs
         .iter()
         .filter_map(|p| {
-            let pid = p.pid.load(Ordering::Acquire);
             let used = p.used[dev].load(Ordering::Acquire);
             let ctxs = p.contexts[dev].load(Ordering::Acquire);
-            (pid > 0 && (used > 0 || ctxs > 0)).then(|| ((pid as c_uint).wrapping_add(off), used))
+            if used == 0 && ctxs == 0 {
+                return None;
+            }
+            Some((state::reported_pid(p)?, used))
         })
         .collect()
 }
@@ -356,11 +357,10 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     last_seen: u64,
 ) -> Ret {
     let dev = dev!(d);
-    let off = state::pid_offset();
     let samples: Vec<UtilSample> = nvml_util::process_samples(dev, last_seen)
         .into_iter()
         .map(|s| UtilSample {
-            pid: (s.pid as c_uint).wrapping_add(off),
+            pid: s.pid,
             timestamp: s.timestamp_us,
             sm: s.sm,
             mem: 0,

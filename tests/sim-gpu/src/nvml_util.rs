@@ -18,13 +18,14 @@
 use std::sync::atomic::Ordering;
 
 use crate::queue;
-use crate::state::{Proc, RING, shared};
+use crate::state::{self, Proc, RING, shared};
 
 /// The longest window a query looks at (periods).
 const MAX_PERIODS: u64 = 120;
 
 pub struct Sample {
-    pub pid: i32,
+    /// As the caller sees it (`state::reported_pid`).
+    pub pid: u32,
     /// Percent of the device.
     pub sm: u32,
     /// End of the newest period (CLOCK_REALTIME µs).
@@ -108,15 +109,16 @@ pub fn process_samples(dev: usize, last_seen_us: u64) -> Vec<Sample> {
             return Vec::new();
         }
         let n = (newest - k0 + 1) as usize;
-        // (pid, first period, busy per period) of every process.
-        let procs: Vec<(i32, u64, Vec<u64>)> = sh
+        // (pid as the caller sees it, first period, busy per period) of
+        // every process; those the caller cannot see still take their share.
+        let procs: Vec<(Option<u32>, u64, Vec<u64>)> = sh
             .procs
             .iter()
             .filter(|p| p.pid.load(Ordering::Acquire) > 0)
             .filter_map(|p| {
                 let (oldest, _) = intervals(p, dev).last()?;
                 let busy = busy_per_period(p, dev, k0, n, period_ns);
-                Some((p.pid.load(Ordering::Acquire), oldest / period_ns, busy))
+                Some((state::reported_pid(p), oldest / period_ns, busy))
             })
             .collect();
         let mut got = vec![vec![0.0; n]; procs.len()];
@@ -138,8 +140,11 @@ pub fn process_samples(dev: usize, last_seen_us: u64) -> Vec<Sample> {
                 let first = first.saturating_sub(k0).min(n as u64 - 1) as usize;
                 let sum: f64 = got[first..].iter().sum();
                 let mean = sum / (n - first) as f64;
-                (sum > 0.0).then(|| Sample {
-                    pid: *pid,
+                if sum == 0.0 {
+                    return None;
+                }
+                Some(Sample {
+                    pid: (*pid)?,
                     sm: (mean * 100.0).round().min(100.0) as u32,
                     timestamp_us,
                 })

@@ -27,7 +27,7 @@ pub const MAX_PROC: usize = 48;
 pub const RING: usize = 16384;
 /// Entries are claimed and judged alive through locks (not pids): a
 /// process of an older build at the same path would read them otherwise.
-const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU04");
+const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPU05");
 /// Sequence numbers of one claim of a process entry: each claim starts its
 /// queues at a fresh multiple, so a stale number (a forked child's copy of
 /// its parent's streams) is never mistaken for pending work.
@@ -101,6 +101,9 @@ struct State {
     nvml_delay_us: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
     me: AtomicU64,
+    /// The state file's path: host copies of checkpointed processes lie
+    /// beside it (`ckpt_path`).
+    path: std::path::PathBuf,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -138,6 +141,7 @@ fn state() -> &'static State {
             pid_offset: cfg.pid_offset,
             nvml_delay_us: cfg.nvml_delay_us,
             me: AtomicU64::new(0),
+            path: cfg.state.clone(),
         };
         let sh = st.shared();
         if sh.magic.load(Ordering::Acquire) != MAGIC {
@@ -182,8 +186,22 @@ pub fn fd() -> i32 {
     state().file.as_raw_fd()
 }
 
-pub fn pid_offset() -> u32 {
-    state().pid_offset
+/// The pid NVML shows the caller for `p`, if it shows `p` at all. Like
+/// driver 580's (docs/benchmarks.md, run 18): a caller in the host's pid
+/// namespace sees every process by its host pid (plus
+/// `SIM_GPU_PID_OFFSET`); one in another namespace sees only the
+/// processes of its own namespace, by their pids there.
+pub fn reported_pid(p: &Proc) -> Option<u32> {
+    let host = p.pid.load(Ordering::Acquire);
+    if host <= 0 {
+        return None;
+    }
+    // Our pid as the host sees it equals getpid() in the host's namespace.
+    if host_pid() == std::process::id() as i32 {
+        return Some((host as u32).wrapping_add(state().pid_offset));
+    }
+    let mine = vgpu_shm::procinfo::my_pidns();
+    (p.pidns.load(Ordering::Acquire) == mine).then(|| p.local_pid.load(Ordering::Acquire) as u32)
 }
 
 /// How long an NVML process list takes to come back after it was read.
@@ -226,6 +244,9 @@ pub fn me() -> &'static Proc {
         if !lock_entry(&st.file, i, true) {
             continue;
         }
+        // A host copy left by the entry's last, dead owner is freed, as
+        // the kernel frees a dead process's memory.
+        let _ = std::fs::remove_file(ckpt_path(i));
         p.local_pid.store(pid, Ordering::Relaxed);
         p.start_time.store(id.start_time, Ordering::Release);
         p.pidns.store(id.pidns, Ordering::Release);
@@ -247,6 +268,8 @@ pub fn me() -> &'static Proc {
         p.pid.store(host, Ordering::Release);
         st.me
             .store((pid as u64) << 32 | i as u64, Ordering::Release);
+        // Host copies of processes that died since are freed now.
+        reclaim_dead();
         return p;
     }
     panic!("sim-gpu: more than {MAX_PROC} live processes with a context");
@@ -255,6 +278,20 @@ pub fn me() -> &'static Proc {
 fn cached(st: &State, pid: i32) -> Option<&Proc> {
     let c = st.me.load(Ordering::Acquire);
     (c >> 32 == pid as u64).then(|| &st.shared().procs[(c & 0xffff_ffff) as usize])
+}
+
+/// Where entry `i`'s host copy lies while its process is checkpointed
+/// (checkpoint.rs). It goes when the process restores or dies.
+pub fn ckpt_path(i: usize) -> std::path::PathBuf {
+    let mut p = state().path.clone().into_os_string();
+    p.push(format!(".ckpt.{i}"));
+    p.into()
+}
+
+/// The caller's entry index (claiming one if needed).
+pub fn my_entry() -> usize {
+    me();
+    my_index(state()).expect("claimed by me()")
 }
 
 /// Our entry's index, if we have one.
@@ -334,10 +371,18 @@ pub fn reclaim_dead() {
     let st = state();
     let mine = my_index(st);
     for (i, p) in st.shared().procs.iter().enumerate() {
-        if p.pid.load(Ordering::Acquire) == 0 || Some(i) == mine {
+        if Some(i) == mine {
+            continue;
+        }
+        if p.pid.load(Ordering::Acquire) == 0 {
+            if ckpt_path(i).exists() && lock_entry(&st.file, i, true) {
+                let _ = std::fs::remove_file(ckpt_path(i));
+                lock_entry(&st.file, i, false);
+            }
             continue;
         }
         if lock_entry(&st.file, i, true) {
+            let _ = std::fs::remove_file(ckpt_path(i));
             for u in &p.used {
                 u.store(0, Ordering::Release);
             }

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""PyTorch jobs for the `oversub` GPU section (scenarios.py).
+
+    oversub_jobs.py hold GIB
+        GIB GiB of seeded int32 on the GPU; prints pid= and sum=, waits for a
+        line on stdin (meanwhile another process checkpoints and restores
+        this one), then checks the data: intact= first_op_ms=.
+    oversub_jobs.py turns GIB COMPUTE_S IDLE_S ROUNDS
+        GIB GiB of seeded data, then ROUNDS times: a bf16 matmul loop for
+        COMPUTE_S seconds (TFLOPS), the cache emptied, IDLE_S seconds idle.
+        After every idle spell (when vgpu may have suspended and restored
+        it) the first operation is timed and the data checked.
+"""
+import os
+import sys
+import time
+
+import torch
+
+CHUNK = 1 << 27
+
+
+def fill(gib):
+    n = int(gib * (1 << 30)) // 4
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.empty(n, dtype=torch.int32, device="cuda")
+    for i in range(0, n, CHUNK):
+        x[i:i + CHUNK].random_(-(2 ** 31), 2 ** 31 - 1, generator=g)
+    return x
+
+
+def digest(x):
+    """Position-weighted sum (wrapping int64): a moved or changed word shows."""
+    s = torch.zeros((), dtype=torch.int64, device="cuda")
+    for i in range(0, x.numel(), CHUNK):
+        c = x[i:i + CHUNK].to(torch.int64)
+        w = torch.arange(i + 1, i + 1 + c.numel(), dtype=torch.int64, device="cuda")
+        s += (c * w).sum()
+    return int(s)
+
+
+def hold(gib):
+    x = fill(gib)
+    d0 = digest(x)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    print(f"pid={os.getpid()} sum={d0}", flush=True)
+    sys.stdin.readline()
+    t = time.time()
+    y = x[:16].clone()
+    torch.cuda.synchronize()
+    first = (time.time() - t) * 1e3
+    d1 = digest(x)
+    print(f"intact={int(d0 == d1)} first_op_ms={first:.1f} sum2={d1}", flush=True)
+    del y
+
+
+def turns(gib, compute_s, idle_s, rounds):
+    t = time.time()
+    x = fill(gib)
+    d0 = digest(x)
+    torch.cuda.synchronize()
+    print(f"started=1 alloc_s={time.time() - t:.1f}", flush=True)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for r in range(rounds):
+        t = time.time()
+        y = a @ b
+        torch.cuda.synchronize()
+        first = (time.time() - t) * 1e3
+        intact = digest(x) == d0
+        n, t = 0, time.time()
+        while time.time() - t < compute_s:
+            for _ in range(20):
+                y = a @ b
+            torch.cuda.synchronize()
+            n += 20
+        tflops = n * 2 * 8192 ** 3 / (time.time() - t) / 1e12
+        print(f"round={r} first_op_ms={first:.0f} intact={int(intact)} tflops={tflops:.1f}", flush=True)
+        del y
+        torch.cuda.empty_cache()
+        if r + 1 < rounds:
+            time.sleep(idle_s)
+    print("done=1", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "hold":
+        hold(float(sys.argv[2]))
+    else:
+        turns(float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))

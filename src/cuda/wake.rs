@@ -1,0 +1,100 @@
+//! Calls that only wake a suspended process: synchronisation, copies,
+//! memsets and the current context. Their hooks restore the process first
+//! (`oversub::enter`, in every CUDA hook), so that a process whose next
+//! call after an idle spell is one of these is not left blocked inside a
+//! locked driver; the handlers then pass the call through, counted as in
+//! flight (a process waiting in a synchronisation is not idle).
+#![forbid(unsafe_code)]
+
+use std::ffi::{c_uchar, c_uint, c_void};
+
+use super::real;
+use super::sys::*;
+use crate::oversub::in_call;
+
+pub fn ctx_synchronize() -> CUresult {
+    in_call(real::cuCtxSynchronize)
+}
+
+pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
+    in_call(|| real::cuCtxGetCurrent(ctx))
+}
+
+pub fn ctx_set_current(ctx: CUcontext) -> CUresult {
+    in_call(|| real::cuCtxSetCurrent(ctx))
+}
+
+pub fn stream_synchronize(stream: CUstream) -> CUresult {
+    in_call(|| real::cuStreamSynchronize(stream))
+}
+
+pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
+    in_call(|| real::cuStreamSynchronize_ptsz(stream))
+}
+
+pub fn event_synchronize(event: CUevent) -> CUresult {
+    in_call(|| real::cuEventSynchronize(event))
+}
+
+pub fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    in_call(|| real::cuMemcpy(dst, src, n))
+}
+
+pub fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    in_call(|| real::cuMemcpyAsync(dst, src, n, stream))
+}
+
+pub fn memcpy_async_ptsz(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    in_call(|| real::cuMemcpyAsync_ptsz(dst, src, n, stream))
+}
+
+pub fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    in_call(|| real::cuMemcpyHtoD_v2(dst, src, n))
+}
+
+pub fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    in_call(|| real::cuMemcpyDtoH_v2(dst, src, n))
+}
+
+pub fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    in_call(|| real::cuMemcpyDtoD_v2(dst, src, n))
+}
+
+pub fn memcpy_htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    in_call(|| real::cuMemcpyHtoDAsync_v2(dst, src, n, stream))
+}
+
+pub fn memcpy_dtoh_async(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    in_call(|| real::cuMemcpyDtoHAsync_v2(dst, src, n, stream))
+}
+
+pub fn memset_d8(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {
+    in_call(|| real::cuMemsetD8_v2(dst, v, n))
+}
+
+pub fn memset_d32(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    in_call(|| real::cuMemsetD32_v2(dst, v, n))
+}
+
+pub fn memset_d8_async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult {
+    in_call(|| real::cuMemsetD8Async(dst, v, n, stream))
+}
+
+pub fn memset_d32_async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult {
+    in_call(|| real::cuMemsetD32Async(dst, v, n, stream))
+}

@@ -1,0 +1,67 @@
+//! Admission: an allocation that the quota allows but the card cannot
+//! hold. Without oversubscription the driver's `CUDA_ERROR_OUT_OF_MEMORY`
+//! is the answer at once, as always. With it, the allocation waits: it
+//! publishes on the board what it needs on which card, so that idle
+//! processes there suspend themselves, and tries again every 20 ms, up to
+//! `VGPU_OVERSUBSCRIBE_WAIT_MS`. Then it fails, with a line saying the card
+//! is full, not the quota. The bytes stay reserved in the quota meanwhile.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{ACTIVE, here, settings};
+use crate::cuda::sys::CUresult;
+use crate::quota::grant::fmt_bytes;
+
+const RETRY: Duration = Duration::from_millis(20);
+
+/// Allocations of this process waiting for room now.
+pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `alloc`, on `card` (None: not counted, nothing to wait for).
+pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUresult) -> CUresult {
+    let rc = alloc();
+    if rc != CUresult::ERROR_OUT_OF_MEMORY || !ACTIVE.load(Ordering::Relaxed) {
+        return rc;
+    }
+    let Some(card) = card else { return rc };
+    let wait = Duration::from_millis(settings().wait_ms);
+    let uuid = vgpu_shm::format_uuid(&card);
+    log::info!(
+        "{uuid} is full: {} waits up to {} ms for room (CUDA_OVERSUBSCRIBE)",
+        fmt_bytes(bytes),
+        wait.as_millis()
+    );
+    WAITING.fetch_add(1, Ordering::AcqRel);
+    let start = std::time::Instant::now();
+    let rc = loop {
+        if let Some(h) = here() {
+            h.entry().set_want(&card, bytes);
+        }
+        std::thread::sleep(RETRY.min(wait.saturating_sub(start.elapsed())));
+        let rc = alloc();
+        if rc != CUresult::ERROR_OUT_OF_MEMORY {
+            log::info!(
+                "{uuid}: {} granted after {} ms",
+                fmt_bytes(bytes),
+                start.elapsed().as_millis()
+            );
+            break rc;
+        }
+        if start.elapsed() >= wait {
+            log::warn!(
+                "out of memory on {uuid}: the card is full (not the quota): {} did not fit after waiting {} ms for idle processes to be suspended (VGPU_OVERSUBSCRIBE_WAIT_MS); returning CUDA_ERROR_OUT_OF_MEMORY",
+                fmt_bytes(bytes),
+                start.elapsed().as_millis()
+            );
+            break rc;
+        }
+    };
+    if WAITING.fetch_sub(1, Ordering::AcqRel) == 1
+        && let Some(h) = here()
+    {
+        h.entry().set_want(&card, 0);
+    }
+    rc
+}

@@ -1,0 +1,512 @@
+//! The oversubscription board: one small file per node
+//! (`VGPU_OVERSUBSCRIBE_DIR/vgpu-oversub.board`) that every process of
+//! every oversubscribed container maps, whatever its region. Containers
+//! share nothing else, yet a process that waits for room on a card must
+//! be seen by the idle processes of other containers on that card.
+//!
+//! Each process owns one [`BoardEntry`] for life: what it holds on which
+//! cards, whether it is running, suspended (its device memory on the
+//! host) or restoring, what it waits for, and counters for `vgpuctl`.
+//! Liveness is a POSIX record lock on the entry's byte past the end of the
+//! file, held by its owner: the kernel drops it when the owner dies, in
+//! any pid namespace, so a killed process's entry (and the host memory it
+//! counted) stops counting at once. Every field is an atomic.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::mem::size_of;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// `"VGPUOVS\0"` read as a little-endian `u64`.
+pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
+/// Bumped when the layout changes; other versions are refused.
+pub const BOARD_VERSION: u32 = 1;
+/// Processes on the board at once (every oversubscribed process of the node).
+pub const BOARD_ENTRIES: usize = 256;
+/// Cards one process is tracked on.
+pub const BOARD_CARDS: usize = 4;
+/// The board's file name in its directory.
+pub const BOARD_FILE: &str = "vgpu-oversub.board";
+
+/// What a process is doing, as the board shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProcState {
+    /// Not claimed.
+    Free = 0,
+    /// Its memory is on the card.
+    Running = 1,
+    /// Its memory is moving to the host.
+    Suspending = 2,
+    /// Its memory is on the host.
+    Suspended = 3,
+    /// Its memory is moving back (or waiting for room to).
+    Restoring = 4,
+    /// A checkpoint or restore failed for good: its CUDA calls fail.
+    Failed = 5,
+}
+
+impl ProcState {
+    fn from_u32(v: u32) -> ProcState {
+        match v {
+            1 => ProcState::Running,
+            2 => ProcState::Suspending,
+            3 => ProcState::Suspended,
+            4 => ProcState::Restoring,
+            5 => ProcState::Failed,
+            _ => ProcState::Free,
+        }
+    }
+
+    /// The word `vgpuctl` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcState::Free => "free",
+            ProcState::Running => "running",
+            ProcState::Suspending => "suspending",
+            ProcState::Suspended => "suspended",
+            ProcState::Restoring => "restoring",
+            ProcState::Failed => "failed",
+        }
+    }
+}
+
+/// The board's header.
+#[repr(C)]
+pub struct BoardHeader {
+    /// [`BOARD_MAGIC`] once initialised.
+    pub magic: AtomicU64,
+    /// [`BOARD_VERSION`].
+    pub version: AtomicU32,
+    /// [`BOARD_ENTRIES`].
+    pub entries: AtomicU32,
+    _reserved: [AtomicU64; 6],
+}
+
+/// One process's entry. Times are `CLOCK_MONOTONIC` nanoseconds (one
+/// clock for the whole node).
+#[repr(C)]
+pub struct BoardEntry {
+    /// The owner's pid in its own namespace (for people to read).
+    pub pid: AtomicU32,
+    /// [`ProcState`].
+    pub state: AtomicU32,
+    /// UUIDs of the cards it uses (two words each; zero: none).
+    pub cards: [[AtomicU64; 2]; BOARD_CARDS],
+    /// Bytes it holds on each of those cards while running.
+    pub device_bytes: [AtomicU64; BOARD_CARDS],
+    /// Bytes of its device state on the host (reserved while suspending).
+    pub host_bytes: AtomicU64,
+    /// Bytes it waits for (an allocation or its own restore); 0: none.
+    pub want_bytes: AtomicU64,
+    /// The card it waits on.
+    pub want_card: [AtomicU64; 2],
+    /// Its last CUDA activity (launch, allocation, copy, synchronisation).
+    pub last_active_ns: AtomicU64,
+    /// When the current state began.
+    pub since_ns: AtomicU64,
+    /// Time spent suspended and restoring, over its life.
+    pub suspended_total_ns: AtomicU64,
+    /// Time spent restoring (waiting for room included).
+    pub restoring_total_ns: AtomicU64,
+    /// Suspensions and restores so far.
+    pub suspensions: AtomicU64,
+    /// Restores so far.
+    pub restores: AtomicU64,
+    _reserved: [AtomicU64; 9],
+}
+
+const HEADER_SIZE: usize = 4096;
+/// The file's size.
+pub const BOARD_SIZE: usize = HEADER_SIZE + BOARD_ENTRIES * size_of::<BoardEntry>();
+
+const _: () = assert!(size_of::<BoardHeader>() <= HEADER_SIZE);
+const _: () = assert!(size_of::<BoardEntry>() == 256);
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn uuid_words(uuid: &[u8; 16]) -> [u64; 2] {
+    let (a, b) = uuid.split_at(8);
+    [
+        u64::from_le_bytes(a.try_into().expect("8 bytes")),
+        u64::from_le_bytes(b.try_into().expect("8 bytes")),
+    ]
+}
+
+fn words_uuid(w: [u64; 2]) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    u[..8].copy_from_slice(&w[0].to_le_bytes());
+    u[8..].copy_from_slice(&w[1].to_le_bytes());
+    u
+}
+
+impl BoardEntry {
+    /// The cards it uses and its bytes on each.
+    pub fn cards(&self) -> Vec<([u8; 16], u64)> {
+        (0..BOARD_CARDS)
+            .filter_map(|i| {
+                let w = [
+                    self.cards[i][0].load(Ordering::Acquire),
+                    self.cards[i][1].load(Ordering::Acquire),
+                ];
+                (w != [0, 0]).then(|| (words_uuid(w), self.device_bytes[i].load(Ordering::Acquire)))
+            })
+            .collect()
+    }
+
+    /// Its bytes on `card` (0 if it does not use it).
+    pub fn bytes_on(&self, card: &[u8; 16]) -> u64 {
+        self.cards()
+            .into_iter()
+            .find(|(u, _)| u == card)
+            .map_or(0, |(_, b)| b)
+    }
+
+    /// Records `bytes` on `card` (taking a free card place the first time).
+    pub fn set_bytes_on(&self, card: &[u8; 16], bytes: u64) {
+        let w = uuid_words(card);
+        for i in 0..BOARD_CARDS {
+            let cur = [
+                self.cards[i][0].load(Ordering::Acquire),
+                self.cards[i][1].load(Ordering::Acquire),
+            ];
+            if cur == w || cur == [0, 0] {
+                self.cards[i][0].store(w[0], Ordering::Release);
+                self.cards[i][1].store(w[1], Ordering::Release);
+                self.device_bytes[i].store(bytes, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    /// Its state.
+    pub fn state(&self) -> ProcState {
+        ProcState::from_u32(self.state.load(Ordering::Acquire))
+    }
+
+    /// Enters `state` at `now` (adding the time spent suspended).
+    pub fn set_state(&self, state: ProcState, now: u64) {
+        let since = self.since_ns.swap(now, Ordering::AcqRel);
+        let was = self.state();
+        if matches!(was, ProcState::Suspended | ProcState::Restoring) {
+            self.suspended_total_ns
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+        if was == ProcState::Restoring {
+            self.restoring_total_ns
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+        self.state.store(state as u32, Ordering::Release);
+    }
+
+    /// What it waits for: (card, bytes), if anything.
+    pub fn wants(&self) -> Option<([u8; 16], u64)> {
+        let b = self.want_bytes.load(Ordering::Acquire);
+        (b != 0).then(|| {
+            (
+                words_uuid([
+                    self.want_card[0].load(Ordering::Acquire),
+                    self.want_card[1].load(Ordering::Acquire),
+                ]),
+                b,
+            )
+        })
+    }
+
+    /// Publishes that it waits for `bytes` on `card` (0: no longer).
+    pub fn set_want(&self, card: &[u8; 16], bytes: u64) {
+        let w = uuid_words(card);
+        self.want_card[0].store(w[0], Ordering::Release);
+        self.want_card[1].store(w[1], Ordering::Release);
+        self.want_bytes.store(bytes, Ordering::Release);
+    }
+
+    fn clear(&self, pid: u32, now: u64) {
+        for c in &self.cards {
+            c[0].store(0, Ordering::Relaxed);
+            c[1].store(0, Ordering::Relaxed);
+        }
+        for b in [
+            &self.host_bytes,
+            &self.want_bytes,
+            &self.want_card[0],
+            &self.want_card[1],
+            &self.suspended_total_ns,
+            &self.restoring_total_ns,
+            &self.suspensions,
+            &self.restores,
+        ] {
+            b.store(0, Ordering::Relaxed);
+        }
+        for b in &self.device_bytes {
+            b.store(0, Ordering::Relaxed);
+        }
+        self.last_active_ns.store(now, Ordering::Relaxed);
+        self.since_ns.store(now, Ordering::Relaxed);
+        self.pid.store(pid, Ordering::Relaxed);
+        self.state
+            .store(ProcState::Running as u32, Ordering::Release);
+    }
+}
+
+/// Why a board cannot be used.
+#[derive(Debug)]
+pub enum BoardError {
+    /// Opening, sizing or mapping the file failed.
+    Io(PathBuf, io::Error),
+    /// The file is not a board of this version.
+    Foreign(PathBuf),
+    /// Every entry is taken by a live process.
+    Full(PathBuf),
+}
+
+impl std::fmt::Display for BoardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoardError::Io(p, e) => write!(f, "oversubscription board {}: {e}", p.display()),
+            BoardError::Foreign(p) => write!(
+                f,
+                "oversubscription board {}: not a vgpu board of version {BOARD_VERSION}",
+                p.display()
+            ),
+            BoardError::Full(p) => write!(
+                f,
+                "oversubscription board {}: all {BOARD_ENTRIES} entries are taken",
+                p.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BoardError {}
+
+/// A mapped board.
+pub struct Board {
+    map: MmapRaw,
+    /// The one descriptor of the file this process keeps: closing another
+    /// would drop this process's record locks on it.
+    file: File,
+    path: PathBuf,
+}
+
+impl Board {
+    /// Opens (creating, mode 0666 whatever the umask, so containers of
+    /// several users share it) the board in `dir`.
+    pub fn open(dir: &Path) -> Result<Board, BoardError> {
+        let path = dir.join(BOARD_FILE);
+        let io_err = |e| BoardError::Io(path.clone(), e);
+        std::fs::create_dir_all(dir).map_err(io_err)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o666)
+            .open(&path)
+            .map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(BoardError::Foreign(path));
+        }
+        // Made by us just now (or by someone whose umask narrowed it).
+        if meta.len() == 0 && meta.permissions().mode() & 0o777 != 0o666 {
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        // SAFETY: flock on a descriptor we own; released below.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        let sized = if meta.len() < BOARD_SIZE as u64 {
+            if meta.len() != 0 {
+                // SAFETY: as above.
+                unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+                return Err(BoardError::Foreign(path));
+            }
+            file.set_len(BOARD_SIZE as u64)
+        } else {
+            Ok(())
+        };
+        let mapped = sized.and_then(|()| MmapOptions::new().len(BOARD_SIZE).map_raw(&file));
+        let map = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: as above.
+                unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+                return Err(io_err(e));
+            }
+        };
+        let board = Board { map, file, path };
+        let h = board.header();
+        if h.magic.load(Ordering::Acquire) == 0 {
+            h.version.store(BOARD_VERSION, Ordering::Relaxed);
+            h.entries.store(BOARD_ENTRIES as u32, Ordering::Relaxed);
+            h.magic.store(BOARD_MAGIC, Ordering::Release);
+        }
+        // SAFETY: as above.
+        unsafe { libc::flock(board.file.as_raw_fd(), libc::LOCK_UN) };
+        if h.magic.load(Ordering::Acquire) != BOARD_MAGIC
+            || h.version.load(Ordering::Acquire) != BOARD_VERSION
+            || h.entries.load(Ordering::Acquire) as usize != BOARD_ENTRIES
+        {
+            return Err(BoardError::Foreign(board.path));
+        }
+        Ok(board)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn header(&self) -> &BoardHeader {
+        // SAFETY: the mapping is BOARD_SIZE bytes, page-aligned, lives as
+        // long as `self`, and the header is atomics only (valid for every
+        // bit pattern).
+        unsafe { &*(self.map.as_ptr() as *const BoardHeader) }
+    }
+
+    /// Entry `i` (below [`BOARD_ENTRIES`]).
+    pub fn entry(&self, i: usize) -> &BoardEntry {
+        assert!(i < BOARD_ENTRIES);
+        // SAFETY: entry `i` lies inside the mapping (HEADER_SIZE + i * 256
+        // + 256 <= BOARD_SIZE), is 8-aligned, and is atomics only.
+        unsafe {
+            &*(self
+                .map
+                .as_ptr()
+                .add(HEADER_SIZE + i * size_of::<BoardEntry>()) as *const BoardEntry)
+        }
+    }
+
+    /// Takes a free entry (or a dead process's) for this process, for life.
+    pub fn claim(&self, pid: u32, now: u64) -> Result<usize, BoardError> {
+        for i in 0..BOARD_ENTRIES {
+            if self.record_lock(i, libc::F_SETLK, libc::F_WRLCK) {
+                self.entry(i).clear(pid, now);
+                return Ok(i);
+            }
+        }
+        Err(BoardError::Full(self.path.clone()))
+    }
+
+    /// Whether entry `i` is held by a live process other than the caller
+    /// (the caller's own entries are not seen: check those by index).
+    pub fn held_by_other(&self, i: usize) -> bool {
+        let mut fl = lock_at(i, libc::F_WRLCK);
+        // SAFETY: fcntl on our open descriptor; it writes the conflicting
+        // lock, if any, into `fl`, which we own.
+        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLK, &mut fl) };
+        rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short
+    }
+
+    /// The live entries of other processes, with their indices.
+    pub fn others(&self, mine: Option<usize>) -> impl Iterator<Item = (usize, &BoardEntry)> {
+        (0..BOARD_ENTRIES)
+            .filter(move |&i| Some(i) != mine)
+            .filter(|&i| self.entry(i).state() != ProcState::Free && self.held_by_other(i))
+            .map(|i| (i, self.entry(i)))
+    }
+
+    /// Bytes of suspended state on the host, over every live process
+    /// (`mine` included).
+    pub fn host_bytes(&self, mine: Option<usize>) -> u64 {
+        let own = mine.map_or(0, |i| self.entry(i).host_bytes.load(Ordering::SeqCst));
+        own + self
+            .others(mine)
+            .map(|(_, e)| e.host_bytes.load(Ordering::SeqCst))
+            .sum::<u64>()
+    }
+
+    /// Reserves `bytes` of host memory for entry `mine`'s suspension, if
+    /// the node's total stays within `limit` (reserve, then check: two
+    /// racing reservations may both be refused, never both granted past
+    /// the limit).
+    pub fn reserve_host(&self, mine: usize, bytes: u64, limit: u64) -> bool {
+        let e = self.entry(mine);
+        e.host_bytes.fetch_add(bytes, Ordering::SeqCst);
+        if self.host_bytes(Some(mine)) <= limit {
+            return true;
+        }
+        e.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        false
+    }
+
+    /// Takes (`F_SETLK`, true if taken) or tests a lock on entry `i`'s byte.
+    fn record_lock(&self, i: usize, cmd: libc::c_int, kind: libc::c_int) -> bool {
+        let fl = lock_at(i, kind);
+        // SAFETY: fcntl on our open descriptor, reading `fl`, which we own.
+        unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &fl) == 0 }
+    }
+}
+
+/// Entry `i`'s lock: byte `BOARD_SIZE + i`, past the data.
+fn lock_at(i: usize, kind: libc::c_int) -> libc::flock {
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: (BOARD_SIZE + i) as libc::off_t,
+        l_len: 1,
+        l_pid: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_records_cards_states_and_wants() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Board::open(dir.path()).unwrap();
+        let i = b.claim(42, 1000).unwrap();
+        let e = b.entry(i);
+        let card = [7u8; 16];
+        e.set_bytes_on(&card, 5 << 30);
+        e.set_bytes_on(&card, 6 << 30);
+        assert_eq!(e.cards(), vec![(card, 6 << 30)]);
+        assert_eq!(e.bytes_on(&[1u8; 16]), 0);
+        e.set_state(ProcState::Suspended, 2000);
+        e.set_state(ProcState::Restoring, 5000);
+        e.set_state(ProcState::Running, 6000);
+        assert_eq!(e.suspended_total_ns.load(Ordering::Relaxed), 4000);
+        assert_eq!(e.restoring_total_ns.load(Ordering::Relaxed), 1000);
+        e.set_want(&card, 9);
+        assert_eq!(e.wants(), Some((card, 9)));
+        // Our own entry is not another process's.
+        assert_eq!(b.others(None).count(), 0);
+    }
+
+    #[test]
+    fn host_memory_is_reserved_within_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Board::open(dir.path()).unwrap();
+        let i = b.claim(1, 0).unwrap();
+        assert!(b.reserve_host(i, 6, 10));
+        assert!(!b.reserve_host(i, 6, 10));
+        assert_eq!(b.host_bytes(Some(i)), 6);
+        assert!(b.reserve_host(i, 4, 10));
+    }
+
+    #[test]
+    fn a_foreign_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(BOARD_FILE), b"not a board").unwrap();
+        assert!(matches!(
+            Board::open(dir.path()),
+            Err(BoardError::Foreign(_))
+        ));
+    }
+}
