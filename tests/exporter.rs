@@ -470,7 +470,10 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
         .spawn()
         .unwrap()
     };
-    let hami = |region: &Path, field: &str| sim.status(region)["hami"][field].as_i64();
+    let hami = |region: &Path, field: &str| {
+        sim.try_status(region)
+            .and_then(|s| s["hami"][field].as_i64())
+    };
     let n = spin(&normal, "1", "12");
     std::thread::sleep(std::time::Duration::from_secs(2));
     let h = spin(&high, "0", "5");

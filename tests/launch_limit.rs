@@ -117,7 +117,8 @@ fn killing_the_leader_stops_neither_throttling_nor_launches() {
     let mut first = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 30, "kernel");
     // Wait until the first process leads the bucket.
     assert!(wait_until(10.0, || {
-        sim.status(&sim.region())["devices"][0]["leader_pid"] == first.id()
+        sim.try_status(&sim.region())
+            .is_some_and(|s| s["devices"][0]["leader_pid"] == first.id())
     }));
     let second = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 8, "kernel");
     std::thread::sleep(std::time::Duration::from_secs(2));

@@ -185,8 +185,8 @@ fn frees_racing_with_a_measurement_do_not_inflate_the_context_estimate() {
     );
     let (mut largest, mut looks, mut measured) = (0, 0, false);
     while racer.try_wait().unwrap().is_none() {
-        let status = sim.status(&sim.region());
-        for p in status["processes"].as_array().unwrap() {
+        let status = sim.try_status(&sim.region()).unwrap_or_default();
+        for p in status["processes"].as_array().into_iter().flatten() {
             // (A slot claimed at cuInit holds nothing before the context.)
             let ctx = p["devices"]
                 .as_array()

@@ -226,10 +226,15 @@ impl Sim {
         let r = self
             .ctl(&["status", "--json", region.to_str().unwrap()])
             .ok();
-        let mut v: serde_json::Value = serde_json::from_str(&r.stdout)
-            .unwrap_or_else(|e| panic!("vgpuctl status --json: {e}\n{}", r.stdout));
-        assert_eq!(v["schema_version"], 1, "{}", r.stdout);
-        v["regions"][0].take()
+        region_of(&r)
+    }
+
+    /// [`Sim::status`], or None while the region cannot be read yet (not
+    /// created, or its creator has not finished): for loops that watch a
+    /// region from a process's start.
+    pub fn try_status(&self, region: &Path) -> Option<serde_json::Value> {
+        let r = self.ctl(&["status", "--json", region.to_str().unwrap()]);
+        r.status.success().then(|| region_of(&r))
     }
 
     /// What the simulated NVML reports, without vgpu: (total, used).
@@ -240,6 +245,14 @@ impl Sim {
             r.u64(&format!("gpu{dev}_v1_used")),
         )
     }
+}
+
+/// The region of a `vgpuctl status --json` run.
+fn region_of(r: &Run) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("vgpuctl status --json: {e}\n{}", r.stdout));
+    assert_eq!(v["schema_version"], 1, "{}", r.stdout);
+    v["regions"][0].take()
 }
 
 /// A finished process with its `key=value` output.
