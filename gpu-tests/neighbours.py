@@ -68,12 +68,9 @@ class Sampler:
                 except pynvml.NVMLError:
                     pass
             for r in self.regions:
-                out = subprocess.run([S.CTL, "status", r], env=S.base_env(), capture_output=True, text=True,
-                                     timeout=10).stdout
-                for line in out.splitlines():
-                    if line.startswith("device=0 "):
-                        f = S.kv(line)
-                        self.region[r].append((now, float(f.get("scale", "nan")), float(f.get("util", "nan"))))
+                dev = S.region_json(r)["devices"]
+                if dev:
+                    self.region[r].append((now, dev[0]["bucket_scale"], dev[0]["utilization_percent"] / 100))
 
     def finish(self):
         self.stop.set()

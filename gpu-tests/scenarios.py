@@ -4,8 +4,9 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours restarts demo oversub (every one but demo and oversub by default), and the
-probes mechanism and nvml_raw (issue 9's measurements). With --sim DIR, the driver-API sections run against the
+compute pair neighbours restarts safety hami demo oversub (every one but demo and oversub by default),
+the probes mechanism and nvml_raw (issue 9's measurements), and exporter
+(issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
 Each check appends a row to $OUT/results.tsv; the table is printed last.
@@ -123,25 +124,35 @@ def wait_line(p, prefix, timeout=60):
 
 def region_used(region):
     rc, out, _ = run([CTL, "usage", region, "0"], base_env(), 10, "vgpuctl-usage")
-    return int(kv(out).get("used", 0))
+    return int(out) if rc == 0 and out.strip().isdigit() else 0
+
+
+def region_json(region):
+    """`vgpuctl status --json` of one region (docs/vgpuctl.md): its object,
+    or an empty one when it cannot be read yet. Read without writing a log:
+    the storm samples it often."""
+    p = subprocess.run([CTL, "status", "--json", region], env=base_env(), capture_output=True, text=True,
+                       timeout=10)
+    if p.returncode != 0:
+        return {"devices": [], "processes": []}
+    return json.loads(p.stdout)["regions"][0]
 
 
 def region_status(region):
     """Device 0 in the region: what the quota counts (dead slots not yet
     reclaimed included), each slot's context estimate, and the
-    bytes of slots whose process is dead (not yet reclaimed). Read without
-    writing a log: the storm samples it often."""
-    out = subprocess.run([CTL, "status", region], env=base_env(), capture_output=True, text=True,
-                         timeout=10).stdout
+    bytes of slots whose process is dead (not yet reclaimed)."""
+    r = region_json(region)
     st = {"used": 0, "dead": 0, "contexts": []}
-    for line in out.splitlines():
-        f = kv(line)
-        if line.startswith("device=0 "):
-            st["used"] = int(f.get("used_all", 0))
-        elif line.startswith("slot="):
-            st["contexts"].append(int(f.get("dev0_context", 0)))
-            if f.get("alive") == "0":
-                st["dead"] += int(f.get("dev0_total", 0))
+    for d in r["devices"]:
+        if d["index"] == 0:
+            st["used"] = d["counted_bytes"] or 0
+    for p in r["processes"]:
+        for d in p["devices"]:
+            if d["index"] == 0:
+                st["contexts"].append(d["context_bytes"])
+                if p["alive"] == "no":
+                    st["dead"] += d["used_bytes"]
     return st
 
 
@@ -495,9 +506,12 @@ def storm():
             start(i)
             next_kill = time.time() + rng.uniform(0.5, 2.0)
         time.sleep(0.05)
+    # A new process attaches while the storm runs: `vgpuctl reclaim` opens
+    # the region and takes its lock as a process of the container does
+    # (`status` reads a copy, without the lock); its whole run is timed.
     t = time.time()
-    rc, out, _ = run([CTL, "status", region], base_env(), 10, "storm-attach")
-    attach_ms = float(kv(out).get("open_ms", 1e9))
+    rc, out, _ = run([CTL, "reclaim", region], base_env(), 10, "storm-attach")
+    attach_ms = (time.time() - t) * 1e3 if rc == 0 else 1e9
     for p in workers.values():
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -629,6 +643,12 @@ def neighbours():
     nb.neighbours(sys.modules[__name__])
 
 
+def exporter():
+    import exporter as ex
+
+    ex.exporter(sys.modules[__name__])
+
+
 def nvml_raw():
     import neighbours
 
@@ -660,6 +680,142 @@ def safety():
     same = outs[0][0] == outs[1][0] == 0 and outs[0][1] == outs[1][1]
     record(sec, "PyTorch with a panic in cuMemGetInfo_v2: caught, logged, output unchanged",
            f"caught={caught} same={same}", "caught, same", caught and same)
+
+
+def hami_reader():
+    """The node monitor's reader, built from include/hami_region.h alone."""
+    exe = os.path.join(BIN, "hami_reader")
+    if not os.path.exists(exe):
+        subprocess.run(["cc", "-O2", "-o", exe, os.path.join(ROOT, "tests/programs/hami_reader.c")], check=True)
+    return exe
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of process pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        s = f.read()
+    f = s[s.rindex(")") + 2:].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hami():
+    """Issue 11: what HAMi's, Volcano's and KAI's monitors read. PyTorch
+    allocates and frees in steps while a reader built from the C header
+    watches the region (GPU only: CI covers it on the simulator); a monitor
+    blocks a low-priority container (recent_kernel = -1) beside a
+    high-priority one, then lifts it."""
+    import threading
+
+    sec = "hami"
+    reader = hami_reader()
+    if not SIM:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid0 = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+        uuid0 = uuid0.decode() if isinstance(uuid0, bytes) else uuid0
+        region = new_region()
+        p = spawn([PY, PROBE, "steps", "3"], make_env(True, {"CUDA_DEVICE_MEMORY_LIMIT": "8g"}, region), "hami-steps")
+        ready = kv(wait_line(p, "ready", 120) or "")
+        samples, phases, done = [], [], [False]
+
+        def watch():
+            while not done[0]:
+                out = subprocess.run([reader, region], capture_output=True, text=True).stdout
+                samples.append((time.time(), kv(out), out))
+                time.sleep(0.2)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        for line in p.stdout:
+            if line.startswith("phase="):
+                phases.append(kv(line))
+        p.wait()
+        exited = time.time()
+        time.sleep(1.5)
+        done[0] = True
+        t.join()
+        pid = ready.get("pid", "?")
+        first = next((f for _, f, _ in samples if f.get("proc_num") == "1"), {})
+        record(sec, "reader from the C header: magic, version, process, device 0 UUID and limit",
+               f"{first.get('magic')} {first.get('version')} pid={first.get('proc0.pid')} "
+               f"uuid_ok={first.get('dev0.uuid') == uuid0} limit={int(first.get('dev0.limit', 0)) / GIB:.0f} GiB",
+               f"19920718 1.2 pid={pid} uuid_ok=True limit=8 GiB",
+               first.get("magic") == "19920718" and first.get("version") == "1.2" and first.get("proc0.pid") == pid
+               and first.get("dev0.uuid") == uuid0 and int(first.get("dev0.limit", 0)) == 8 * GIB)
+        shown = []
+        for ph in phases:
+            start, end = float(ph["start"]), float(ph["end"])
+            # The second half of the phase: the writer's pass and NVML's sample are in.
+            window = [f for ts, f, _ in samples if (start + end) / 2 <= ts <= end and f.get("proc_num") == "1"]
+            used = statistics.median(int(f.get("proc0.dev0.total", 0)) for f in window) if window else -1
+            mon = statistics.median(int(f.get("proc0.dev0.monitorused", 0)) for f in window) if window else -1
+            shown.append((ph["phase"], used, mon, int(ph["nvml"])))
+        rows = ", ".join(f"{n} {u / GIB:.2f}/{m / GIB:.2f}/{v / GIB:.2f}" for n, u, m, v in shown)
+        record(sec, "PyTorch steps 1, 3, 1, 0 GiB: reader's used / monitorused / NVML of the process (GiB)", rows,
+               "used within 0.25 GiB of NVML, monitorused within 0.0625",
+               len(shown) == 4 and all(abs(u - v) <= GIB // 4 and abs(m - v) <= GIB // 16 for _, u, m, v in shown))
+        if len(shown) == 4:
+            deltas = [shown[i + 1][1] - shown[i][1] for i in range(3)]
+            record(sec, "reader's steps between phases (GiB)", ", ".join(f"{d / GIB:+.2f}" for d in deltas),
+                   "+2, -2, -1 (+-0.0625)",
+                   all(abs(d - w) <= GIB // 16 for d, w in zip(deltas, (2 * GIB, -2 * GIB, -GIB))))
+        gone = next((ts - exited for ts, f, _ in samples if ts >= exited and f.get("proc_num") == "0"), None)
+        record(sec, "process gone from the reader after it exited (s)", "never" if gone is None else f"{gone:.2f}",
+               "<= 1.0", gone is not None and gone <= 1.0)
+
+    # A monitor blocks the low-priority container, then lifts it.
+    hi, lo = new_region(), new_region()
+    cmd = [client("procaddr"), "ticks", "1000000", "10"]
+    pa = spawn(cmd, make_env(True, {"CUDA_TASK_PRIORITY": "0"}, hi), "hami-ticks-high")
+    pb = spawn(cmd, make_env(True, {"CUDA_TASK_PRIORITY": "1"}, lo), "hami-ticks-low")
+    ticks = {pa.pid: [], pb.pid: []}
+    if not (wait_line(pa, "ready", 60) and wait_line(pb, "ready", 60)):
+        record(sec, "two containers start", "no", "yes", False)
+        stop(pa)
+        stop(pb)
+        return
+
+    def collect(p):
+        for line in p.stdout:
+            if line.startswith("tick="):
+                ticks[p.pid].append(float(line.split("=", 1)[1]))
+
+    readers = [threading.Thread(target=collect, args=(p,)) for p in (pa, pb)]
+    for t in readers:
+        t.start()
+    time.sleep(2.5)
+    t_block = time.time()
+    run([reader, lo, "set", "recent_kernel", "-1"], base_env(), 10, "hami-block")
+    time.sleep(0.5)
+    cpu0 = cpu_s(pb.pid)
+    time.sleep(2.0)
+    cpu_blocked = cpu_s(pb.pid) - cpu0
+    t_lift = time.time()
+    run([reader, lo, "set", "recent_kernel", "0"], base_env(), 10, "hami-lift")
+    for p in (pa, pb):
+        p.wait(timeout=60)
+    for t in readers:
+        t.join()
+    low, high = ticks[pb.pid], ticks[pa.pid]
+    after = [t for t in low if t_block <= t < t_lift]
+    stopped = (max(after) - t_block) if after else 0.0
+    resumed = min((t - t_lift for t in low if t >= t_lift), default=None)
+    high_gap = max((b - a for a, b in zip(high, high[1:]) if t_block <= b <= t_lift), default=None)
+    record(sec, "low priority: last launch group done after recent_kernel=-1 (s)", f"{stopped:.3f}", "<= 1.0",
+           stopped <= 1.0 and len(after) < len(low))
+    record(sec, "low priority: first launch group done after the lift (s)",
+           "never" if resumed is None else f"{resumed:.3f}", "<= 1.0", resumed is not None and resumed <= 1.0)
+    record(sec, "high priority meanwhile: longest gap between launch groups (s)",
+           "none" if high_gap is None else f"{high_gap:.3f}", "< 0.5", high_gap is not None and high_gap < 0.5)
+    record(sec, "low priority while blocked: CPU seconds in 2 s (launches wait without spinning)",
+           f"{cpu_blocked:.2f}", "< 0.2", cpu_blocked < 0.2)
+    f_lo, f_hi = kv(run([reader, lo], base_env(), 10, "hami-low")[1]), kv(run([reader, hi], base_env(), 10, "hami-high")[1])
+    record(sec, "priority (CUDA_TASK_PRIORITY) and recent_kernel as the monitor reads them: low, high",
+           f"{f_lo.get('priority')}/{f_lo.get('recent_kernel')}, {f_hi.get('priority')}/{f_hi.get('recent_kernel')}",
+           "1/2, 0/2", (f_lo.get("priority"), f_lo.get("recent_kernel"), f_hi.get("priority"), f_hi.get("recent_kernel"))
+           == ("1", "2", "0", "2"))
+
 
 
 def oversub():
@@ -788,7 +944,7 @@ def oversub_turns(sec, jobs):
 
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, oversub]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, exporter]}
 
 
 def main():
@@ -798,7 +954,7 @@ def main():
         SIM, args = args[1], args[2:]
     os.makedirs(LOGS, exist_ok=True)
     for name in args or ["transparency", "memory", "overhead", "startup", "launchcost", "graphs", "storm", "compute",
-                         "pair", "neighbours", "restarts", "safety"]:
+                         "pair", "neighbours", "restarts", "safety", "hami", "exporter"]:
         t = time.time()
         try:
             SECTIONS[name]()

@@ -10,8 +10,11 @@
     torch_probe.py startup              time import + first allocation
     torch_probe.py storm SECONDS SEED   random allocate/free until killed
     torch_probe.py calibrate            sizes of memory-bound kernels of 0.05/1/10 ms
+    torch_probe.py steps SECONDS        hold 1 GiB, 3 GiB, 1 GiB, nothing (SECONDS each;
+                                        frees go back to the driver), printing each phase
     torch_probe.py work KIND SIZE SECONDS GO_FILE [OFFSET]
                                         back-to-back kernels (neighbours scenario)
+    torch_probe.py busy GIB SECONDS     hold GIB and run GEMMs back to back (exporter scenario)
 """
 import os
 import sys
@@ -106,6 +109,24 @@ def hold(gib, secs, quota=False):
     time.sleep(secs)
 
 
+def busy(gib, secs):
+    """Holds GIB, then runs bf16 GEMMs back to back for SECS."""
+    import torch
+
+    x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    op = _op("gemm", 4096)
+    op()
+    torch.cuda.synchronize()
+    print(f"holding={x.numel()}", flush=True)
+    end, n = time.time() + secs, 0
+    while time.time() < end:
+        for _ in range(10):
+            op()
+        torch.cuda.synchronize()
+        n += 10
+    print(f"kernels={n}")
+
+
 def second(gib):
     import torch
 
@@ -192,6 +213,37 @@ def graph(secs, kind="mlp"):
     torch.cuda.synchronize()
     print("per_sec=" + ",".join(str(c) for c in per_sec))
     print(f"rate={sum(per_sec[1:]) / max(1, len(per_sec) - 1):.3f} sm_clock_mhz={clock}")
+
+
+def steps(secs):
+    """Allocates and frees in steps, each held `secs`: 1 GiB, 3 GiB, 1 GiB,
+    nothing (the cache emptied, so the driver gets the memory back).
+    Prints phase=NAME start=T end=T nvml=BYTES for each (Unix seconds; NVML's
+    used memory of this process at the phase's end)."""
+    import torch
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    print(f"ready=1 pid={os.getpid()}", flush=True)
+    time.sleep(secs)
+    held = {}
+
+    def phase(name):
+        torch.cuda.synchronize()
+        start = time.time()
+        time.sleep(secs)
+        print(f"phase={name} start={start:.3f} end={time.time():.3f} nvml={nvml_used_by_me()}", flush=True)
+
+    held["a"] = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    phase("1g")
+    held["b"] = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    phase("3g")
+    del held["b"]
+    torch.cuda.empty_cache()
+    phase("1g_again")
+    del held["a"]
+    torch.cuda.empty_cache()
+    phase("none")
 
 
 def startup():
@@ -339,7 +391,9 @@ if __name__ == "__main__":
         "second": lambda: second(float(args[0])),
         "graph": lambda: graph(float(args[0]), args[1] if len(args) > 1 else "mlp"),
         "startup": lambda: startup(),
+        "steps": lambda: steps(float(args[0])),
         "storm": lambda: storm(float(args[0]), int(args[1])),
         "calibrate": lambda: calibrate(),
+        "busy": lambda: busy(float(args[0]), float(args[1])),
         "work": lambda: work(args[0], float(args[1]), float(args[2]), args[3], float(args[4]) if len(args) > 4 else 0.0),
     }[cmd]()

@@ -1,11 +1,13 @@
-/* The layout of a vgpu shared region (src/shm/layout.rs), for tools that
- * read it from C. Every field is accessed atomically by vgpu: read with
- * __atomic_load_n(&field, __ATOMIC_ACQUIRE), never write.
+/* The layout of vgpu's part of a region file (src/shm/layout.rs), for
+ * tools that read it from C. Every field is accessed atomically by vgpu:
+ * read with __atomic_load_n(&field, __ATOMIC_ACQUIRE), never write.
  *
- * A region file is one vgpu_shm_header (which holds the device table)
- * followed by VGPU_SHM_MAX_SLOTS process slots; its size is
- * VGPU_SHM_REGION_SIZE. Check magic, version_major and size before use:
- * a reader must refuse a major version it does not know.
+ * A region file (layout 2.x) is HAMi's layout 1.2 (include/hami_region.h,
+ * what node monitors read), then, at VGPU_SHM_OFFSET, one vgpu_shm_header
+ * (which holds the device table) followed by VGPU_SHM_MAX_SLOTS process
+ * slots; VGPU_SHM_FILE_SIZE bytes in all. Layout 1.x (vgpu before issue
+ * 11) had this part alone at offset 0. Check magic, version_major and size
+ * before use: a reader must refuse a major version it does not know.
  */
 #ifndef VGPU_SHM_H
 #define VGPU_SHM_H
@@ -13,8 +15,9 @@
 #include <stdint.h>
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
-#define VGPU_SHM_VERSION_MAJOR 1u
-#define VGPU_SHM_VERSION_MINOR 1u
+#define VGPU_SHM_VERSION_MAJOR 2u
+#define VGPU_SHM_VERSION_MINOR 0u
+#define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
 #define VGPU_SHM_NUM_KINDS 5
@@ -45,7 +48,13 @@ typedef struct vgpu_shm_device {
     uint64_t leader;            /* pid << 32 | heartbeat seconds */
     uint64_t waits;             /* launches that waited on the bucket */
     uint64_t context_bytes;     /* a new context's cost, last measured */
-    uint64_t reserved[21];
+    uint32_t hami_index;        /* index in the HAMi part + 1; 0: none yet (2.0) */
+    uint32_t pad;
+    uint64_t hami_limit_seen;   /* limit vgpu last wrote into the HAMi part (2.0) */
+    uint64_t hami_sm_seen;      /* sm_limit vgpu last wrote there (2.0) */
+    uint64_t oom_denials;       /* requests refused with CUDA_ERROR_OUT_OF_MEMORY (2.0) */
+    uint64_t wait_ns;           /* ns launches waited for the bucket (2.0) */
+    uint64_t reserved[16];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */
@@ -61,7 +70,8 @@ typedef struct vgpu_shm_slot {
     uint64_t heartbeat_ms;      /* CLOCK_MONOTONIC ms of the owner's last tick (1.1) */
     uint32_t flags;             /* VGPU_SHM_SLOT_HOST_PID_VERIFIED (1.1) */
     uint32_t pad;
-    uint64_t reserved[33];
+    uint64_t nvml_used[VGPU_SHM_MAX_DEVICES]; /* NVML's used memory per device (2.0) */
+    uint64_t reserved[17];
 } vgpu_shm_slot;
 
 typedef struct vgpu_shm_header {
@@ -79,10 +89,14 @@ typedef struct vgpu_shm_header {
     uint64_t reclaims;
     uint64_t boot_id[2];        /* /proc/sys/kernel/random/boot_id, as 16 bytes (1.1) */
     uint64_t region_id;         /* random, new at each initialisation (1.1) */
-    uint64_t reserved[5];
+    uint64_t hami_writer;       /* pid << 32 | heartbeat s of the HAMi part's writer (2.0) */
+    uint64_t origin;            /* 0 new, 1 upgraded from vgpu 1.x, 2 adopted from HAMi-core (2.0) */
+    uint64_t reserved[3];
     vgpu_shm_device devices[VGPU_SHM_MAX_DEVICES];
 } vgpu_shm_header;
 
-#define VGPU_SHM_REGION_SIZE (sizeof(vgpu_shm_header) + VGPU_SHM_MAX_SLOTS * sizeof(vgpu_shm_slot))
+/* Bytes of vgpu's part, and of a whole region file. */
+#define VGPU_SHM_PART_SIZE (sizeof(vgpu_shm_header) + VGPU_SHM_MAX_SLOTS * sizeof(vgpu_shm_slot))
+#define VGPU_SHM_FILE_SIZE (VGPU_SHM_OFFSET + VGPU_SHM_PART_SIZE)
 
 #endif

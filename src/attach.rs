@@ -276,6 +276,12 @@ impl Attach {
         self.register(wanted, info)
     }
 
+    /// The container's number for the device `uuid` (asking NVML when
+    /// `NVIDIA_VISIBLE_DEVICES` does not say): its index in the HAMi part.
+    pub fn device_number(&self, uuid: &[u8; 16]) -> Option<DeviceNumber> {
+        numbering::number_of(&self.config, uuid, || client::index_of(uuid))
+    }
+
     /// The container's number for the device `uuid`, where it matters:
     /// with no `_N` in the environment every device gets the same limits,
     /// and NVML is not asked.

@@ -4,7 +4,8 @@
 //! (bytes with an optional k/m/g suffix, case-insensitive),
 //! `CUDA_DEVICE_SM_LIMIT[_N]` (percent), `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
 //! `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`,
-//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`. `N` is the container's N-th
+//! `CUDA_OVERSUBSCRIBE`, `LIBCUDA_LOG_LEVEL`, `CUDA_TASK_PRIORITY` (0 high,
+//! 1 normal: what HAMi's monitor reads for its priority time-sharing). `N` is the container's N-th
 //! device ([`DeviceNumber`], assigned in `numbering.rs`), never a process's
 //! CUDA ordinal; `NVIDIA_VISIBLE_DEVICES`, when it lists GPU UUIDs, gives
 //! that order. vgpu's own: `VGPU_REGION_MODE`, `VGPU_REGION_ANY_OWNER` (how
@@ -65,6 +66,9 @@ pub struct Config {
     /// container's devices in `_N` order.
     pub visible_uuids: Option<Vec<[u8; 16]>>,
     pub policy: CorePolicy,
+    /// `CUDA_TASK_PRIORITY`: 0 high, 1 (default) normal; written into a
+    /// region this process creates.
+    pub task_priority: i32,
     pub disable_control: bool,
     pub oversubscribe: bool,
     /// How oversubscription behaves (`VGPU_OVERSUBSCRIBE_*`), read only
@@ -162,6 +166,7 @@ impl Default for Config {
             shared_cache: None,
             visible_uuids: None,
             policy: CorePolicy::Default,
+            task_priority: 1,
             disable_control: false,
             oversubscribe: false,
             oversub: Oversub::default(),
@@ -256,6 +261,10 @@ impl Config {
         soft("VGPU_REGION_ANY_OWNER", "true or false", &|v| {
             parse_bool(v).is_some()
         });
+        // HAMi's monitor indexes a two-entry table with it: 0 or 1 only.
+        soft("CUDA_TASK_PRIORITY", "0 (high) or 1 (normal)", &|v| {
+            parse_priority(v).is_some()
+        });
         let mut oversub = Oversub::default();
         let mut number = |var: &str, default: u64| match trusted_text(var) {
             None => default,
@@ -326,6 +335,9 @@ impl Config {
                 .as_deref()
                 .and_then(parse_uuid_list),
             policy,
+            task_priority: trusted_text("CUDA_TASK_PRIORITY")
+                .and_then(|v| parse_priority(&v))
+                .unwrap_or(1),
             disable_control: trusted_text("CUDA_DISABLE_CONTROL")
                 .and_then(|v| parse_bool(&v))
                 .unwrap_or(false),

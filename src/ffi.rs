@@ -13,6 +13,14 @@ pub fn put<T>(p: *mut T, v: T) -> bool {
     true
 }
 
+/// Runs `f` when the process exits normally (`exit`, or a return from
+/// `main`); false when it cannot be registered.
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function that takes nothing and never unwinds
+    // (its callers wrap their bodies in catch_unwind).
+    unsafe { libc::atexit(f) == 0 }
+}
+
 /// Reads in-parameter `p`; None when NULL.
 pub fn get<T: Copy>(p: *const T) -> Option<T> {
     if p.is_null() {

@@ -122,6 +122,7 @@ extern "C" fn child() {
         // before anything else runs; every guard was just forgotten.
         each_lock(|_, lock| unsafe { lock.reset_in_child() });
         process::reset_in_child();
+        crate::hami::reset_in_child();
         if let Some(a) = attach() {
             a.reset_in_child();
         }

@@ -30,7 +30,7 @@ use std::ffi::{CStr, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use vgpu_shm::{FileOptions, Region, ShmError};
+use vgpu_shm::{FileOptions, Refusal, Region, ShmError};
 
 use crate::attach::{Attach, OnSlot};
 use crate::config::Config;
@@ -166,6 +166,12 @@ fn find_region(config: &Config) -> Found {
     let limited = config.has_limits();
     let private = || Region::anonymous().ok().map(|r| (r, config.clone()));
     let unusable = |e: ShmError| -> Found {
+        if let Some(kept) = hami_core_limits(config, &e) {
+            // HAMi-core's file, in use by HAMi-core processes: its limits
+            // bind this process alone.
+            log::error!("{e}");
+            return Ok(Region::anonymous().ok().map(|r| (r, kept)));
+        }
         if limited {
             log::error!("{e}; the limits in this process's environment are enforced for it alone");
             Ok(private())
@@ -198,7 +204,14 @@ fn find_region(config: &Config) -> Found {
         };
     }
     let attach = |path: &Path, create: bool| match Region::open_with(path, opts(create)) {
-        Ok(r) => Ok(Some((r, config.clone()))),
+        Ok(r) => {
+            if r.created()
+                && let Some(h) = r.hami()
+            {
+                h.set_priority(config.task_priority);
+            }
+            Ok(Some((r, config.clone())))
+        }
         Err(e) => unusable(e),
     };
     if let Some(path) = &config.shared_cache {
@@ -211,6 +224,33 @@ fn find_region(config: &Config) -> Found {
         return attach(default, !default_exists);
     }
     Ok(None)
+}
+
+/// When `e` refuses a HAMi-core file that HAMi-core processes still use:
+/// `config` with the file's limits in place of the environment's for the
+/// devices it limits (limits stored in a region win).
+fn hami_core_limits(config: &Config, e: &ShmError) -> Option<Config> {
+    let ShmError::Refused {
+        why: Refusal::HamiCoreInUse { limits, .. },
+        ..
+    } = e
+    else {
+        return None;
+    };
+    let mut kept = config.clone();
+    for l in limits {
+        if let Some(m) = kept.mem_limit_n.get_mut(l.index)
+            && l.mem != 0
+        {
+            *m = Some(l.mem);
+        }
+        if let Some(s) = kept.sm_limit_n.get_mut(l.index)
+            && l.sm != 0
+        {
+            *s = Some(l.sm);
+        }
+    }
+    Some(kept)
 }
 
 /// The directory libvgpu.so was loaded from.

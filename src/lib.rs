@@ -24,6 +24,9 @@
 //! - `init`: lazy start: environment, region lookup, attach, fork handlers
 //! - `fork`: `pthread_atfork` handlers and the list of every lock
 //! - `watcher`: the background thread
+//! - `hami`: the HAMi part of the region: the launch gate of HAMi's
+//!   priority time-sharing, and the elected writer that keeps what node
+//!   monitors read true
 //! - `quota`: per-process memory accounting (grant, charges, frees,
 //!   contexts, overhead, the allocation table)
 //! - `limiter`: compute bucket, cost estimates, credit, controller, leader
@@ -58,6 +61,7 @@ mod cuda;
 mod ffi;
 mod fork;
 mod guard;
+mod hami;
 mod hostpid;
 mod init;
 mod interpose;

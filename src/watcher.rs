@@ -7,6 +7,9 @@
 //! - measures context overhead on the devices this process uses;
 //! - picks up SM limits that appeared in the region;
 //! - leads the compute bucket of each limited device it is elected for;
+//! - reads what a node monitor wrote into the HAMi part, marks the
+//!   container's launches there, and keeps the HAMi part true when it is
+//!   elected to (`hami`);
 //! - with `CUDA_OVERSUBSCRIBE`, suspends and restores this process
 //!   (`oversub`), and does nothing else while it is suspended.
 //!
@@ -20,12 +23,12 @@ use std::thread::Thread;
 use std::time::Duration;
 
 use crate::attach::Attach;
-use crate::hostpid;
 use crate::limiter::{self, leader::Leader};
 use crate::lock::Lock;
 use crate::nvml::client;
 use crate::process;
 use crate::quota::overhead;
+use crate::{hami, hostpid};
 
 const TICK: Duration = Duration::from_millis(100);
 /// Overhead is re-measured at least this often.
@@ -61,11 +64,14 @@ pub fn kick() {
 }
 
 fn run(attach: &'static Attach) {
-    // Beat before NVML's initialisation, which can take a while.
+    // Beat, and close the gate if a monitor blocks the container, before
+    // NVML's initialisation, which can take a while.
     attach.tick();
+    hami::observe(attach);
     // Every NVML call below runs in its own Guard (nvml/client.rs).
     client::init();
     let mut leader = Leader::default();
+    let mut writer = hami::Writer::default();
     let mut last_reconcile = [0u64; vgpu_shm::MAX_DEVICES];
     loop {
         std::thread::park_timeout(TICK);
@@ -79,6 +85,7 @@ fn run(attach: &'static Attach) {
             continue;
         }
         attach.tick();
+        hami::tick(attach, &mut writer);
         let now = crate::clock::monotonic_ns();
         // Each step below checks the region file first: a truncation is
         // caught microseconds before any access, not a tick later.

@@ -52,16 +52,12 @@ fn smi_totals(sim: &Sim) -> (u64, u64) {
 
 /// The memory limit the region holds for the card with `uuid`.
 fn region_limit(sim: &Sim, uuid: &str) -> Option<u64> {
-    let r = sim.ctl(&["status", sim.region().to_str().unwrap()]);
-    r.stdout
-        .lines()
-        .filter(|l| l.starts_with("device="))
-        .find(|l| l.contains(&format!("uuid={uuid} ")))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|t| t.strip_prefix("mem_limit="))
-        })
-        .and_then(|v| v.parse().ok())
+    let s = sim.status(&sim.region());
+    s["devices"]
+        .as_array()?
+        .iter()
+        .find(|d| d["uuid"] == uuid)?["memory_limit_bytes"]
+        .as_u64()
 }
 
 /// Every later process, through either API and any `CUDA_VISIBLE_DEVICES`,

@@ -117,9 +117,8 @@ fn killing_the_leader_stops_neither_throttling_nor_launches() {
     let mut first = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 30, "kernel");
     // Wait until the first process leads the bucket.
     assert!(wait_until(10.0, || {
-        let s = sim.ctl(&["status", sim.region().to_str().unwrap()]);
-        s.kv.get("leader")
-            .is_some_and(|l| l == &first.id().to_string())
+        sim.try_status(&sim.region())
+            .is_some_and(|s| s["devices"][0]["leader_pid"] == first.id())
     }));
     let second = spawn_spin(&sim, Path3::Dlsym, 1_000_000, 8, "kernel");
     std::thread::sleep(std::time::Duration::from_secs(2));
@@ -133,10 +132,10 @@ fn killing_the_leader_stops_neither_throttling_nor_launches() {
         (0.25..=0.35).contains(&after),
         "survivor ran at {after:.3}: {rates:?}"
     );
-    let s = sim.ctl(&["status", sim.region().to_str().unwrap()]);
+    let s = sim.status(&sim.region());
     assert_ne!(
-        s.get("leader"),
-        first.id().to_string(),
+        s["devices"][0]["leader_pid"],
+        first.id(),
         "a new leader took over"
     );
 }

@@ -185,13 +185,15 @@ fn frees_racing_with_a_measurement_do_not_inflate_the_context_estimate() {
     );
     let (mut largest, mut looks, mut measured) = (0, 0, false);
     while racer.try_wait().unwrap().is_none() {
-        let status = sim.ctl(&["status", sim.region().to_str().unwrap()]);
-        for line in status.stdout.lines().filter(|l| l.starts_with("slot=")) {
+        let status = sim.try_status(&sim.region()).unwrap_or_default();
+        for p in status["processes"].as_array().into_iter().flatten() {
             // (A slot claimed at cuInit holds nothing before the context.)
-            let ctx = line
-                .split_whitespace()
-                .find_map(|t| t.strip_prefix("dev0_context="))
-                .map_or(0, |v| v.parse::<u64>().unwrap());
+            let ctx = p["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["index"] == 0)
+                .map_or(0, |d| d["context_bytes"].as_u64().unwrap());
             // Until measured, a provisional figure stands in (640 MiB).
             measured |= ctx > 0 && ctx <= 300 * MIB;
             if measured {

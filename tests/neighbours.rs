@@ -181,7 +181,8 @@ fn nvml_util(sim: &Sim, ms: u32) -> Vec<(u32, f64)> {
 
 fn region_util(sim: &Sim, name: &str) -> f64 {
     let region = sim.dir.path().join(format!("{name}.cache"));
-    sim.ctl(&["status", region.to_str().unwrap()]).f64("util")
+    let s = sim.status(&region);
+    s["devices"][0]["utilization_percent"].as_f64().unwrap() / 100.0
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -131,12 +132,13 @@ fn state_from_another_boot_is_reset() {
             .tat_ns
             .store(u64::MAX / 2, Ordering::Release);
         drop(region);
-        // Header.boot_id (offset 64): another boot's.
+        // Header.boot_id (offset 64 of vgpu's header): another boot's.
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(sim.region())
             .unwrap();
-        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 16], 64).unwrap();
+        let at = vgpu_shm::layout::VGPU_OFFSET as u64 + 64;
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 16], at).unwrap();
         let r = sim
             .client(
                 Path3::Dlsym,
@@ -337,11 +339,9 @@ fn process_1025_is_refused_at_init_and_1024_killed_holders_come_back_at_once() {
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "4g");
     let region = sim.region().to_str().unwrap().to_string();
     let occupied = || {
-        sim.ctl(&["status", &region])
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("slot="))
-            .count()
+        sim.try_status(Path::new(&region))
+            .and_then(|s| s["processes"].as_array().map(Vec::len))
+            .unwrap_or(0)
     };
     // 1024 processes that hold a slot and nothing else (no context: the
     // simulated driver keeps no state for them, so this is cheap).
@@ -379,8 +379,8 @@ fn process_1025_is_refused_at_init_and_1024_killed_holders_come_back_at_once() {
         .ok();
     assert_eq!(next.i64("alloc_rc"), 0, "{}", next.stderr);
     assert!(t.elapsed() < Duration::from_secs(5));
-    let s = sim.ctl(&["status", &region]);
-    assert!(s.u64("reclaims") >= 1024, "{}", s.stdout);
+    let s = sim.status(Path::new(&region));
+    assert!(s["slots_reclaimed"].as_u64().unwrap() >= 1024, "{s}");
 }
 
 /// The absolute path of a system command.

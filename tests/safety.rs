@@ -69,7 +69,7 @@ fn only_a_file_vgpu_creates_gets_a_mode_and_that_mode_is_configurable() {
     alloc_900m(&sim).ok();
     assert_eq!(
         std::fs::metadata(sim.region()).unwrap().len(),
-        vgpu_shm::layout::REGION_SIZE as u64
+        vgpu_shm::layout::FILE_SIZE as u64
     );
     assert_eq!(
         mode_of(&sim.region()),
@@ -537,8 +537,10 @@ fn vgpuctl_names_a_wrong_slot_count() {
     let sim = Sim::new(1, "8g");
     drop(vgpu_shm::Region::open(&sim.region(), vgpu_shm::OpenMode::CreateIfMissing).unwrap());
     let mut bytes = std::fs::read(sim.region()).unwrap();
-    // max_slots is the u32 at offset 36 of the header (include/vgpu_shm.h).
-    bytes[36..40].copy_from_slice(&7u32.to_le_bytes());
+    // max_slots is the u32 at offset 36 of vgpu's header, which starts at
+    // VGPU_SHM_OFFSET (include/vgpu_shm.h).
+    let at = vgpu_shm::layout::VGPU_OFFSET + 36;
+    bytes[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
     std::fs::write(sim.region(), &bytes).unwrap();
     let r = sim.ctl(&["status", sim.region().to_str().unwrap()]);
     assert!(!r.status.success());

@@ -53,7 +53,9 @@ fn the_c_header_matches_the_rust_layout() {
     assert_eq!(c.u64("sizeof.header"), HEADER_SIZE as u64);
     assert_eq!(c.u64("sizeof.device"), size_of::<DeviceEntry>() as u64);
     assert_eq!(c.u64("sizeof.slot"), size_of::<ProcSlot>() as u64);
-    assert_eq!(c.u64("region"), REGION_SIZE as u64);
+    assert_eq!(c.u64("part"), REGION_SIZE as u64);
+    assert_eq!(c.u64("file"), FILE_SIZE as u64);
+    assert_eq!(c.u64("offset"), VGPU_OFFSET as u64);
     let expect = [
         (
             "vgpu_shm_header.version_major",
@@ -73,6 +75,11 @@ fn the_c_header_matches_the_rust_layout() {
         ("vgpu_shm_header.reclaims", offset_of!(Header, reclaims)),
         ("vgpu_shm_header.boot_id", offset_of!(Header, boot_id)),
         ("vgpu_shm_header.region_id", offset_of!(Header, region_id)),
+        (
+            "vgpu_shm_header.hami_writer",
+            offset_of!(Header, hami_writer),
+        ),
+        ("vgpu_shm_header.origin", offset_of!(Header, origin)),
         ("vgpu_shm_header.devices", offset_of!(Header, devices)),
         ("vgpu_shm_device.in_use", offset_of!(DeviceEntry, in_use)),
         (
@@ -107,6 +114,23 @@ fn the_c_header_matches_the_rust_layout() {
             "vgpu_shm_device.context_bytes",
             offset_of!(DeviceEntry, context_bytes),
         ),
+        (
+            "vgpu_shm_device.hami_index",
+            offset_of!(DeviceEntry, hami_index),
+        ),
+        (
+            "vgpu_shm_device.hami_limit_seen",
+            offset_of!(DeviceEntry, hami_limit_seen),
+        ),
+        (
+            "vgpu_shm_device.hami_sm_seen",
+            offset_of!(DeviceEntry, hami_sm_seen),
+        ),
+        (
+            "vgpu_shm_device.oom_denials",
+            offset_of!(DeviceEntry, oom_denials),
+        ),
+        ("vgpu_shm_device.wait_ns", offset_of!(DeviceEntry, wait_ns)),
         ("vgpu_shm_slot.host_pid", offset_of!(ProcSlot, host_pid)),
         ("vgpu_shm_slot.start_time", offset_of!(ProcSlot, start_time)),
         ("vgpu_shm_slot.pidns", offset_of!(ProcSlot, pidns)),
@@ -125,6 +149,7 @@ fn the_c_header_matches_the_rust_layout() {
             offset_of!(ProcSlot, heartbeat_ms),
         ),
         ("vgpu_shm_slot.flags", offset_of!(ProcSlot, flags)),
+        ("vgpu_shm_slot.nvml_used", offset_of!(ProcSlot, nvml_used)),
     ];
     for (field, offset) in expect {
         assert_eq!(c.u64(field), offset as u64, "{field}");
@@ -146,7 +171,8 @@ fn a_version_bump_is_detected_by_readers() {
     let path = dir.path().join("r.cache");
     drop(Region::open(&path, OpenMode::CreateIfMissing).unwrap());
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&(VERSION_MAJOR + 1).to_le_bytes());
+    let at = VGPU_OFFSET + 8;
+    bytes[at..at + 4].copy_from_slice(&(VERSION_MAJOR + 1).to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let err = Region::open(&path, OpenMode::ExistingOnly)
         .err()

@@ -4,6 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use vgpu_shm::format::Found;
 use vgpu_shm::{OpenMode, Region, ShmError, check, layout};
 
 fuzz_target!(|data: &[u8]| {
@@ -12,9 +13,11 @@ fuzz_target!(|data: &[u8]| {
         n if n >= 8 && data[0] & 1 == 1 => u64::from_le_bytes(data[n - 8..].try_into().unwrap()),
         n => n as u64,
     };
-    let verdict = check(data, len);
-    if let Ok(true) = verdict {
-        assert_eq!(len, layout::REGION_SIZE as u64);
+    match check(data, len) {
+        Ok(Found::Vgpu { ready: true, .. }) => assert_eq!(len, layout::FILE_SIZE as u64),
+        Ok(Found::VgpuLegacy { ready: true, .. }) => assert_eq!(len, layout::LEGACY_SIZE as u64),
+        Ok(Found::HamiCore) => assert!(len >= vgpu_shm::hami::HAMI_SIZE as u64),
+        _ => {}
     }
     // Every few inputs, the real thing on a file (tmpfs when there is one).
     if data.len() % 7 == 0 {
@@ -24,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         match Region::open(&path, OpenMode::ExistingOnly) {
             Ok(r) => assert!(
                 r.header().size.load(std::sync::atomic::Ordering::Relaxed)
-                    == layout::REGION_SIZE as u64
+                    == std::fs::metadata(&path).unwrap().len()
             ),
             Err(ShmError::Refused { .. }) => assert_eq!(
                 std::fs::read(&path).unwrap(),

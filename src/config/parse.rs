@@ -38,6 +38,15 @@ pub(super) fn parse_uuid_list(text: &str) -> Option<Vec<[u8; 16]>> {
         .filter(|l| !l.is_empty())
 }
 
+/// `CUDA_TASK_PRIORITY`: 0 or 1.
+pub(super) fn parse_priority(text: &str) -> Option<i32> {
+    match text.trim() {
+        "0" => Some(0),
+        "1" => Some(1),
+        _ => None,
+    }
+}
+
 /// A region file mode: octal, owner read-write at least, nothing beyond
 /// read-write for anyone (no execute, setuid or sticky bits).
 pub(super) fn parse_mode(text: &str) -> Option<u32> {

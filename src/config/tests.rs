@@ -224,3 +224,20 @@ fn soft_variables_warn_and_keep_defaults() {
         CorePolicy::Force
     );
 }
+
+#[test]
+fn task_priority_is_0_or_1_and_anything_else_warns_and_stays_normal() {
+    assert_eq!(cfg(&[]).unwrap().task_priority, 1);
+    assert_eq!(
+        cfg(&[("CUDA_TASK_PRIORITY", "0")]).unwrap().task_priority,
+        0
+    );
+    for bad in ["2", "-1", "high", ""] {
+        let c = cfg(&[("CUDA_TASK_PRIORITY", bad)]).unwrap();
+        assert_eq!(c.task_priority, 1, "{bad:?}");
+        assert_eq!(c.warnings[0].var, "CUDA_TASK_PRIORITY");
+    }
+    // Secure execution: an untrusted environment takes no priority.
+    let c = cfg_named(&[("CUDA_TASK_PRIORITY", "0")], true).unwrap();
+    assert_eq!(c.task_priority, 1);
+}

@@ -13,7 +13,7 @@ use super::{device, driver, events};
 use crate::attach::Attach;
 use crate::ffi::get;
 use crate::limiter::{self, estimate};
-use crate::{init, process};
+use crate::{hami, init, process};
 
 type Args = *mut *mut c_void;
 
@@ -57,10 +57,12 @@ fn event_stream(stream: CUstream, per_thread: bool) -> CUstream {
     }
 }
 
-/// Runs a launch through the bucket of its device. Without an SM limit in
-/// this process, one atomic load.
+/// Runs a launch through HAMi's gate (priority time-sharing) and the
+/// bucket of its device. Without an SM limit in this process, two atomic
+/// loads.
 #[inline]
 fn launched(describe: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) -> CUresult {
+    hami::launching();
     if !limiter::any_limit() {
         return go();
     }

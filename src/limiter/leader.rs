@@ -144,7 +144,9 @@ impl Leader {
         let percent = entry.sm_limit();
         let state = &mut self.devices[dev.get()];
         let me = std::process::id();
-        if percent == 0 || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
+        if percent == 0
+            || !attach.region.enforces_sm_limit(dev)
+            || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
         {
             state.leading = false;
             return;

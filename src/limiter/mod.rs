@@ -79,14 +79,21 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
         return;
     }
     let lease = cost.max(LEASE_NS);
-    let mut now = clock::monotonic_ns();
+    let start = clock::monotonic_ns();
+    let (mut now, mut waited) = (start, false);
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
+            if waited {
+                entry.add_wait_ns(now - start);
+            }
             break;
         };
-        entry.count_wait();
+        if !waited {
+            entry.count_wait();
+            waited = true;
+        }
         std::thread::sleep(Duration::from_nanos(ns));
         now = clock::monotonic_ns();
     }
@@ -96,7 +103,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
 /// Notes that this process uses device entry `dev`, and whether an SM
 /// limit is in force there.
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
-    let on = attach.region.device(dev).enforces_sm_limit();
+    let on = attach.region.enforces_sm_limit(dev);
     process::device(dev).limiter.set_enforced(on);
     if on {
         ACTIVE.store(true, Ordering::Release);

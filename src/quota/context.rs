@@ -96,7 +96,7 @@ pub fn reserve<'a>(
     let deadline = crate::clock::monotonic_ns() + CONTEXT_WAIT_NS;
     loop {
         let bytes = overhead::expected_context_bytes(attach, dev);
-        match grant::reserve(attach, slot, dev, Kind::Context, bytes) {
+        match grant::try_reserve(attach, slot, dev, Kind::Context, bytes) {
             Ok(()) => {
                 ticket.settle(true);
                 return Ok(Some(ContextCharge {
@@ -108,10 +108,14 @@ pub fn reserve<'a>(
                     kept: false,
                 }));
             }
-            Err(rc) if crate::clock::monotonic_ns() >= deadline => return Err(rc),
+            Err(rc) if crate::clock::monotonic_ns() >= deadline => {
+                grant::count_denial(attach, dev);
+                return Err(rc);
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
         if !attach.intact() {
+            grant::count_denial(attach, dev);
             return Err(CUresult::ERROR_OUT_OF_MEMORY);
         }
     }

@@ -24,8 +24,29 @@ use crate::cuda::sys::CUresult;
 const NEAR_LIMIT_DIV: u64 = 32;
 
 /// Reserves `bytes` of `kind` on device `dev` in slot `slot`; Err is the
-/// code the driver call returns instead (the bytes are not counted then).
+/// code the driver call returns instead (the bytes are not counted then),
+/// counted in the device entry's `oom_denials` for monitors.
 pub fn reserve(
+    attach: &Attach,
+    slot: SlotIndex,
+    dev: EntryIndex,
+    kind: Kind,
+    bytes: u64,
+) -> Result<(), CUresult> {
+    let granted = try_reserve(attach, slot, dev, kind, bytes);
+    if granted.is_err() {
+        count_denial(attach, dev);
+    }
+    granted
+}
+
+/// Counts a request on device `dev` refused with `CUDA_ERROR_OUT_OF_MEMORY`.
+pub fn count_denial(attach: &Attach, dev: EntryIndex) {
+    attach.region.device(dev).count_oom_denial();
+}
+
+/// [`reserve`] without counting a refusal: for a caller that tries again.
+pub fn try_reserve(
     attach: &Attach,
     slot: SlotIndex,
     dev: EntryIndex,

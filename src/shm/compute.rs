@@ -8,10 +8,7 @@ use std::sync::atomic::Ordering;
 
 use crate::layout::DeviceEntry;
 
-/// The leader word: its pid above the low 32 bits of its last heartbeat,
-/// in monotonic seconds.
-const BEAT_BITS: u32 = 32;
-const BEAT_MASK: u64 = (1 << BEAT_BITS) - 1;
+use crate::lease;
 
 impl DeviceEntry {
     /// The SM limit in percent, 0 for none.
@@ -58,6 +55,26 @@ impl DeviceEntry {
         self.waits.load(Ordering::Relaxed)
     }
 
+    /// Adds `ns` to the time launches spent waiting for the bucket.
+    pub fn add_wait_ns(&self, ns: u64) {
+        self.wait_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds launches spent waiting for the bucket, ever.
+    pub fn wait_ns(&self) -> u64 {
+        self.wait_ns.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request refused with `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn count_oom_denial(&self) {
+        self.oom_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused with `CUDA_ERROR_OUT_OF_MEMORY`, ever.
+    pub fn oom_denials(&self) -> u64 {
+        self.oom_denials.load(Ordering::Relaxed)
+    }
+
     /// The container's utilisation of the device as last shown, ×1000.
     pub fn util_milli(&self) -> u32 {
         self.util_milli.load(Ordering::Relaxed)
@@ -70,7 +87,7 @@ impl DeviceEntry {
 
     /// The pid of the process that leads the device's bucket (0: none).
     pub fn leader_pid(&self) -> u32 {
-        (self.leader.load(Ordering::Acquire) >> BEAT_BITS) as u32
+        lease::holder(&self.leader)
     }
 
     /// Takes or renews the lead of the device for process `me` at `now_s`
@@ -84,18 +101,6 @@ impl DeviceEntry {
         lease_s: u64,
         alive: impl Fn(u32) -> bool,
     ) -> bool {
-        let mine = u64::from(me) << BEAT_BITS | (now_s & BEAT_MASK);
-        let cur = self.leader.load(Ordering::Acquire);
-        let (pid, beat) = ((cur >> BEAT_BITS) as u32, cur & BEAT_MASK);
-        if pid == me {
-            self.leader.store(mine, Ordering::Release);
-            return true;
-        }
-        let stale = pid == 0 || (now_s & BEAT_MASK).wrapping_sub(beat) > lease_s || !alive(pid);
-        stale
-            && self
-                .leader
-                .compare_exchange(cur, mine, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        lease::elect(&self.leader, me, now_s, lease_s, alive)
     }
 }

@@ -5,10 +5,11 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::layout::{MAGIC, PREFIX_LEN, Prefix, REGION_SIZE, STATE_READY, VERSION_MAJOR};
+use crate::layout::{FILE_SIZE, VERSION_MAJOR};
 
-/// Why a file is not a region this library can use. Produced by [`check`],
-/// before anything is mapped.
+/// Why a file is not a region this library can use. Produced by
+/// [`check`](crate::check) before anything is mapped, or when a HAMi-core
+/// file cannot be adopted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// Shorter than the fixed prefix.
@@ -16,10 +17,29 @@ pub enum Refusal {
         /// The file's length.
         len: u64,
     },
-    /// Not a vgpu region at all (HAMi-core's file, random bytes, ...).
+    /// Neither a vgpu region nor HAMi's (random bytes, ...).
     BadMagic {
         /// The first eight bytes, as a little-endian number.
         found: u64,
+    },
+    /// HAMi's magic, but a layout version or size other than 1.2: its
+    /// fields cannot be told apart, so it is neither read nor modified.
+    HamiCoreVersion {
+        /// Its major version.
+        major: u32,
+        /// Its minor version.
+        minor: u32,
+        /// The file's length.
+        len: u64,
+    },
+    /// HAMi-core's file (layout 1.2), still mapped by HAMi-core processes:
+    /// their accounting cannot be shared. Its limits are given, so that
+    /// this process can be held to them alone.
+    HamiCoreInUse {
+        /// The HAMi-core processes that map it (pids in the container).
+        pids: Vec<i32>,
+        /// The limits it holds.
+        limits: Vec<HamiLimit>,
     },
     /// Written by a newer vgpu whose layout this library does not know.
     NewerLayout {
@@ -56,6 +76,19 @@ pub enum Refusal {
     },
 }
 
+/// One device's limits, as a HAMi-core file stores them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HamiLimit {
+    /// The device index (the container's device number).
+    pub index: usize,
+    /// The UUID string, empty when the file names none.
+    pub uuid: String,
+    /// Bytes, 0 for none.
+    pub mem: u64,
+    /// Percent, 0 for none (HAMi's 100 reads as 0).
+    pub sm: u32,
+}
+
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -64,8 +97,34 @@ impl fmt::Display for Refusal {
             }
             Refusal::BadMagic { found } => write!(
                 f,
-                "wrong magic {found:#018x}: not a vgpu region (a HAMi-core cache file?)"
+                "wrong magic {found:#018x}: neither a vgpu region nor a HAMi-core one; it is left as it is (delete it to let vgpu create its region there)"
             ),
+            Refusal::HamiCoreVersion { major, minor, len } => write!(
+                f,
+                "a HAMi-core region of layout {major}.{minor} ({len} bytes), which vgpu cannot read (it adopts layout 1.2 only); it is left as it is: delete it once no process of the container uses it, and vgpu creates its own"
+            ),
+            Refusal::HamiCoreInUse { pids, limits } => {
+                let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+                let limits: Vec<String> = limits
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "device {} {} memory {} SM {}%",
+                            l.index, l.uuid, l.mem, l.sm
+                        )
+                    })
+                    .collect();
+                write!(
+                    f,
+                    "HAMi-core's region (layout 1.2), still used by HAMi-core processes (pids {}), whose accounting vgpu cannot share; its limits ({}) bind this process alone. Delete the file once those processes have exited (or restart the container): vgpu then adopts it, limits kept",
+                    pids.join(", "),
+                    if limits.is_empty() {
+                        "none".to_string()
+                    } else {
+                        limits.join("; ")
+                    }
+                )
+            }
             Refusal::NewerLayout { major, minor } => write!(
                 f,
                 "layout version {major}.{minor} is newer than this library's {VERSION_MAJOR}.x"
@@ -92,61 +151,6 @@ impl fmt::Display for Refusal {
             ),
         }
     }
-}
-
-/// Checks a region file from its first bytes and its length. Pure: the
-/// fuzz target `region_check` drives it with arbitrary input.
-///
-/// `Ok(true)` means ready; `Ok(false)` means a region of our layout whose
-/// creator died before it marked it ready (safe to initialise again under
-/// the lock).
-pub fn check(head: &[u8], file_len: u64) -> Result<bool, Refusal> {
-    let Some(p) = Prefix::parse(head) else {
-        return Err(Refusal::Truncated { len: file_len });
-    };
-    if file_len < PREFIX_LEN as u64 {
-        return Err(Refusal::Truncated { len: file_len });
-    }
-    if p.magic != MAGIC {
-        return Err(Refusal::BadMagic { found: p.magic });
-    }
-    if p.version_major > VERSION_MAJOR {
-        return Err(Refusal::NewerLayout {
-            major: p.version_major,
-            minor: p.version_minor,
-        });
-    }
-    if p.version_major < VERSION_MAJOR {
-        return Err(Refusal::OlderLayout {
-            major: p.version_major,
-            minor: p.version_minor,
-        });
-    }
-    let expected = REGION_SIZE as u64;
-    if p.size != expected || file_len != expected {
-        return Err(Refusal::SizeMismatch {
-            header_says: p.size,
-            file_len,
-            expected,
-        });
-    }
-    // Sizes agree: a geometry that differs is named (a slot count of
-    // another build used to read "header says N bytes, file has N").
-    for (field, found, want) in [
-        ("header_size", p.header_size, crate::layout::HEADER_SIZE),
-        ("slot_size", p.slot_size, crate::layout::SLOT_SIZE),
-        ("max_devices", p.max_devices, crate::layout::MAX_DEVICES),
-        ("max_slots", p.max_slots, crate::layout::MAX_SLOTS),
-    ] {
-        if found as usize != want {
-            return Err(Refusal::Geometry {
-                field,
-                found: u64::from(found),
-                expected: want as u64,
-            });
-        }
-    }
-    Ok(p.state == STATE_READY)
 }
 
 /// Why a region could not be opened, created or locked.
@@ -260,7 +264,7 @@ impl fmt::Display for ShmError {
                 f,
                 "region {}: cannot reserve its {} bytes on disk ({source}); is the filesystem full?",
                 path.display(),
-                REGION_SIZE
+                FILE_SIZE
             ),
             ShmError::Tampered { path, why } => write!(f, "region {}: {why}", path.display()),
             ShmError::SlotsFull { path } => write!(

@@ -84,6 +84,26 @@ pub fn open(path: &Path, opts: FileOptions) -> Result<(File, bool), ShmError> {
     Err(ShmError::io(path, "open for writing", last))
 }
 
+/// Opens the region file at `path` for reading only (a monitor): never
+/// through a symbolic link, only a regular file, of any owner.
+pub fn open_read_only(path: &Path) -> Result<File, ShmError> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        ShmError::io(
+            path,
+            "open",
+            io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
+        )
+    })?;
+    let flags =
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
+    let file = open_raw(&cpath, flags, 0).map_err(|e| refusal_or_io(path, "open", e))?;
+    let opts = FileOptions {
+        create: None,
+        any_owner: true,
+    };
+    checked(path, file, false, opts).map(|(file, _)| file)
+}
+
 fn open_raw(path: &std::ffi::CStr, flags: i32, mode: libc::mode_t) -> io::Result<File> {
     // SAFETY: a NUL-terminated path and plain flags; the descriptor returned
     // is new and owned by the File made from it.

@@ -6,8 +6,14 @@
 //! `include/vgpu_shm.h`; the const asserts below and `tests/shm_layout.rs`
 //! keep the two in step.
 //!
-//! A region file is: one [`Header`] (which holds the device table), then
-//! [`MAX_SLOTS`] [`ProcSlot`]s. Slots have fixed indices and are never moved.
+//! A region file (layout 2.x) is HAMi's layout 1.2 (`hami::layout`, what
+//! the node monitors of HAMi, Volcano and KAI read), padded to
+//! [`VGPU_OFFSET`], then vgpu's own part: one [`Header`] (which holds the
+//! device table), then [`MAX_SLOTS`] [`ProcSlot`]s; [`FILE_SIZE`] bytes in
+//! all. The `VGPUSHM` header at [`VGPU_OFFSET`] is what tells vgpu the file
+//! is its own. Layout 1.x (vgpu before issue 11) was vgpu's part alone, at
+//! offset 0 ([`LEGACY_SIZE`] bytes). Slots have fixed indices and are never
+//! moved.
 #![forbid(unsafe_code)]
 
 use std::mem::{offset_of, size_of};
@@ -16,9 +22,12 @@ use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64};
 /// `"VGPUSHM\0"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// Bumped when a field moves or changes meaning; readers refuse other majors.
-pub const VERSION_MAJOR: u32 = 1;
+/// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
+pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 1;
+pub const VERSION_MINOR: u32 = 0;
+/// The major version of layout 1.x, vgpu's part alone at offset 0.
+pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in a region: processes of a container counted at once.
@@ -103,8 +112,21 @@ pub struct DeviceEntry {
     /// What a new CUDA context costs on this device, as last measured
     /// (0 until then): reserved before a context is created.
     pub context_bytes: AtomicU64,
+    /// The device's index in the HAMi part, plus one (0: none yet; 2.0).
+    pub hami_index: AtomicU32,
+    /// Zero: alignment.
+    pub _pad: AtomicU32,
+    /// The memory limit last written into the HAMi part's `limit` (2.0):
+    /// a value there that differs was written by a monitor.
+    pub hami_limit_seen: AtomicU64,
+    /// The same for `sm_limit` (2.0).
+    pub hami_sm_seen: AtomicU64,
+    /// Requests refused with `CUDA_ERROR_OUT_OF_MEMORY` (2.0).
+    pub oom_denials: AtomicU64,
+    /// Nanoseconds launches spent waiting for the bucket (2.0).
+    pub wait_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 21],
+    pub _reserved: [AtomicU64; 16],
 }
 
 /// One process of the container.
@@ -136,8 +158,11 @@ pub struct ProcSlot {
     pub flags: AtomicU32,
     /// Zero: alignment.
     pub _pad: AtomicU32,
+    /// NVML's used memory of this process per device entry, bytes, as
+    /// last sampled (2.0; what monitors call `monitorused`).
+    pub nvml_used: [AtomicU64; MAX_DEVICES],
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 33],
+    pub _reserved: [AtomicU64; 17],
 }
 
 /// The start of a region file: its identity, its geometry, and the device
@@ -174,11 +199,24 @@ pub struct Header {
     /// A random value set at each initialisation (since 1.1): a process
     /// notices when the file it mapped was re-created under it.
     pub region_id: AtomicU64,
+    /// The process that keeps the HAMi part true: `pid << 32 | heartbeat`
+    /// (monotonic seconds; 2.0).
+    pub hami_writer: AtomicU64,
+    /// What the file was before this layout (2.0): [`ORIGIN_NEW`],
+    /// [`ORIGIN_VGPU_1`] or [`ORIGIN_HAMI_CORE`].
+    pub origin: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 5],
+    pub _reserved: [AtomicU64; 3],
     /// The device table.
     pub devices: [DeviceEntry; MAX_DEVICES],
 }
+
+/// `Header::origin`: created in this layout.
+pub const ORIGIN_NEW: u64 = 0;
+/// `Header::origin`: upgraded from vgpu's layout 1.x.
+pub const ORIGIN_VGPU_1: u64 = 1;
+/// `Header::origin`: adopted from HAMi-core's layout 1.2.
+pub const ORIGIN_HAMI_CORE: u64 = 2;
 
 /// Size of the [`Header`], device table included.
 pub const HEADER_SIZE: usize = size_of::<Header>();
@@ -186,8 +224,14 @@ pub const HEADER_SIZE: usize = size_of::<Header>();
 pub const SLOT_SIZE: usize = size_of::<ProcSlot>();
 /// Size of one [`DeviceEntry`].
 pub const DEVICE_SIZE: usize = size_of::<DeviceEntry>();
-/// Size of a region file of this layout version.
+/// Size of vgpu's part of a region: its header and slots.
 pub const REGION_SIZE: usize = HEADER_SIZE + MAX_SLOTS * SLOT_SIZE;
+/// Where vgpu's part starts: after HAMi's layout, on a page boundary.
+pub const VGPU_OFFSET: usize = crate::hami::HAMI_SIZE.next_multiple_of(4096);
+/// Size of a region file of this layout version.
+pub const FILE_SIZE: usize = VGPU_OFFSET + REGION_SIZE;
+/// Size of a region file of layout 1.x (vgpu's part alone, at offset 0).
+pub const LEGACY_SIZE: usize = REGION_SIZE;
 
 const _: () = {
     assert!(DEVICE_SIZE == 256);
@@ -197,6 +241,11 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, leader) == 64);
     assert!(offset_of!(DeviceEntry, waits) == 72);
     assert!(offset_of!(DeviceEntry, context_bytes) == 80);
+    assert!(offset_of!(DeviceEntry, hami_index) == 88);
+    assert!(offset_of!(DeviceEntry, hami_limit_seen) == 96);
+    assert!(offset_of!(DeviceEntry, hami_sm_seen) == 104);
+    assert!(offset_of!(DeviceEntry, oom_denials) == 112);
+    assert!(offset_of!(DeviceEntry, wait_ns) == 120);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
@@ -204,14 +253,19 @@ const _: () = {
     assert!(offset_of!(ProcSlot, dead_since_ms) == 736);
     assert!(offset_of!(ProcSlot, heartbeat_ms) == 744);
     assert!(offset_of!(ProcSlot, flags) == 752);
+    assert!(offset_of!(ProcSlot, nvml_used) == 760);
     assert!(offset_of!(Header, size) == 16);
     assert!(offset_of!(Header, state) == 40);
     assert!(offset_of!(Header, slot_hwm) == 44);
     assert!(offset_of!(Header, boot_id) == 64);
     assert!(offset_of!(Header, region_id) == 80);
+    assert!(offset_of!(Header, hami_writer) == 88);
+    assert!(offset_of!(Header, origin) == 96);
     assert!(offset_of!(Header, devices) == 128);
     assert!(HEADER_SIZE == 128 + MAX_DEVICES * 256);
     assert!(HEADER_SIZE.is_multiple_of(8));
+    assert!(VGPU_OFFSET == 2_011_136 && VGPU_OFFSET >= crate::hami::HAMI_SIZE);
+    assert!(FILE_SIZE == 3_063_936);
 };
 
 /// The fields a reader checks before it maps a file, parsed from its first

@@ -8,14 +8,22 @@
 //! This crate has no FFI to CUDA or NVML and exports no C symbols, so tools
 //! (`vgpuctl`) and tests use it without interposing on themselves.
 //!
-//! - [`layout`]: the `#[repr(C)]` layout, mirrored by `include/vgpu_shm.h`
-//! - [`region`]: create/attach/validate a file, or a private region
+//! - [`layout`]: vgpu's `#[repr(C)]` part, mirrored by `include/vgpu_shm.h`
+//! - [`hami`]: HAMi's layout 1.2 at the start of the file (what node
+//!   monitors read, `include/hami_region.h`), its mirror of vgpu's part,
+//!   and reading any region file ([`hami::open_any`])
+//! - [`format`]: what a file is, before it is mapped
+//! - [`region`]: a mapped region, or a private one
+//! - `open`: create, attach or repair a file under its lock
+//! - `adopt`: vgpu's layout 1.x and HAMi-core's files, made into 2.x
 //! - [`file`]: open or create the file itself (no symlinks, no races, owner checks)
+//! - `copy`: a read-only copy of a region file, for monitors
 //! - `lock`: the OFD file lock (dies with its holder)
 //! - `slots`: claim, release, reclaim dead slots
 //! - `index`: typed indices of device entries and slots
 //! - `devices`: the UUID-keyed device table and limit precedence
 //! - `compute`: a device entry's bucket, scale, utilisation and leader
+//! - `lease`: one process of the container does a job while it renews a lease
 //! - `quota`: reserve-then-check without a lock
 //! - [`procinfo`]: process identity and liveness across pid namespaces
 //! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
@@ -26,15 +34,21 @@
 
 #![warn(missing_docs)]
 
+mod adopt;
 pub mod board;
 mod boot;
 mod compute;
+mod copy;
 pub mod devices;
 pub mod error;
 pub mod file;
+pub mod format;
+pub mod hami;
 mod index;
 pub mod layout;
+mod lease;
 mod lock;
+mod open;
 mod private;
 pub mod procinfo;
 pub mod quota;
@@ -43,9 +57,11 @@ pub mod sigbus;
 pub mod slots;
 mod space;
 
+pub use copy::read_copy;
 pub use devices::{CorePolicy, DeviceInfo, Limits, Registered};
-pub use error::{Refusal, ShmError, check};
+pub use error::{HamiLimit, Refusal, ShmError};
 pub use file::{DEFAULT_CREATE_MODE, FileOptions};
+pub use format::{Format, check};
 pub use index::{EntryIndex, SlotIndex};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
 pub use lock::{LocalLock, RegionGuard};
@@ -85,6 +101,10 @@ pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+#[cfg(test)]
+mod adopt_tests;
+#[cfg(test)]
+mod copy_tests;
 #[cfg(test)]
 mod survival_tests;
 #[cfg(test)]

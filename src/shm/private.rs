@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use crate::Region;
 use crate::error::ShmError;
-use crate::layout::REGION_SIZE;
+use crate::layout::FILE_SIZE;
 
 /// Why the mapped file can no longer be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,7 @@ impl fmt::Display for Tamper {
         match self {
             Tamper::Shrunk { len } => write!(
                 f,
-                "the file shrank to {len} bytes under this process (a region is {REGION_SIZE})"
+                "the file shrank to {len} bytes under this process (a region is {FILE_SIZE})"
             ),
             Tamper::Replaced => write!(f, "the file was truncated and created again"),
         }
@@ -50,7 +50,9 @@ impl Region {
         };
         // An fd that cannot be stat'ed says nothing about the size.
         match file.metadata() {
-            Ok(meta) if meta.len() < REGION_SIZE as u64 => Err(Tamper::Shrunk { len: meta.len() }),
+            Ok(meta) if meta.len() < self.shape().len as u64 => {
+                Err(Tamper::Shrunk { len: meta.len() })
+            }
             _ => Ok(()),
         }
     }
@@ -64,7 +66,8 @@ impl Region {
             return Ok(());
         };
         let mut id = [0u8; 8];
-        let at = std::mem::offset_of!(crate::layout::Header, region_id) as u64;
+        let at =
+            (self.shape().base + std::mem::offset_of!(crate::layout::Header, region_id)) as u64;
         match file.read_exact_at(&mut id, at) {
             Ok(()) if u64::from_le_bytes(id) != self.mapped_id => Err(Tamper::Replaced),
             Ok(()) => Ok(()),
@@ -76,10 +79,11 @@ impl Region {
     /// (on a fresh region: it must not read `self`, whose pages may fault).
     /// From then on the region is this process's alone.
     pub fn become_private(&self, fill: impl FnOnce(&Region)) -> Result<(), ShmError> {
-        let fresh = Region::anonymous()?;
+        let len = self.shape().len;
+        let fresh = Region::anonymous_shaped(self.shape())?;
         fill(&fresh);
         let Region { map, .. } = fresh;
-        // SAFETY: both mappings are REGION_SIZE bytes and page-aligned;
+        // SAFETY: both mappings are `len` bytes (one shape) and page-aligned;
         // MREMAP_FIXED moves `map`'s pages onto `self.map`'s addresses,
         // unmapping what was there in the same step. `map` is forgotten
         // below, so nothing unmaps its old (now empty) addresses later,
@@ -87,8 +91,8 @@ impl Region {
         let moved = unsafe {
             libc::mremap(
                 map.as_mut_ptr().cast::<c_void>(),
-                REGION_SIZE,
-                REGION_SIZE,
+                len,
+                len,
                 libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
                 self.map.as_mut_ptr().cast::<c_void>(),
             )

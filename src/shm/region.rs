@@ -1,25 +1,25 @@
-//! Mapping a region: create or attach a file under the lock, validate it
-//! before it is mapped, or make a private anonymous one.
+//! A mapped region: where its parts lie, typed access to them, and private
+//! anonymous regions. Opening a file is `open.rs`.
 
 use std::fs::File;
 use std::hash::{BuildHasher, RandomState};
-use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::error::{ShmError, check};
+use crate::boot;
+use crate::error::ShmError;
 use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
+use crate::format::Format;
+use crate::hami::HamiRegion;
 use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{
-    DeviceEntry, HEADER_SIZE, Header, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN, ProcSlot,
-    REGION_SIZE, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR,
+    DeviceEntry, FILE_SIZE, HEADER_SIZE, Header, LEGACY_SIZE, MAGIC, MAX_DEVICES, MAX_SLOTS,
+    ProcSlot, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VERSION_MINOR, VGPU_OFFSET,
 };
 use crate::lock::{LocalLock, RegionGuard};
-use crate::{boot, space};
 
 /// Whether [`Region::open`] may create the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,13 +36,39 @@ pub struct Region {
     /// first, before `map` is unmapped. Only held, never read.
     _watch: Option<crate::sigbus::Watch>,
     pub(crate) map: MmapRaw,
-    file: Option<File>,
+    pub(crate) file: Option<File>,
     path: PathBuf,
-    local: LocalLock,
+    pub(crate) local: LocalLock,
     /// `Header::region_id` of the file when it was mapped.
     pub(crate) mapped_id: u64,
     /// The mapping was replaced by a private copy (see `private.rs`).
     pub(crate) private: AtomicBool,
+    /// Where vgpu's part lies in the mapping.
+    shape: Shape,
+    /// This open wrote the HAMi part afresh (`Region::created`).
+    pub(crate) created: bool,
+}
+
+/// Where vgpu's part lies in a mapping, and how long the mapping is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Offset of vgpu's header.
+    pub base: usize,
+    /// Bytes mapped (the whole file).
+    pub len: usize,
+}
+
+impl Shape {
+    /// Layout 2.x: HAMi's layout, then vgpu's part.
+    pub const CURRENT: Shape = Shape {
+        base: VGPU_OFFSET,
+        len: FILE_SIZE,
+    };
+    /// Layout 1.x: vgpu's part alone.
+    pub const LEGACY: Shape = Shape {
+        base: 0,
+        len: LEGACY_SIZE,
+    };
 }
 
 impl Region {
@@ -63,89 +89,61 @@ impl Region {
         )
     }
 
-    /// [`Region::open`] with the file's creation mode and owner policy.
+    /// [`Region::open`] with the file's creation mode and owner policy. A
+    /// file of an older layout is adopted (`open.rs` says how), or refused
+    /// with what to delete.
     pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
-        let create = opts.create.is_some();
-        let (file, _created) = crate::file::open(path, opts)?;
-        let local = LocalLock::new();
-        let guard =
-            RegionGuard::acquire(&local, Some(&file)).map_err(|e| ShmError::io(path, "lock", e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| ShmError::io(path, "stat", e))?
-            .len();
-        let ready = if len == 0 && create {
-            false
-        } else {
-            let mut head = [0u8; PREFIX_LEN];
-            let n = read_prefix(&file, &mut head).map_err(|e| ShmError::io(path, "read", e))?;
-            check(&head[..n], len).map_err(|why| ShmError::Refused {
-                path: path.to_path_buf(),
-                why,
-            })?
-        };
-        if !ready {
-            // New, or its creator died half-way (we hold the lock, so nobody
-            // can be using it): (re)initialise.
-            // Truncating to zero first zeroes every slot and device entry.
-            file.set_len(0)
-                .map_err(|e| ShmError::io(path, "ftruncate", e))?;
-            if let Err(e) = space::reserve_new(&file, REGION_SIZE as u64) {
-                // Left empty: the next process tries again.
-                let _ = file.set_len(0);
-                return Err(ShmError::no_space(path, e));
-            }
-            // The mode is left as it is: `file.rs` set it when vgpu created
-            // the file, and a file someone else made keeps theirs.
-        } else {
-            space::reserve_existing(&file, REGION_SIZE as u64)
-                .map_err(|e| ShmError::no_space(path, e))?;
-        }
-        let map = MmapOptions::new()
-            .len(REGION_SIZE)
-            .map_raw(&file)
-            .map_err(|e| ShmError::io(path, "mmap", e))?;
-        let mut region = Region {
-            _watch: crate::sigbus::Watch::new(map.as_ptr(), REGION_SIZE),
-            map,
-            file: None,
-            path: path.to_path_buf(),
-            local: LocalLock::new(),
-            mapped_id: 0,
-            private: AtomicBool::new(false),
-        };
-        if ready {
-            region.settle_boot(&guard, boot::current());
-        } else {
-            initialise(region.header());
-        }
-        region.mapped_id = region.header().region_id.load(Ordering::Acquire);
-        drop(guard);
-        region.local = local;
-        region.file = Some(file);
-        Ok(region)
+        crate::open::open(path, opts, crate::open::Purpose::Attach)
     }
 
     /// A region in private anonymous memory: the same accounting, for this
     /// process alone (used when the shared file cannot be used).
     pub fn anonymous() -> Result<Region, ShmError> {
+        Region::anonymous_shaped(Shape::CURRENT)
+    }
+
+    /// A private region of the given shape (a private copy keeps the shape
+    /// of the region it replaces).
+    pub(crate) fn anonymous_shaped(shape: Shape) -> Result<Region, ShmError> {
         let path = PathBuf::from("<private>");
         let map = MmapOptions::new()
-            .len(REGION_SIZE)
+            .len(shape.len)
             .map_anon()
             .map_err(|e| ShmError::io(&path, "mmap", e))?;
-        let map: MmapRaw = map.into();
-        initialise(header_in(&map));
-        let mapped_id = header_in(&map).region_id.load(Ordering::Acquire);
-        Ok(Region {
-            _watch: None,
+        let region = Region::from_map(map.into(), shape, None, path, None);
+        initialise(region.header());
+        if let Some(h) = region.hami() {
+            crate::hami::initialise(h);
+        }
+        Ok(region.with_mapped_id())
+    }
+
+    /// A region over `map`, which is `shape.len` bytes.
+    pub(crate) fn from_map(
+        map: MmapRaw,
+        shape: Shape,
+        file: Option<File>,
+        path: PathBuf,
+        watch: Option<crate::sigbus::Watch>,
+    ) -> Region {
+        debug_assert!(map.len() >= shape.len);
+        Region {
+            _watch: watch,
             map,
-            file: None,
+            file,
             path,
             local: LocalLock::new(),
-            mapped_id,
+            mapped_id: 0,
             private: AtomicBool::new(false),
-        })
+            shape,
+            created: false,
+        }
+    }
+
+    /// Records the id of the region now in the mapping.
+    pub(crate) fn with_mapped_id(mut self) -> Region {
+        self.mapped_id = self.header().region_id.load(Ordering::Acquire);
+        self
     }
     /// The file's path (`<private>` for a private region).
     pub fn path(&self) -> &Path {
@@ -166,7 +164,51 @@ impl Region {
 
     /// The header, which holds the device table.
     pub fn header(&self) -> &Header {
-        header_in(&self.map)
+        // SAFETY: every mapping of a Region is `shape.len` bytes,
+        // page-aligned, and outlives the returned reference (it borrows
+        // self); `shape.base + HEADER_SIZE <= shape.len` and `base` is a
+        // multiple of 8; Header is repr(C), made only of atomics (every bit
+        // pattern is valid).
+        unsafe { &*(self.map.as_ptr().add(self.shape.base) as *const Header) }
+    }
+
+    /// The HAMi part that node monitors read, when the file has one (not
+    /// in vgpu's layout 1.x).
+    pub fn hami(&self) -> Option<&HamiRegion> {
+        if self.shape.base == 0 {
+            return None;
+        }
+        // SAFETY: a shape with a vgpu part at a non-zero base maps the
+        // HAMi layout (HAMI_SIZE <= base) at offset 0 of a page-aligned
+        // mapping that outlives the reference; HamiRegion is repr(C),
+        // atomics only, valid for any bit pattern.
+        Some(unsafe { &*(self.map.as_ptr() as *const HamiRegion) })
+    }
+
+    /// The file's layout.
+    pub fn format(&self) -> Format {
+        let h = self.header();
+        let (major, minor) = (
+            h.version_major.load(Ordering::Relaxed),
+            h.version_minor.load(Ordering::Relaxed),
+        );
+        if self.shape.base == 0 {
+            Format::VgpuLegacy { major, minor }
+        } else {
+            Format::Vgpu { major, minor }
+        }
+    }
+
+    /// Whether this open wrote the file's HAMi part afresh (a new region, or
+    /// one upgraded from vgpu's layout 1.x): the settings HAMi takes from
+    /// the creator's environment (`priority`) are the opener's to write.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// The mapping's shape.
+    pub(crate) fn shape(&self) -> Shape {
+        self.shape
     }
 
     /// Device entry `index`.
@@ -176,10 +218,11 @@ impl Region {
 
     /// Slot `index`.
     pub fn slot(&self, index: SlotIndex) -> &ProcSlot {
-        let offset = HEADER_SIZE + index.get() * SLOT_SIZE;
-        // SAFETY: offset + SLOT_SIZE <= REGION_SIZE (a SlotIndex is below MAX_SLOTS), the
-        // offset is 8-aligned (HEADER_SIZE and SLOT_SIZE are multiples of 8),
-        // and ProcSlot is repr(C) atomics only, valid for any bit pattern.
+        let offset = self.shape.base + HEADER_SIZE + index.get() * SLOT_SIZE;
+        // SAFETY: offset + SLOT_SIZE <= shape.len (a SlotIndex is below
+        // MAX_SLOTS, and base + REGION_SIZE == len), the offset is 8-aligned
+        // (base, HEADER_SIZE and SLOT_SIZE are multiples of 8), and ProcSlot
+        // is repr(C) atomics only, valid for any bit pattern.
         unsafe { &*(self.map.as_ptr().add(offset) as *const ProcSlot) }
     }
 
@@ -208,34 +251,11 @@ impl Region {
     }
 }
 
-fn read_prefix(file: &File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// The header at the start of a mapping of REGION_SIZE bytes.
-fn header_in(map: &MmapRaw) -> &Header {
-    debug_assert!(map.len() >= REGION_SIZE);
-    // SAFETY: every mapping made here is REGION_SIZE bytes, page-aligned, and
-    // outlives the returned reference (it borrows `map`); Header is repr(C),
-    // made only of atomics (every bit pattern is valid), and HEADER_SIZE <=
-    // REGION_SIZE.
-    unsafe { &*(map.as_ptr() as *const Header) }
-}
-
 /// Writes a fresh header; `state` goes READY last, with Release ordering.
 pub(crate) fn initialise(h: &Header) {
     h.version_major.store(VERSION_MAJOR, Ordering::Relaxed);
     h.version_minor.store(VERSION_MINOR, Ordering::Relaxed);
-    h.size.store(REGION_SIZE as u64, Ordering::Relaxed);
+    h.size.store(FILE_SIZE as u64, Ordering::Relaxed);
     h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
     h.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
     h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);

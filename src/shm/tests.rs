@@ -135,7 +135,8 @@ fn refuses_foreign_truncated_and_newer_files_without_touching_them() {
     let _ = std::fs::remove_file(&p);
     drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
     let mut bytes = std::fs::read(&p).unwrap();
-    bytes[8..12].copy_from_slice(&(layout::VERSION_MAJOR + 1).to_le_bytes());
+    let at = layout::VGPU_OFFSET + 8;
+    bytes[at..at + 4].copy_from_slice(&(layout::VERSION_MAJOR + 1).to_le_bytes());
     std::fs::write(&p, &bytes).unwrap();
     let err = Region::open(&p, OpenMode::ExistingOnly).err().unwrap();
     assert!(
@@ -154,11 +155,12 @@ fn refuses_foreign_truncated_and_newer_files_without_touching_them() {
 #[test]
 fn check_rejects_lying_sizes() {
     let r = Region::anonymous().unwrap();
-    let mut head = [0u8; layout::PREFIX_LEN];
+    let mut file = vec![0u8; format::HEAD_LEN];
+    let head = &mut file[layout::VGPU_OFFSET..];
     let h = r.header();
     head[0..8].copy_from_slice(&h.magic.load(Ordering::Relaxed).to_le_bytes());
     head[8..12].copy_from_slice(&layout::VERSION_MAJOR.to_le_bytes());
-    head[16..24].copy_from_slice(&(layout::REGION_SIZE as u64 * 2).to_le_bytes());
+    head[16..24].copy_from_slice(&(layout::FILE_SIZE as u64 * 2).to_le_bytes());
     // The geometry is right: only the size lies.
     for (at, v) in [
         (24, h.header_size.load(Ordering::Relaxed)),
@@ -168,9 +170,9 @@ fn check_rejects_lying_sizes() {
     ] {
         head[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
-    let len = layout::REGION_SIZE as u64;
+    let len = layout::FILE_SIZE as u64;
     assert!(matches!(
-        check(&head, len),
+        check(&file, len),
         Err(Refusal::SizeMismatch { .. })
     ));
 }
@@ -391,7 +393,8 @@ fn a_wrong_slot_count_is_named_not_reported_as_equal_sizes() {
     let p = dir.as_path().join("r.cache");
     drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
     let mut head = std::fs::read(&p).unwrap();
-    head[36..40].copy_from_slice(&7u32.to_le_bytes());
+    let at = layout::VGPU_OFFSET + 36;
+    head[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
     let why = check(&head, head.len() as u64).unwrap_err();
     assert_eq!(
         why.to_string(),

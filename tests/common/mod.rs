@@ -217,7 +217,24 @@ impl Sim {
     /// The container's live usage of device entry `dev`.
     pub fn region_used(&self, dev: usize) -> u64 {
         let r = self.ctl(&["usage", self.region().to_str().unwrap(), &dev.to_string()]);
-        r.kv.get("used").and_then(|v| v.parse().ok()).unwrap_or(0)
+        r.stdout.trim().parse().unwrap_or(0)
+    }
+
+    /// `vgpuctl status --json` of `region`: the region's object in the
+    /// schema of docs/vgpuctl.md (`devices`, `processes`, ...).
+    pub fn status(&self, region: &Path) -> serde_json::Value {
+        let r = self
+            .ctl(&["status", "--json", region.to_str().unwrap()])
+            .ok();
+        region_of(&r)
+    }
+
+    /// [`Sim::status`], or None while the region cannot be read yet (not
+    /// created, or its creator has not finished): for loops that watch a
+    /// region from a process's start.
+    pub fn try_status(&self, region: &Path) -> Option<serde_json::Value> {
+        let r = self.ctl(&["status", "--json", region.to_str().unwrap()]);
+        r.status.success().then(|| region_of(&r))
     }
 
     /// What the simulated NVML reports, without vgpu: (total, used).
@@ -228,6 +245,14 @@ impl Sim {
             r.u64(&format!("gpu{dev}_v1_used")),
         )
     }
+}
+
+/// The region of a `vgpuctl status --json` run.
+fn region_of(r: &Run) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("vgpuctl status --json: {e}\n{}", r.stdout));
+    assert_eq!(v["schema_version"], 1, "{}", r.stdout);
+    v["regions"][0].take()
 }
 
 /// A finished process with its `key=value` output.
@@ -324,4 +349,42 @@ pub fn wait_until(secs: f64, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     cond()
+}
+
+/// A HAMi-core 1.2 region, as HAMi-core writes it (offsets from
+/// ../shared/HAMI-REGION.md): one device, two processes.
+pub fn write_hami_core_file(path: &Path, last_kernel_time: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 2_008_952];
+    let put = |b: &mut Vec<u8>, at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+    put(&mut b, 0, &19920718i32.to_le_bytes());
+    put(&mut b, 4, &1u32.to_le_bytes());
+    put(&mut b, 8, &2u32.to_le_bytes());
+    put(&mut b, 56, &1u64.to_le_bytes());
+    put(&mut b, 64, b"GPU-11111111-2222-3333-4444-555555555555\0");
+    put(&mut b, 1600, &(3 * GIB).to_le_bytes());
+    put(&mut b, 1728, &40u64.to_le_bytes());
+    for (i, (pid, ctx, data, sm)) in [
+        (100i32, 300 * MIB, 700 * MIB, 20u64),
+        (101, 300 * MIB, 200 * MIB, 15),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let slot = 1856 + i * 1960;
+        put(&mut b, slot, &pid.to_le_bytes());
+        put(&mut b, slot + 4, &(pid + 5000i32).to_le_bytes());
+        put(&mut b, slot + 8, &ctx.to_le_bytes());
+        put(&mut b, slot + 8 + 16, &data.to_le_bytes());
+        put(&mut b, slot + 8 + 32, &(ctx + data).to_le_bytes());
+        put(&mut b, slot + 1032, &(ctx + data + 10 * MIB).to_le_bytes());
+        put(&mut b, slot + 1160 + 16, &sm.to_le_bytes());
+        put(&mut b, slot + 1928, &1i32.to_le_bytes());
+    }
+    put(&mut b, 2_008_896, &2i32.to_le_bytes());
+    put(&mut b, 2_008_900, &1i32.to_le_bytes());
+    put(&mut b, 2_008_904, &(-1i32).to_le_bytes());
+    put(&mut b, 2_008_908, &0i32.to_le_bytes());
+    put(&mut b, 2_008_912, &last_kernel_time.to_le_bytes());
+    std::fs::write(path, &b).unwrap();
+    b
 }

@@ -8,6 +8,8 @@
  *   cuclient hold BYTES SECONDS            allocate and hold
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
+ *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
+ *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
  *   cuclient allocab N ROUNDS BYTES        cuMemAlloc+cuMemFree, vgpu's entry points vs the driver's
@@ -419,6 +421,27 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     }
     printf("\nlaunched=%ld kernels_per_launch=%d rate=%.3f\n", launched, per_launch,
            in_window / (double)whole);
+    return 0;
+}
+
+/* When each group of launches completed: a launch that stops (a blocked
+ * container) shows as a gap between ticks. */
+static int cmd_ticks(unsigned long long ns, double secs) {
+    setup();
+    load_kernels();
+    unsigned long long zero = 0;
+    void *args[] = {&ns, &zero};
+    printf("ready=1\n");
+    fflush(stdout);
+    double end = now_s() + secs;
+    while (now_s() < end) {
+        for (int i = 0; i < 10; i++) CHECK(cu.cuLaunchKernel(g_spin, 1, 1, 1, 32, 1, 1, 0, 0, args, NULL));
+        CHECK(cu.cuCtxSynchronize());
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        printf("tick=%.4f\n", t.tv_sec + t.tv_nsec * 1e-9);
+        fflush(stdout);
+    }
     return 0;
 }
 
@@ -850,6 +873,7 @@ int main(int argc, char **argv) {
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
+    if (!strcmp(cmd, "ticks")) return cmd_ticks(strtoull(ARG(2, "1000000"), 0, 0), atof(ARG(3, "10")));
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "allocab"))
         return cmd_allocab(atol(ARG(2, "2000")), atoi(ARG(3, "21")), strtoull(ARG(4, "1048576"), 0, 0));

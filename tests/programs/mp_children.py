@@ -52,7 +52,7 @@ def main():
             barrier.wait()  # every child holds its first allocation
             barrier.wait()  # every child asked for a second one
             out = subprocess.run([ctl, "usage", region, "0"], capture_output=True, text=True).stdout
-            used = int(out.split("=")[1])
+            used = int(out)
             release.set()
             results = pending.get(timeout=60)
     print(f"granted_first={sum(r[0] == 0 for r in results)} granted_second={sum(r[1] == 0 for r in results)} "

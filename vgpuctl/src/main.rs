@@ -1,156 +1,190 @@
-//! `vgpuctl`: inspect a vgpu shared region.
+//! `vgpuctl`: inspect vgpu's per-container regions, and export them to
+//! Prometheus.
 //!
 //! ```text
-//! vgpuctl status  [REGION]     devices, limits, usage, processes
-//! vgpuctl usage   REGION DEV   the container's bytes on device entry DEV
-//! vgpuctl reclaim [REGION]     free the slots of dead processes
-//! vgpuctl oversub [DIR]        the node's oversubscription board (oversub.rs)
+//! vgpuctl status [REGION...] [--root DIR] [--json]   devices, limits, usage, processes
+//! vgpuctl watch  [REGION...] [--root DIR]            the same table, every second
+//! vgpuctl usage  REGION DEV                          the container's bytes on device entry DEV
+//! vgpuctl reclaim [REGION]                           free the slots of dead processes
+//! vgpuctl serve  [REGION...] [--root DIR]            Prometheus exporter (HAMi's metric names)
+//! vgpuctl oversub [DIR]                              the node's oversubscription board (oversub.rs)
+//! vgpuctl completions SHELL                          shell completion script
 //! ```
 //!
-//! REGION defaults to `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, then
-//! `/tmp/cudevshr.cache`. Output is `key=value` lines, for people and tests;
-//! a reader that goes away early (`vgpuctl status | head -1`) ends it
-//! quietly. A region of any owner is read (this tool never creates one and
-//! only ever frees dead processes' slots), but never through a symlink.
+//! Regions are read without writing to them (`read/`): a file opened
+//! read-only, never through a symlink, copied with `pread`, of either
+//! layout (vgpu's, or HAMi-core's 1.2). Only `reclaim` writes. A reader
+//! that goes away early (`vgpuctl status | head -1`) ends it quietly.
 //! Built on `vgpu-shm` alone: this binary exports no CUDA or NVML symbol.
+//! The modules are in the library half of this crate (`lib.rs`).
 
-use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::Duration;
 
 mod oversub;
 
-use vgpu_shm::{EntryIndex, FileOptions, Kind, Owners, ProcView, Region, format_uuid, procinfo};
+use clap::{CommandFactory, Parser};
+use vgpu_shm::hami::Opened;
+use vgpu_shm::{EntryIndex, ProcView};
 
-fn region_path(arg: Option<&String>) -> PathBuf {
-    arg.map(PathBuf::from)
-        .or_else(|| std::env::var_os("CUDA_DEVICE_MEMORY_SHARED_CACHE").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/tmp/cudevshr.cache"))
-}
+use vgpuctl::cli::{self, Cli, Command, Regions};
+use vgpuctl::snapshot::{self, Report, SCHEMA_VERSION, Snapshot};
+use vgpuctl::{read, scan, serve, table};
 
-fn open(path: &Path) -> Result<(Region, f64), String> {
-    let t = Instant::now();
-    let opts = FileOptions {
-        create: None,
-        any_owner: true,
-    };
-    let r = Region::open_with(path, opts).map_err(|e| e.to_string())?;
-    Ok((r, t.elapsed().as_secs_f64() * 1e3))
-}
-
-fn status(out: &mut String, r: &Region, open_ms: f64) {
-    let h = r.header();
-    let view = ProcView::current();
-    let _ = writeln!(
-        out,
-        "region={} version={}.{} open_ms={open_ms:.3} slot_hwm={} reclaims={}",
-        r.path().display(),
-        h.version_major.load(Ordering::Relaxed),
-        h.version_minor.load(Ordering::Relaxed),
-        r.slot_hwm(),
-        h.reclaims.load(Ordering::Relaxed),
-    );
-    for dev in EntryIndex::all().filter(|&d| r.device(d).is_used()) {
-        let d = r.device(dev);
-        let l = d.limits();
-        let leader = d.leader_pid();
-        let _ = writeln!(
-            out,
-            "device={dev} uuid={} mem_limit={} sm_limit={} policy={} total={} used={} used_all={} scale={:.3} util={:.3} leader={leader}",
-            format_uuid(&d.uuid()),
-            l.mem,
-            l.sm,
-            l.policy as u32,
-            d.total_mem(),
-            r.device_usage(dev, Owners::Live),
-            r.device_usage(dev, Owners::All),
-            f64::from(d.rate_scale_milli()) / 1000.0,
-            f64::from(d.util_milli()) / 1000.0,
-        );
-    }
-    for i in r.occupied_slots() {
-        let owner = r.owner(i);
-        let pid = owner.pid;
-        let alive = match procinfo::liveness(&owner, &view) {
-            procinfo::Liveness::Alive => "1",
-            procinfo::Liveness::Dead => "0",
-            procinfo::Liveness::Unknown => "unknown",
-        };
-        let beat = r
-            .heartbeat_age_ms(i, procinfo::monotonic_ms())
-            .map_or("none".to_string(), |a| a.to_string());
-        let mut line = format!(
-            "slot={i} pid={pid} pidns={} host_pid={} host_pid_verified={} alive={alive} heartbeat_age_ms={beat}",
-            owner.pidns,
-            owner.host_pid,
-            u8::from(owner.host_pid_verified),
-        );
-        for dev in EntryIndex::all().filter(|&d| r.slot_total(i, d) > 0) {
-            line += &format!(" dev{dev}_total={}", r.slot_total(i, dev));
-            for k in Kind::ALL {
-                line += &format!(" dev{dev}_{}={}", k.name(), r.slot_usage(i, dev, k));
-            }
-            line += &format!(" dev{dev}_sm_util={}", r.sm_util(i, dev));
-        }
-        let _ = writeln!(out, "{line}");
-    }
-}
-
-fn run(args: &[String]) -> Result<String, String> {
-    let mut out = String::new();
-    match args.first().map(String::as_str) {
-        Some("status") | None => {
-            let (r, ms) = open(&region_path(args.get(1)))?;
-            status(&mut out, &r, ms);
-        }
-        Some("usage") => {
-            let (r, _) = open(&region_path(args.get(1)))?;
-            let dev: usize = args.get(2).and_then(|d| d.parse().ok()).ok_or(
-                "usage needs a region and a device entry number: vgpuctl usage REGION DEV",
-            )?;
-            let dev = EntryIndex::new(dev).ok_or_else(|| {
-                format!(
-                    "device entry {dev} out of range: a region has entries 0 to {}",
-                    vgpu_shm::MAX_DEVICES - 1
-                )
-            })?;
-            let _ = writeln!(out, "used={}", r.device_usage(dev, Owners::Live));
-        }
-        Some("reclaim") => {
-            let (r, _) = open(&region_path(args.get(1)))?;
-            let n = r
-                .reclaim_dead(&ProcView::current(), None)
-                .map_err(|e| e.to_string())?;
-            let _ = writeln!(out, "reclaimed={n}");
-        }
-        Some("oversub") => out = oversub::report(args.get(1))?,
-        Some(other) => {
-            return Err(format!(
-                "unknown command {other:?}: status, usage, reclaim or oversub"
-            ));
-        }
-    }
-    Ok(out)
-}
+/// Why a command failed (printed after `vgpuctl: `).
+type Failure = String;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(text) => match std::io::stdout().lock().write_all(text.as_bytes()) {
-            // The reader has what it wanted (`| head -1`).
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("vgpuctl: writing the output failed: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
+    let cli = Cli::parse();
+    let mut out = std::io::stdout().lock();
+    match run(cli.command, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader has what it wanted (`| head -1`).
+        Err(Stop::Pipe) => ExitCode::SUCCESS,
+        Err(Stop::Failed(e)) => {
             eprintln!("vgpuctl: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// How a command ended early.
+enum Stop {
+    /// Stdout was closed by its reader.
+    Pipe,
+    /// An error to report.
+    Failed(Failure),
+}
+
+impl From<Failure> for Stop {
+    fn from(e: Failure) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+fn emit(out: &mut impl Write, text: &str) -> Result<(), Stop> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::Pipe),
+        Err(e) => Err(Stop::Failed(format!("writing the output failed: {e}"))),
+    }
+}
+
+fn run(command: Command, out: &mut impl Write) -> Result<(), Stop> {
+    match command {
+        Command::Status(a) => {
+            let (regions, errors) = collect(&a.regions)?;
+            let text = if a.json {
+                let report = Report {
+                    schema_version: SCHEMA_VERSION,
+                    regions,
+                    errors,
+                };
+                serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
+            } else {
+                table::render(&regions, &errors)
+            };
+            emit(out, &text)
+        }
+        Command::Watch(a) => watch(&a, out),
+        Command::Usage { region, device } => {
+            let dev = EntryIndex::new(device).ok_or_else(|| {
+                format!(
+                    "device entry {device} out of range: a region has entries 0 to {}",
+                    vgpu_shm::MAX_DEVICES - 1
+                )
+            })?;
+            let s = read::read(&region)?;
+            let used = s
+                .devices
+                .iter()
+                .find(|d| d.index == dev.get())
+                .map_or(0, |d| d.used_bytes);
+            emit(out, &format!("{used}\n"))
+        }
+        Command::Reclaim { region } => {
+            let path = region.unwrap_or_else(cli::default_region);
+            let n = reclaim(&path)?;
+            emit(out, &format!("reclaimed {n} slots of dead processes\n"))
+        }
+        Command::Serve(a) => serve::run(&a).map_err(Stop::Failed),
+        Command::Oversub { dir } => emit(out, &oversub::report(dir.as_deref())?),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "vgpuctl", &mut script);
+            emit(out, &String::from_utf8_lossy(&script))
+        }
+    }
+}
+
+/// Reads the regions asked for: a named file that cannot be read is an
+/// error; one found under --root is listed among `errors` (a container may
+/// be starting or going away).
+fn collect(which: &Regions) -> Result<(Vec<Snapshot>, Vec<snapshot::Unreadable>), Failure> {
+    let mut named = which.regions.clone();
+    if named.is_empty() && which.root.is_none() {
+        named.push(cli::default_region());
+    }
+    let mut regions = Vec::new();
+    for path in &named {
+        regions.push(read::read(path)?);
+    }
+    let mut errors = Vec::new();
+    if let Some(root) = &which.root {
+        for found in scan::containers(&scan::containers_dir(root)) {
+            match read::read(&found.path) {
+                Ok(mut s) => {
+                    s.owner = Some(found.owner);
+                    regions.push(s);
+                }
+                Err(error) => errors.push(snapshot::Unreadable {
+                    path: found.path.display().to_string(),
+                    error,
+                }),
+            }
+        }
+    }
+    Ok((regions, errors))
+}
+
+fn watch(a: &cli::WatchArgs, out: &mut impl Write) -> Result<(), Stop> {
+    // On a terminal each frame replaces the last; in a pipe frames follow
+    // one another, a blank line apart.
+    let clear = std::io::stdout().is_terminal();
+    let mut frame = 0u64;
+    loop {
+        let text = match collect(&a.regions) {
+            Ok((regions, errors)) => table::render(&regions, &errors),
+            Err(e) => format!("{e}\n"),
+        };
+        let sep = if clear {
+            "\x1b[H\x1b[2J"
+        } else if frame > 0 {
+            "\n"
+        } else {
+            ""
+        };
+        emit(out, &format!("{sep}{text}"))?;
+        frame += 1;
+        if a.count.is_some_and(|n| frame >= n) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs_f64(a.interval));
+    }
+}
+
+fn reclaim(path: &Path) -> Result<u32, Failure> {
+    // A region of any owner (this tool only frees dead processes' slots),
+    // never created, adopted or upgraded, never through a symlink.
+    match vgpu_shm::hami::open_any(path, true).map_err(|e| e.to_string())? {
+        Opened::Vgpu(r) => r
+            .reclaim_dead(&ProcView::current(), None)
+            .map_err(|e| e.to_string()),
+        Opened::HamiCore(_) => Err(format!(
+            "region {}: a HAMi-core file; its slots are HAMi-core's to free",
+            path.display()
+        )),
     }
 }

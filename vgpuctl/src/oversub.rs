@@ -5,16 +5,16 @@
 //! `$VGPU_OVERSUBSCRIBE_DIR`, then `/tmp/vgpu-oversub`.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use vgpu_shm::board::{BOARD_FILE, Board, monotonic_ns};
 use vgpu_shm::format_uuid;
 
 /// The board's report, or why there is none.
-pub fn report(dir: Option<&String>) -> Result<String, String> {
+pub fn report(dir: Option<&Path>) -> Result<String, String> {
     let dir = dir
-        .map(PathBuf::from)
+        .map(Path::to_path_buf)
         .or_else(|| std::env::var_os("VGPU_OVERSUBSCRIBE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("/tmp/vgpu-oversub"));
     if !dir.join(BOARD_FILE).is_file() {

@@ -1,0 +1,90 @@
+#!/bin/sh
+# Installs vgpu's libvgpu.so and ld.so.preload into the host directory that
+# HAMi's and Volcano's device plugins mount into containers (/usr/local/vgpu),
+# and can put back what was there. Run by the vgpu-installer DaemonSet
+# (deploy/vgpu-installer.yaml) with the host directory mounted at DIR.
+#
+#   install.sh install DIR [LIB]   replace libvgpu.so and every libvgpu.so.* in DIR
+#   install.sh keep DIR [LIB]      install, then re-check every $VGPU_KEEP_INTERVAL s
+#   install.sh restore DIR         put back what install replaced
+#
+# Every file is replaced by rename, never rewritten in place: a running
+# process keeps the library it mapped, and a container keeps the file it
+# bind-mounted at its start (its inode). What was replaced is kept, as hard
+# links, in DIR/.vgpu-backup/ so that `restore` can rename it back.
+# HAMi's device plugin mounts DIR/libvgpu.so.<its version> when it exists,
+# else DIR/libvgpu.so: both are replaced. ld.so.preload names the library
+# by the path it has inside containers, /usr/local/vgpu/libvgpu.so.
+set -eu
+
+MODE=${1:-}
+DIR=${2:-}
+LIB=${3:-/vgpu/libvgpu.so}
+PRELOAD_LINE=${VGPU_PRELOAD_LINE:-/usr/local/vgpu/libvgpu.so}
+INTERVAL=${VGPU_KEEP_INTERVAL:-30}
+
+say() { echo "vgpu-install: $*"; }
+die() { echo "vgpu-install: $*" >&2; exit 1; }
+
+[ -n "$MODE" ] && [ -n "$DIR" ] || die "usage: install.sh install|keep|restore DIR [LIB]"
+[ -d "$DIR" ] || die "$DIR is not a directory (mount the host's /usr/local/vgpu there)"
+BACKUP=$DIR/.vgpu-backup
+
+# Atomically makes DST a copy of SRC (a temporary file in DST's directory,
+# then rename), keeping the first thing DST replaced in the backup.
+put() {
+    src=$1 dst=$2
+    if [ -f "$dst" ] && cmp -s "$src" "$dst"; then
+        return 0
+    fi
+    mkdir -p "$BACKUP"
+    name=$(basename "$dst")
+    if [ -f "$dst" ] && [ ! -e "$BACKUP/$name" ]; then
+        ln "$dst" "$BACKUP/$name"
+    elif [ ! -e "$dst" ] && [ ! -e "$BACKUP/$name" ]; then
+        : > "$BACKUP/$name.absent"
+    fi
+    tmp=$(dirname "$dst")/.$name.vgpu-new.$$
+    cp "$src" "$tmp"
+    chmod 0644 "$tmp"
+    mv -f "$tmp" "$dst"
+    say "installed $dst"
+}
+
+install_once() {
+    [ -f "$LIB" ] || die "$LIB: no library to install"
+    put "$LIB" "$DIR/libvgpu.so"
+    for f in "$DIR"/libvgpu.so.*; do
+        [ -f "$f" ] || continue
+        case $f in *.vgpu-new.*) continue ;; esac
+        put "$LIB" "$f"
+    done
+    line=$(mktemp)
+    printf '%s\n' "$PRELOAD_LINE" > "$line"
+    put "$line" "$DIR/ld.so.preload"
+    rm -f "$line"
+}
+
+restore() {
+    [ -d "$BACKUP" ] || { say "nothing to restore in $DIR"; return 0; }
+    for b in "$BACKUP"/*; do
+        [ -e "$b" ] || continue
+        name=$(basename "$b")
+        case $name in
+            *.absent) rm -f "$DIR/${name%.absent}" "$b"; say "removed $DIR/${name%.absent}" ;;
+            *) mv -f "$b" "$DIR/$name"; say "restored $DIR/$name" ;;
+        esac
+    done
+    rmdir "$BACKUP" 2>/dev/null || true
+}
+
+case $MODE in
+    install) install_once ;;
+    keep)
+        install_once
+        # A device plugin that restarts may copy its own library back.
+        while sleep "$INTERVAL"; do install_once; done
+        ;;
+    restore) restore ;;
+    *) die "unknown mode $MODE: install, keep or restore" ;;
+esac

@@ -1,0 +1,109 @@
+//! A vgpu region (layout 2.x with its HAMi part, or 1.x without) as a
+//! [`Snapshot`]: vgpu's own part for usage, owners and the bucket, the
+//! HAMi part for what HAMi's monitor writes and the device numbering its
+//! dashboards show.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
+
+use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot};
+
+/// What `region` shows, judging its owners from `view`.
+pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
+    let h = region.header();
+    let devices: Vec<EntryIndex> = EntryIndex::all()
+        .filter(|&d| region.device(d).is_used())
+        .collect();
+    Snapshot {
+        path: region.path().display().to_string(),
+        format: Format::Vgpu,
+        layout_version: format!(
+            "{}.{}",
+            h.version_major.load(Ordering::Relaxed),
+            h.version_minor.load(Ordering::Relaxed)
+        ),
+        owner: None,
+        slots_reclaimed: Some(h.reclaims.load(Ordering::Relaxed)),
+        hami: region
+            .hami()
+            .map(|part| super::hami::fields(&part.snapshot())),
+        devices: devices.iter().map(|&d| device(region, d)).collect(),
+        processes: region
+            .occupied_slots()
+            .map(|i| process(region, i, &devices, view))
+            .collect(),
+    }
+}
+
+fn device(region: &Region, dev: EntryIndex) -> Device {
+    let d = region.device(dev);
+    let limits = d.limits();
+    Device {
+        index: dev.get(),
+        vdevice_index: region.hami_index(dev).unwrap_or(dev.get()),
+        uuid: format_uuid(&d.uuid()),
+        memory_limit_bytes: limits.mem,
+        sm_limit_percent: limits.sm,
+        policy: Some(match limits.policy {
+            vgpu_shm::CorePolicy::Default => "default",
+            vgpu_shm::CorePolicy::Force => "force",
+            vgpu_shm::CorePolicy::Disable => "disable",
+        }),
+        total_memory_bytes: Some(d.total_mem()),
+        used_bytes: region.device_usage(dev, Owners::Live),
+        counted_bytes: Some(region.device_usage(dev, Owners::All)),
+        utilization_percent: f64::from(d.util_milli()) / 10.0,
+        bucket_scale: Some(f64::from(d.rate_scale_milli()) / 1000.0),
+        leader_pid: Some(d.leader_pid()),
+        launches_throttled: Some(d.waits()),
+        throttled_seconds: Some(d.wait_ns() as f64 / 1e9),
+        oom_denials: Some(d.oom_denials()),
+        context_estimate_bytes: d.context_bytes(),
+    }
+}
+
+fn process(
+    region: &Region,
+    slot: vgpu_shm::SlotIndex,
+    devices: &[EntryIndex],
+    view: &ProcView,
+) -> Process {
+    let owner = region.owner(slot);
+    Process {
+        slot: slot.get(),
+        pid: owner.pid,
+        host_pid: (owner.host_pid > 0).then_some(owner.host_pid),
+        host_pid_verified: Some(owner.host_pid_verified),
+        alive: match procinfo::liveness(&owner, view) {
+            procinfo::Liveness::Alive => Alive::Yes,
+            procinfo::Liveness::Dead => Alive::No,
+            procinfo::Liveness::Unknown => Alive::Unknown,
+        },
+        heartbeat_age_ms: region.heartbeat_age_ms(slot, procinfo::monotonic_ms()),
+        devices: devices
+            .iter()
+            .filter(|&&d| region.slot_total(slot, d) > 0 || region.sm_util(slot, d) > 0)
+            .map(|&d| {
+                let kinds: BTreeMap<&'static str, u64> = Kind::ALL
+                    .iter()
+                    .map(|&k| (k.name(), region.slot_usage(slot, d, k)))
+                    .collect();
+                let context = kinds["context"];
+                let total = region.slot_total(slot, d);
+                ProcessDevice {
+                    index: d.get(),
+                    used_bytes: total,
+                    context_bytes: context,
+                    module_bytes: 0,
+                    buffer_bytes: total.saturating_sub(context),
+                    by_kind: Some(kinds),
+                    nvml_used_bytes: region.hami().map(|_| region.nvml_used(slot, d)),
+                    sm_util_percent: region.sm_util(slot, d),
+                }
+            })
+            .collect(),
+    }
+}

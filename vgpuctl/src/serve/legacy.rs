@@ -1,0 +1,94 @@
+//! HAMi's metric names before its `hami_` families (`--legacy-metrics`),
+//! with their labels: `podnamespace, podname, ctrname, vdeviceid,
+//! deviceuuid` for containers, `deviceidx, deviceuuid, devicetype` for
+//! the host's GPUs.
+#![forbid(unsafe_code)]
+
+use prometheus_client::registry::Registry;
+
+use super::host::HostGpu;
+use super::metrics::{Gauges, Labels, gauge, set};
+use crate::snapshot::{Device, Snapshot};
+
+/// HAMi's names before its `hami_` families.
+pub(super) struct Legacy {
+    used: Gauges,
+    limit: Gauges,
+    utilization: Gauges,
+    last_kernel: Gauges,
+    context: Gauges,
+    module: Gauges,
+    buffer: Gauges,
+    host_memory: Gauges,
+    host_util: Gauges,
+}
+
+impl Legacy {
+    /// Registers the legacy families in `r`.
+    pub(super) fn register(r: &mut Registry) -> Legacy {
+        Legacy {
+            used: gauge(r, "vGPU_device_memory_usage_in_bytes", "vGPU device usage"),
+            limit: gauge(r, "vGPU_device_memory_limit_in_bytes", "vGPU device limit"),
+            utilization: gauge(
+                r,
+                "Device_utilization_desc_of_container",
+                "Container device utilization description",
+            ),
+            last_kernel: gauge(
+                r,
+                "Device_last_kernel_of_container",
+                "Container device last kernel description",
+            ),
+            context: gauge(
+                r,
+                "vGPU_device_memory_context_size_bytes",
+                "Container device memory context size",
+            ),
+            module: gauge(
+                r,
+                "vGPU_device_memory_module_size_bytes",
+                "Container device memory module size",
+            ),
+            buffer: gauge(
+                r,
+                "vGPU_device_memory_buffer_size_bytes",
+                "Container device memory buffer size",
+            ),
+            host_memory: gauge(r, "HostGPUMemoryUsage", "GPU device memory usage"),
+            host_util: gauge(r, "HostCoreUtilization", "GPU core utilization"),
+        }
+    }
+
+    /// One device of a container under the old names.
+    pub(super) fn device(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
+        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
+        set(&self.used, labels, d.used_bytes as f64);
+        set(&self.limit, labels, d.memory_limit_bytes as f64);
+        set(&self.utilization, labels, d.utilization_percent);
+        set(&self.context, labels, sum(|p| p.context_bytes));
+        set(&self.module, labels, sum(|p| p.module_bytes));
+        set(&self.buffer, labels, sum(|p| p.buffer_bytes));
+        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
+            set(
+                &self.last_kernel,
+                labels,
+                now.saturating_sub(h.last_kernel_time) as f64,
+            );
+        }
+    }
+
+    /// The host families under their old names.
+    pub(super) fn host(&self, h: &HostGpu) {
+        let old = vec![
+            ("deviceidx", h.index.to_string()),
+            ("deviceuuid", h.uuid.clone()),
+            ("devicetype", h.device_type.clone()),
+        ];
+        if let Some(v) = h.memory_used_bytes {
+            set(&self.host_memory, &old, v as f64);
+        }
+        if let Some(v) = h.utilization_percent {
+            set(&self.host_util, &old, f64::from(v));
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! `vgpuctl serve`: a Prometheus exporter that can stand in for HAMi's
+//! vGPUmonitor on a node.
+//!
+//! Regions are found the way HAMi's monitor finds them
+//! (`{root}/containers/{podUID}_{container}/*.cache`, rescanned every few
+//! seconds by a thread of their own) plus any named on the command line.
+//! Each scrape reads every region afresh, read-only (`crate::read`), and
+//! NVML's figures for the host, and encodes them (`metrics`). Nothing is
+//! written to any region, unless `--feedback` runs HAMi's priority loop.
+//!
+//! - `metrics`: the families and their labels
+//! - `host`: NVML, for the `hami_host_gpu_*` families
+//! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
+//! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
+
+pub mod feedback;
+pub mod host;
+mod legacy;
+pub mod metrics;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::cli::ServeArgs;
+use crate::scan::{self, Found};
+use crate::snapshot::{Owner, Snapshot};
+
+/// The exposition's content type (what `prometheus-client` encodes).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Runs the exporter until the process is stopped.
+pub fn run(a: &ServeArgs) -> Result<(), String> {
+    let server = tiny_http::Server::http(a.listen)
+        .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
+    let dir = scan::containers_dir(&a.root);
+    let targets = Targets::new(dir.clone(), a.regions.clone());
+    targets.watch(Duration::from_secs_f64(a.rescan));
+    if a.feedback {
+        feedback::start(
+            targets.clone(),
+            Duration::from_secs_f64(a.feedback_interval),
+        );
+    }
+    let host = host::Host::open(&a.nvml);
+    let opts = metrics::Options {
+        zone: a.zone.clone(),
+        legacy: a.legacy_metrics,
+    };
+    let addr = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| a.listen.to_string(), |s| s.to_string());
+    // One line on stdout, flushed: scripts and tests learn the port from it.
+    println!(
+        "vgpuctl serve: http://{addr}/metrics, regions under {}",
+        dir.display()
+    );
+    let mut warned = HashSet::new();
+    for request in server.incoming_requests() {
+        let response = match (request.method(), request.url()) {
+            (tiny_http::Method::Get, "/metrics") => {
+                let body = scrape(&targets.current(), &host, &opts, &mut warned);
+                text(200, body, CONTENT_TYPE)
+            }
+            (tiny_http::Method::Get, "/healthz") => text(200, "ok\n".into(), "text/plain"),
+            (tiny_http::Method::Get, "/") => text(
+                200,
+                "vgpuctl serve: metrics at /metrics\n".into(),
+                "text/plain",
+            ),
+            _ => text(404, "not found\n".into(), "text/plain"),
+        };
+        // A client that went away is no error of ours.
+        let _ = request.respond(response);
+    }
+    Ok(())
+}
+
+fn text(
+    status: u16,
+    body: String,
+    content_type: &str,
+) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let header = tiny_http::Header::from_bytes("Content-Type", content_type)
+        .expect("a constant header is valid");
+    tiny_http::Response::from_string(body)
+        .with_status_code(status)
+        .with_header(header)
+}
+
+/// Reads every target and encodes one exposition. A file that cannot be
+/// read is counted, and named on stderr the first time (`warned`).
+pub fn scrape(
+    targets: &[Found],
+    host: &host::Host,
+    opts: &metrics::Options,
+    warned: &mut HashSet<PathBuf>,
+) -> String {
+    let mut regions: Vec<Snapshot> = Vec::with_capacity(targets.len());
+    let mut unreadable = 0;
+    for t in targets {
+        match crate::read::read(&t.path) {
+            Ok(mut s) => {
+                s.owner = Some(t.owner.clone());
+                warned.remove(&t.path);
+                regions.push(s);
+            }
+            Err(e) => {
+                unreadable += 1;
+                if warned.insert(t.path.clone()) {
+                    eprintln!("vgpuctl serve: {e}");
+                }
+            }
+        }
+    }
+    metrics::encode(&regions, &host.read(), unreadable, opts)
+}
+
+/// The region files to export: the last scan of the containers directory
+/// and the files named on the command line.
+#[derive(Clone)]
+pub struct Targets {
+    dir: PathBuf,
+    named: Vec<Found>,
+    scanned: Arc<Mutex<Vec<Found>>>,
+}
+
+impl Targets {
+    /// Scans `dir` once now.
+    pub fn new(dir: PathBuf, named: Vec<PathBuf>) -> Targets {
+        let scanned = Arc::new(Mutex::new(scan::containers(&dir)));
+        Targets {
+            dir,
+            named: named.into_iter().map(named_target).collect(),
+            scanned,
+        }
+    }
+
+    /// Rescans the directory every `period`, on a thread of its own.
+    pub fn watch(&self, period: Duration) {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(period);
+                let found = scan::containers(&me.dir);
+                *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
+            }
+        });
+    }
+
+    /// Every target now; a file both named and found counts once.
+    pub fn current(&self) -> Vec<Found> {
+        let mut all = self
+            .scanned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for n in &self.named {
+            if !all.iter().any(|f| f.path == n.path) {
+                all.push(n.clone());
+            }
+        }
+        all
+    }
+}
+
+/// A file named on the command line: its owner from its directory's name
+/// when that is `{podUID}_{container}`, else the file's name as the
+/// container's.
+fn named_target(path: PathBuf) -> Found {
+    let parent = path
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .and_then(scan::owner_of);
+    let owner = parent.unwrap_or_else(|| Owner {
+        container: path
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
+        ..Owner::default()
+    });
+    Found { path, owner }
+}

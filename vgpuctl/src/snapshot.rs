@@ -1,0 +1,197 @@
+//! What one region file holds, whatever its format: the model behind the
+//! table, `--json` (docs/vgpuctl.md is its schema) and the exporter.
+//!
+//! Fields that only one format carries are `Option`s and print as `null`
+//! in JSON, so a consumer can tell "not known" from zero.
+#![forbid(unsafe_code)]
+
+use serde::Serialize;
+
+/// Bumped when a field changes meaning or goes away; additions keep it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The output of `vgpuctl status --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Every region asked for, in order.
+    pub regions: Vec<Snapshot>,
+    /// Regions found under `--root` that could not be read.
+    pub errors: Vec<Unreadable>,
+}
+
+/// A region found in a containers directory that could not be read.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unreadable {
+    /// The file.
+    pub path: String,
+    /// Why.
+    pub error: String,
+}
+
+/// The layout a region file was written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// vgpu's layout: 2.x (HAMi's layout 1.2, then vgpu's part) or 1.x.
+    Vgpu,
+    /// HAMi-core's layout 1.2, as HAMi-core writes it (no vgpu part).
+    Hami,
+}
+
+/// Whose pod and container a region belongs to, when it was found in a
+/// containers directory (`{podUID}_{container}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Owner {
+    /// The pod's namespace; empty when unknown (no pod list).
+    pub namespace: String,
+    /// The pod's name; its UID when the name is unknown.
+    pub pod: String,
+    /// The pod's UID, from the directory name.
+    pub pod_uid: String,
+    /// The container's name, from the directory name.
+    pub container: String,
+}
+
+/// One region file.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    /// The file.
+    pub path: String,
+    /// Its layout.
+    pub format: Format,
+    /// The layout's version, `major.minor`.
+    pub layout_version: String,
+    /// The pod and container it belongs to, when known.
+    pub owner: Option<Owner>,
+    /// Slots reclaimed from dead processes since the file was created (vgpu).
+    pub slots_reclaimed: Option<u64>,
+    /// HAMi's priority and feedback fields, when the file has them.
+    pub hami: Option<HamiFields>,
+    /// Every device the container uses.
+    pub devices: Vec<Device>,
+    /// Every process that holds a slot.
+    pub processes: Vec<Process>,
+}
+
+/// The fields of HAMi's layout that its monitor's feedback loop uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HamiFields {
+    /// `CUDA_TASK_PRIORITY` of the container (0 high, 1 default).
+    pub priority: i32,
+    /// -1 while the monitor blocks the container's launches.
+    pub recent_kernel: i32,
+    /// 1 when the monitor says the GPU is shared and limits apply.
+    pub utilization_switch: i32,
+    /// Unix seconds of the container's last kernel launch (0: none yet).
+    pub last_kernel_time: u64,
+}
+
+/// One device of the container.
+#[derive(Clone, Debug, Serialize)]
+pub struct Device {
+    /// Its index in the region: vgpu's device entry (what `vgpuctl usage`
+    /// takes), or HAMi's device index in a HAMi-core file.
+    pub index: usize,
+    /// Its index in the HAMi part, the container's device number (HAMi's
+    /// `vdevice_index`); the entry index where there is no HAMi part.
+    pub vdevice_index: usize,
+    /// NVML's UUID, `GPU-…`.
+    pub uuid: String,
+    /// Memory limit in bytes, 0 for none.
+    pub memory_limit_bytes: u64,
+    /// SM limit in percent, 0 for none.
+    pub sm_limit_percent: u32,
+    /// `GPU_CORE_UTILIZATION_POLICY`: `default`, `force` or `disable` (vgpu).
+    pub policy: Option<&'static str>,
+    /// Physical memory of the device (vgpu).
+    pub total_memory_bytes: Option<u64>,
+    /// What the container's live processes hold.
+    pub used_bytes: u64,
+    /// What the quota counts: slots of dead processes not yet reclaimed too
+    /// (vgpu).
+    pub counted_bytes: Option<u64>,
+    /// The container's SM utilisation of the device, percent (vgpu: as its
+    /// leader last measured it; HAMi: the sum of its processes').
+    pub utilization_percent: f64,
+    /// The controller's multiplier on the bucket's refill rate (vgpu).
+    pub bucket_scale: Option<f64>,
+    /// The process that leads the device's bucket, 0 for none (vgpu).
+    pub leader_pid: Option<u32>,
+    /// Launches that waited for the bucket (vgpu).
+    pub launches_throttled: Option<u64>,
+    /// Seconds launches spent waiting for the bucket (vgpu).
+    pub throttled_seconds: Option<f64>,
+    /// Requests refused with `CUDA_ERROR_OUT_OF_MEMORY` (vgpu).
+    pub oom_denials: Option<u64>,
+    /// What a new context costs on this device, as last measured (vgpu).
+    pub context_estimate_bytes: Option<u64>,
+}
+
+/// Whether a slot's owner is alive, as far as this machine can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Alive {
+    /// Its pid and start time match.
+    Yes,
+    /// It is gone; the slot waits to be reclaimed.
+    No,
+    /// Its pid namespace is not visible here, and its heartbeat is fresh
+    /// (or it has none).
+    Unknown,
+}
+
+/// One process of the container.
+#[derive(Clone, Debug, Serialize)]
+pub struct Process {
+    /// Its slot in the region.
+    pub slot: usize,
+    /// Its pid in its own namespace.
+    pub pid: i32,
+    /// Its pid as NVML reports it, when known.
+    pub host_pid: Option<i32>,
+    /// The host pid came from the kernel, not from NVML's list (vgpu).
+    pub host_pid_verified: Option<bool>,
+    /// Whether it lives.
+    pub alive: Alive,
+    /// How long ago its watcher last beat, ms (vgpu).
+    pub heartbeat_age_ms: Option<u64>,
+    /// Its use of each device it touched.
+    pub devices: Vec<ProcessDevice>,
+}
+
+/// One process's use of one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessDevice {
+    /// [`Device::index`].
+    pub index: usize,
+    /// Every byte it holds there.
+    pub used_bytes: u64,
+    /// Context and library overhead: vgpu's estimate, reconciled with NVML.
+    pub context_bytes: u64,
+    /// Module (code) bytes; vgpu and HAMi-core count none separately.
+    pub module_bytes: u64,
+    /// Allocations (buffers, arrays, VMM, pools).
+    pub buffer_bytes: u64,
+    /// Bytes by vgpu's kinds: `buffer`, `array`, `vmm`, `pool`, `context` (vgpu).
+    pub by_kind: Option<std::collections::BTreeMap<&'static str, u64>>,
+    /// NVML's figure of its used memory, as the library last wrote it (HAMi's
+    /// `monitorused`).
+    pub nvml_used_bytes: Option<u64>,
+    /// Its SM utilisation of the device, percent.
+    pub sm_util_percent: u32,
+}
+
+impl Snapshot {
+    /// Sum of the live processes' [`ProcessDevice`] figures on device `index`.
+    pub fn live_sum(&self, index: usize, field: impl Fn(&ProcessDevice) -> u64) -> u64 {
+        self.processes
+            .iter()
+            .filter(|p| p.alive != Alive::No)
+            .flat_map(|p| p.devices.iter())
+            .filter(|d| d.index == index)
+            .map(field)
+            .sum()
+    }
+}
