@@ -142,9 +142,13 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
         held,
         "region vs survivors:\n{status:#}"
     );
-    assert!(attach_ms < 100.0, "attach took {attach_ms} ms");
+    // No stuck lock: a lock left held by a killed process would stall an
+    // attach for good. The bound is loose because this 2-core CI machine
+    // runs the storm's processes too (131 ms seen once under load); the
+    // GPU storm scenario measures the speed.
+    assert!(attach_ms < 500.0, "attach took {attach_ms} ms");
     assert!(
-        worst_attach_ms < 100.0,
+        worst_attach_ms < 500.0,
         "attach during the storm took {worst_attach_ms} ms"
     );
     assert!(w.u64("samples") > 1000, "{} samples", w.u64("samples"));
