@@ -76,10 +76,7 @@ impl Host {
                     // HAMi's monitor reads NVML's v1 figure, reserved
                     // memory included; nvml-wrapper's `used` is v2's,
                     // without it (616 MiB less on an H200, run 20).
-                    memory_used_bytes: d
-                        .memory_info()
-                        .ok()
-                        .map(|m| m.total.saturating_sub(m.free)),
+                    memory_used_bytes: d.memory_info().ok().map(|m| m.total.saturating_sub(m.free)),
                     utilization_percent: util.as_ref().map(|u| u.gpu),
                     memory_utilization_percent: util.as_ref().map(|u| u.memory),
                     temperature_celsius: d.temperature(TemperatureSensor::Gpu).ok(),
