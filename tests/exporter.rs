@@ -85,7 +85,11 @@ impl Exporter {
     /// Serves `root`'s containers on a free port, with the simulated NVML
     /// of `sim` for the host families.
     fn start(sim: &Sim, root: &Path, extra: &[&str]) -> Exporter {
-        let mut cmd = sim.cmd(&artifacts().vgpuctl, false);
+        Exporter::start_with(sim.cmd(&artifacts().vgpuctl, false), root, extra)
+    }
+
+    /// The same with a command of the caller's (its environment).
+    fn start_with(mut cmd: Command, root: &Path, extra: &[&str]) -> Exporter {
         cmd.args([
             "serve",
             "--listen",
@@ -543,4 +547,85 @@ fn without_nvml_the_host_families_are_absent_and_said_once() {
         1,
         "{err}"
     );
+}
+
+/// A stand-in for the Kubernetes API server: answers every GET with
+/// `body` and keeps each request's head.
+fn fake_api_server(body: &'static str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            log.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&head).into_owned());
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+#[test]
+fn pods_are_named_from_the_api_servers_pod_list() {
+    let _serial = serial();
+    let sim = Sim::new(1, "8g");
+    let root = sim.dir.path().join("vgpu");
+    let (ra, rb) = (
+        container_region(&root, "pod-a-uid", "trainer"),
+        container_region(&root, "pod-b-uid", "server"),
+    );
+    let mut a = in_container(&sim, &ra, "2g", "0", &["hold", &MIB.to_string(), "60"]);
+    let mut b = in_container(&sim, &rb, "1g", "0", &["hold", &MIB.to_string(), "60"]);
+    held(&mut a);
+    held(&mut b);
+    let (api, seen) = fake_api_server(
+        r#"{"kind":"PodList","items":[{"metadata":{"uid":"pod-a-uid","namespace":"ml","name":"trainer-0"}}]}"#,
+    );
+    let mut cmd = sim.cmd(&artifacts().vgpuctl, false);
+    cmd.env("NODE_NAME", "node-1");
+    let exporter = Exporter::start_with(cmd, &root, &["--api-server", &api]);
+    let s = exporter.scrape();
+    let uuid = sim.status(&ra)["devices"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut la = labels("trainer-0", "trainer", &uuid);
+    la[1] = ("namespace", "ml");
+    assert!(
+        s.value("hami_vgpu_memory_limit_bytes", &la).is_some(),
+        "{}",
+        s.text
+    );
+    // A pod the list does not hold keeps its UID and an empty namespace.
+    let lb = labels("pod-b-uid", "server", &uuid);
+    assert!(
+        s.value("hami_vgpu_memory_limit_bytes", &lb).is_some(),
+        "{}",
+        s.text
+    );
+    let requests = seen.lock().unwrap().clone();
+    let first = requests.first().expect("the pod list was asked for");
+    assert!(
+        first.starts_with("GET /api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1 "),
+        "{first}"
+    );
+    assert!(!first.to_lowercase().contains("authorization"), "{first}");
+    drop(exporter);
+    for p in [a, b] {
+        let mut p = p;
+        let _ = p.kill();
+        let _ = p.wait();
+    }
 }

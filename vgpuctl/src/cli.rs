@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// Seconds between feedback rounds (HAMi's monitor: 5).
     #[arg(long, default_value_t = 5.0, value_parser = positive_secs)]
     pub feedback_interval: f64,
+    /// Kubernetes API server for pod names (e.g. `kubectl proxy`'s
+    /// http://127.0.0.1:8001); in a cluster the pod's own service account
+    /// is used without it.
+    #[arg(long, value_name = "URL")]
+    pub api_server: Option<String>,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

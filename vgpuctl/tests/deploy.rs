@@ -83,7 +83,11 @@ fn every_manifest() -> Vec<(String, Vec<Value>)> {
 #[test]
 fn each_workload_selects_its_own_pods_in_one_namespace() {
     for (name, docs) in every_manifest() {
-        for d in docs.iter().filter(|d| d["kind"] != "Namespace") {
+        let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
+        for d in docs
+            .iter()
+            .filter(|d| !cluster_scoped.iter().any(|k| d["kind"] == *k))
+        {
             assert_eq!(d["metadata"]["namespace"], "vgpu-system", "{name}");
             if d["kind"] == "DaemonSet" {
                 assert!(
@@ -326,4 +330,30 @@ fn the_installer_refuses_what_it_cannot_do() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(why), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn the_exporter_may_list_the_pods_of_its_node() {
+    let docs = docs("vgpu-exporter.yaml");
+    let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let account = s(&pod["serviceAccountName"]);
+    let sa = kind(&docs, "ServiceAccount");
+    assert_eq!(s(&sa["metadata"]["name"]), account);
+    let binding = kind(&docs, "ClusterRoleBinding");
+    let subject = &binding["subjects"][0];
+    assert_eq!(
+        (s(&subject["name"]), s(&subject["namespace"])),
+        (account, s(&sa["metadata"]["namespace"]))
+    );
+    let role = kind(&docs, "ClusterRole");
+    assert_eq!(s(&binding["roleRef"]["name"]), s(&role["metadata"]["name"]));
+    let rule = &role["rules"][0];
+    assert_eq!(rule["resources"][0], "pods");
+    assert_eq!(rule["verbs"][0], "list");
+    // NODE_NAME narrows the list to this node's pods (pods.rs).
+    let env = pod["containers"][0]["env"].as_sequence().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "NODE_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName")
+    );
 }

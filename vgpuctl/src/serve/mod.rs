@@ -12,11 +12,13 @@
 //! - `host`: NVML, for the `hami_host_gpu_*` families
 //! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
+//! - `pods`: namespaces and pod names from the Kubernetes API's pod list
 
 pub mod feedback;
 pub mod host;
 mod legacy;
 pub mod metrics;
+pub mod pods;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -36,7 +38,14 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
     let dir = scan::containers_dir(&a.root);
     let targets = Targets::new(dir.clone(), a.regions.clone());
-    targets.watch(Duration::from_secs_f64(a.rescan));
+    let pods = match pods::Source::find(a.api_server.as_deref()) {
+        Ok(source) => source,
+        Err(e) => {
+            eprintln!("vgpuctl serve: no pod names (namespace empty, pod = its UID): {e}");
+            None
+        }
+    };
+    targets.watch(Duration::from_secs_f64(a.rescan), pods);
     if a.feedback {
         feedback::start(
             targets.clone(),
@@ -125,6 +134,7 @@ pub struct Targets {
     dir: PathBuf,
     named: Vec<Found>,
     scanned: Arc<Mutex<Vec<Found>>>,
+    names: pods::PodNames,
 }
 
 impl Targets {
@@ -135,15 +145,33 @@ impl Targets {
             dir,
             named: named.into_iter().map(named_target).collect(),
             scanned,
+            names: pods::PodNames::default(),
         }
     }
 
-    /// Rescans the directory every `period`, on a thread of its own.
-    pub fn watch(&self, period: Duration) {
+    /// Reads the pod list from `pods` (if any) now, so that the first
+    /// scrape has the names, then rescans the directory and the pod list
+    /// every `period` on a thread of its own.
+    pub fn watch(&self, period: Duration, pods: Option<pods::Source>) {
+        let me = self.clone();
+        let name_pods = move |said: &mut Option<String>| {
+            let Some(source) = &pods else { return };
+            let got = me.names.refresh(source).err();
+            if got.is_some() && got != *said {
+                eprintln!(
+                    "vgpuctl serve: pod list unreadable, keeping the last names: {}",
+                    got.as_deref().unwrap_or_default()
+                );
+            }
+            *said = got;
+        };
+        let mut said = None;
+        name_pods(&mut said);
         let me = self.clone();
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(period);
+                name_pods(&mut said);
                 let found = scan::containers(&me.dir);
                 *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
             }
@@ -161,6 +189,9 @@ impl Targets {
             if !all.iter().any(|f| f.path == n.path) {
                 all.push(n.clone());
             }
+        }
+        for f in &mut all {
+            self.names.name(&mut f.owner);
         }
         all
     }
