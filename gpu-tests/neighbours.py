@@ -53,16 +53,21 @@ class Sampler:
         while not self.stop.wait(0.5):
             now = time.time()
             if h is not None:
-                # One reading per new sample period: a process NVML leaves
-                # out had no utilisation in it (counted 0, as vgpu does).
+                # The samples since the last reading, averaged per process
+                # as vgpu's leader does (it kept only the last one before
+                # run 20): a process NVML leaves out had no utilisation
+                # (counted 0, as vgpu does).
                 try:
-                    got = {s.pid: s for s in pynvml.nvmlDeviceGetProcessUtilization(h, last)}
+                    samples = pynvml.nvmlDeviceGetProcessUtilization(h, last)
                 except pynvml.NVMLError:
-                    got = {}
-                if got:
-                    last = max(s.timeStamp for s in got.values())
+                    samples = []
+                if samples:
+                    last = max(s.timeStamp for s in samples)
+                    per = {}
+                    for smp in samples:
+                        per.setdefault(smp.pid, []).append(smp.smUtil)
                     for pid in self.pids:
-                        self.nvml.append((now, pid, got[pid].smUtil if pid in got else 0))
+                        self.nvml.append((now, pid, statistics.mean(per[pid]) if pid in per else 0))
                 try:
                     self.device.append((now, pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
                 except pynvml.NVMLError:
