@@ -42,10 +42,10 @@ pub fn read_copy(path: &Path) -> Result<Opened, ShmError> {
         .len();
     let io = |e| ShmError::io(path, "read", e);
     let mut start = [0u8; PREFIX_LEN];
-    let n = read_upto(&file, &mut start, 0).map_err(io)?;
+    let n = crate::open::read_at(&file, &mut start, 0).map_err(io)?;
     let mut part = [0u8; PREFIX_LEN];
     let m = if len > VGPU_OFFSET as u64 {
-        read_upto(&file, &mut part, VGPU_OFFSET as u64).map_err(io)?
+        crate::open::read_at(&file, &mut part, VGPU_OFFSET as u64).map_err(io)?
     } else {
         0
     };
@@ -109,18 +109,4 @@ fn copy_vgpu(file: &File, buf: &mut [u8], at: u64) -> io::Result<()> {
         &mut buf[HEADER_SIZE..HEADER_SIZE + slots],
         at + HEADER_SIZE as u64,
     )
-}
-
-/// Reads up to `buf.len()` bytes at `at`; fewer only at the end of file.
-fn read_upto(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }

@@ -206,7 +206,8 @@ pub(crate) fn zero_range(file: &File, at: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+/// Reads up to `buf.len()` bytes at `at`; fewer only at the end of file.
+pub(crate) fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match file.read_at(&mut buf[n..], at + n as u64) {
