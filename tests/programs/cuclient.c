@@ -511,7 +511,7 @@ static int cmd_launchab(long n, int rounds) {
         return 2;
     }
     printf("distinct=%d\n", native != hooked);
-    double t[2][64];
+    double t[2][64], drain[2][64];
     if (rounds > 64) rounds = 64;
     for (int i = 0; i < 2000; i++) CHECK(hooked(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
     CHECK(cu.cuCtxSynchronize());
@@ -521,13 +521,21 @@ static int cmd_launchab(long n, int rounds) {
             launch_t f = which ? hooked : native;
             double t0 = now_s();
             for (long i = 0; i < n; i++) CHECK(f(g_empty, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL));
-            t[which][r] = (now_s() - t0) * 1e6 / n;
+            double t1 = now_s();
+            t[which][r] = (t1 - t0) * 1e6 / n;
             CHECK(cu.cuCtxSynchronize());
+            /* What the GPU still had queued when the host was done: near 0
+             * when the host is the bottleneck, not the GPU. */
+            drain[which][r] = (now_s() - t1) * 1e6;
         }
-    qsort(t[0], rounds, sizeof(double), cmp_double);
-    qsort(t[1], rounds, sizeof(double), cmp_double);
+    for (int w = 0; w < 2; w++) {
+        qsort(t[w], rounds, sizeof(double), cmp_double);
+        qsort(drain[w], rounds, sizeof(double), cmp_double);
+    }
     double a = t[0][rounds / 2], b = t[1][rounds / 2];
     printf("native_us=%.4f hooked_us=%.4f overhead_pct=%.3f\n", a, b, (b / a - 1) * 100);
+    printf("native_drain_us=%.1f hooked_drain_us=%.1f launches_hooked=%ld\n", drain[0][rounds / 2],
+           drain[1][rounds / 2], n * rounds + 2000);
     return 0;
 }
 
