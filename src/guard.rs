@@ -23,10 +23,16 @@ thread_local! {
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether this thread is inside our own code right now.
+#[inline]
 pub fn is_internal() -> bool {
-    if ACTIVE.load(Ordering::Acquire) == 0 {
-        return false;
-    }
+    ACTIVE.load(Ordering::Acquire) != 0 && this_thread_is_internal()
+}
+
+/// Kept out of line: inlined, the compiler computed the thread-local's
+/// address (`__tls_get_addr`) before testing `ACTIVE`, on every hook.
+#[cold]
+#[inline(never)]
+fn this_thread_is_internal() -> bool {
     // During thread teardown the TLS may be gone: treat that as internal so
     // nothing of ours runs.
     DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)

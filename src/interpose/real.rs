@@ -170,10 +170,18 @@ impl Real {
     }
 
     /// The real function, or None if the driver lacks it (or is absent).
+    #[inline]
     pub fn get(&self) -> Option<NonNull<c_void>> {
         if self.state.load(Ordering::Acquire) == RESOLVED {
             return NonNull::new(self.ptr.load(Ordering::Relaxed));
         }
+        self.resolve()
+    }
+
+    /// The first use: looks the symbol up in its library.
+    #[cold]
+    #[inline(never)]
+    fn resolve(&self) -> Option<NonNull<c_void>> {
         let h = handle(self.lib)?;
         let p = dlsym(h.as_ptr(), self.name);
         self.ptr.store(p, Ordering::Relaxed);

@@ -9,9 +9,11 @@
 //! run 14). Such a timing only ever adds time, so the least of recent
 //! ones is the kernel's own.
 //!
-//! A timing behind queued work in its stream is the kernel's whole
-//! occupancy, launch gap included. One into an idle stream may also hold
-//! the GPU's launch latency, but need not: PyTorch's 0.05 ms kernels timed
+//! A timing whose start event waited for queued work in its stream is the
+//! kernel's whole occupancy. One whose start event fired before the launch
+//! call returned (an idle stream, or one the GPU drained meanwhile, as a
+//! host-bound stream of tiny kernels does) may also hold the GPU's launch
+//! latency and the host's submission time, but need not: PyTorch's 0.05 ms kernels timed
 //! 52.1 us at least on an idle stream and 52.2 us behind work (runs
 //! 17-18), and taking a guessed 8 us off undercharged them by 15 % (0.38
 //! for a 30 % tenant), while a spin kernel timed 57.5 and 52.7 us. So each
