@@ -31,7 +31,11 @@ impl Node {
 
     /// cuclient in container `name`, with `env` on top.
     fn client(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
-        let mut c = self.sim.client_cmd(Path3::Link, true, args);
+        self.client_via(Path3::Link, name, env, args)
+    }
+
+    fn client_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
+        let mut c = self.sim.client_cmd(path, true, args);
         let region = self.sim.dir.path().join(format!("{name}.cache"));
         c.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region);
         for (k, v) in env {
@@ -41,7 +45,12 @@ impl Node {
     }
 
     fn spawn(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-        self.client(name, env, args)
+        self.spawn_via(Path3::Link, name, env, args)
+    }
+
+    /// `spawn` through another entry path of the driver.
+    fn spawn_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+        self.client_via(path, name, env, args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -162,6 +171,58 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
     assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
     assert_eq!(a.stderr.matches("suspended this process").count(), 1);
     assert_eq!(node.host_copies(), 0);
+}
+
+#[test]
+fn a_first_call_vgpu_does_not_hook_restores_the_process_too() {
+    // The driver's lock blocks every call of a suspended process. A PyTorch
+    // job whose first call after its idle spell was one without a hook
+    // waited in the driver for ever (run 21). Reached through
+    // cuGetProcAddress (cudart) or dlsym on the driver (XLA), such a call
+    // now restores the process.
+    let _serial = serial();
+    for path in [Path3::ProcAddr, Path3::Dlsym] {
+        let node = Node::new();
+        let keep = keeper("4");
+        let a = node.spawn_via(
+            path,
+            "a",
+            &[("CUCLIENT_WAKE_WITH_EVENT_QUERY", "1")],
+            &args(&keep),
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        let b = node.spawn(
+            "b",
+            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
+            &["hold", "2147483648", "1.5"],
+        );
+        assert!(
+            wait_until(10.0, || node.board().contains("state=suspended")),
+            "{}",
+            node.board()
+        );
+        let b = finish(b);
+        assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+        let a = finish_within(a, 20.0);
+        assert_eq!(a.get("wake_rc"), "0", "{}\n{}", a.stdout, a.stderr);
+        assert_intact(&a);
+        assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+    }
+}
+
+/// `finish`, but a child still running after `secs` is killed and the
+/// test fails: it hung.
+fn finish_within(mut child: Child, secs: f64) -> Run {
+    let exited = wait_until(secs, || matches!(child.try_wait(), Ok(Some(_))));
+    if !exited {
+        let _ = child.kill();
+        let r = finish(child);
+        panic!(
+            "still running after {secs} s (hung):\n{}\n{}",
+            r.stdout, r.stderr
+        );
+    }
+    finish(child)
 }
 
 #[test]

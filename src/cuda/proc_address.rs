@@ -11,14 +11,20 @@ use super::real;
 use super::sys::*;
 use crate::ffi::{get, put};
 use crate::interpose::real::Lib;
-use crate::interpose::table;
+use crate::interpose::{table, trampoline};
 
-/// Replaces the driver's pointer in `*pfn` by our wrapper, if we hook it.
+/// Replaces the driver's pointer in `*pfn` by our wrapper, if we hook it;
+/// with oversubscription, any other by a trampoline that restores a
+/// suspended process before the call (the driver would block it).
 fn substitute(pfn: *mut *mut c_void, rc: CUresult) -> CUresult {
     if rc.is_ok()
         && !crate::init::control_disabled()
         && let Some(found) = get(pfn)
-        && let Some(wrapper) = table::wrapper_for(Lib::Cuda, found)
+        && let Some(wrapper) = table::wrapper_for(Lib::Cuda, found).or_else(|| {
+            crate::oversub::active()
+                .then(|| trampoline::wrap(found))
+                .flatten()
+        })
     {
         put(pfn, wrapper);
     }

@@ -86,7 +86,7 @@ fn driver_behind_us(hook: &table::Hook) -> bool {
 
 fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     let Some(hook) = table::by_name(name) else {
-        return PASS;
+        return unhooked(handle, name);
     };
     let ours = hook.wrapper as *mut c_void;
     if handle == libc::RTLD_DEFAULT {
@@ -224,4 +224,22 @@ mod exports {
         // SAFETY: arguments pass through unchanged.
         unsafe { f(handle, symbol, version) }
     }
+}
+
+/// A driver function without a hook, looked up in a handle (as XLA's
+/// driver stubs do): with oversubscription, a trampoline that restores a
+/// suspended process first (`trampoline.rs`); otherwise the plain answer.
+fn unhooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
+    if handle == libc::RTLD_DEFAULT
+        || handle == libc::RTLD_NEXT
+        || !name.starts_with(b"cu")
+        || !crate::oversub::active()
+    {
+        return PASS;
+    }
+    let Ok(cname) = std::ffi::CString::new(name) else {
+        return PASS;
+    };
+    let found = real::dlsym(handle, &cname);
+    super::trampoline::wrap(found).unwrap_or(found)
 }

@@ -9,10 +9,13 @@
 //! invoked in `cuda/exports.rs` and `nvml/exports.rs`), and every wrapper
 //! calls the real function through a slot `reals!` declares, resolved with
 //! libc's own `dlsym` (`real.rs`), found without calling `dlsym` at all
-//! (`elf.rs`).
+//! (`elf.rs`). With oversubscription, functions without a hook reached
+//! through `cuGetProcAddress` get a trampoline that restores a suspended
+//! process first (`trampoline.rs`).
 
 mod dlsym;
 pub mod elf;
 pub mod macros;
 pub mod real;
 pub mod table;
+pub mod trampoline;

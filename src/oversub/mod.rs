@@ -115,7 +115,13 @@ pub fn start(cfg: &Oversub) {
             let _ = HERE.set(None);
         }
     }
+    crate::interpose::trampoline::set_gate(|| enter().map_err(|rc| rc.0));
     ACTIVE.store(true, Ordering::Release);
+}
+
+/// Oversubscription is on in this process.
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
 }
 
 fn settings() -> &'static Settings {

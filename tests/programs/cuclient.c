@@ -274,11 +274,22 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle) {
         w[i] = x;
     }
     CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
+    /* CUCLIENT_WAKE_WITH_EVENT_QUERY=1: the first call after the idle spell
+     * is cuEventQuery, which vgpu does not hook (oversubscription: the
+     * driver blocks it while the process is suspended). */
+    const char *wake = getenv("CUCLIENT_WAKE_WITH_EVENT_QUERY");
+    CUevent ev = NULL;
+    if (wake && *wake == '1') {
+        CHECK(cu.cuEventCreate(&ev, 0));
+        CHECK(cu.cuEventRecord(ev, NULL));
+        CHECK(cu.cuEventSynchronize(ev));
+    }
     printf("sum=%llu\nready=1\n", (unsigned long long)pattern_sum(w, n));
     fflush(stdout);
     double end = now_s() + idle;
     while (now_s() < end) usleep(10000);
     double t = now_s();
+    if (ev) printf("wake_rc=%d wake_ms=%.1f\n", cu.cuEventQuery(ev), (now_s() - t) * 1e3);
     CUresult rc = cu.cuMemcpyDtoH_v2(back, d, data);
     printf("back_rc=%d back_ms=%.1f\n", rc, (now_s() - t) * 1e3);
     printf("back_sum=%llu\nintact=%d\n", (unsigned long long)pattern_sum(back, n),
