@@ -210,6 +210,37 @@ def stop(p):
     p.wait()
 
 
+def threads_of(pid):
+    """Each thread of a live process: name, state, kernel wait channel and
+    syscall (what a hung job waits in), as lines for a log."""
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int) if os.path.isdir(f"/proc/{pid}/task") else []:
+        def read(name):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    return f.read().strip()
+            except OSError:
+                return "?"
+        state = read("stat").rsplit(")", 1)[-1].split()[:1]
+        out.append(f"{tid} {read('comm')} state={''.join(state)} wchan={read('wchan')} "
+                   f"syscall={read('syscall').split(' ')[0]}")
+    return out
+
+
+def finish_job(p, timeout, log):
+    """A job's stdout: all of it when it exits within `timeout` s; else what
+    it printed so far, its threads appended to `log`, and it is killed."""
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return out
+    except subprocess.TimeoutExpired:
+        with open(log, "a") as f:
+            f.write("\n# still running at the deadline; its threads:\n" + "\n".join(threads_of(p.pid)) + "\n")
+        p.kill()
+        out, _ = p.communicate()
+        return out or ""
+
+
 # ---------------------------------------------------------------- sections
 
 
@@ -982,12 +1013,7 @@ def oversub_turns(sec, jobs):
            snap.count("state=suspended") + snap.count("state=restoring"), ">= 1 (see log)", True)
     outs = {}
     for name, p in procs.items():
-        try:
-            out, _ = p.communicate(timeout=max(10, 170 - (time.time() - t0)))
-        except subprocess.TimeoutExpired:
-            stop(p)
-            out = ""
-        outs[name] = out
+        outs[name] = finish_job(p, max(10, 170 - (time.time() - t0)), logs[name])
     stop(ballast)
     for name in ("a", "b"):
         rounds = [kv(l) for l in outs[name].splitlines() if l.startswith("round=")]
