@@ -27,13 +27,14 @@
  *                                          context (refused), then sleep
  *   cuclient await BYTES SECONDS HOLD      retry an allocation until granted
  *                                          (or SECONDS), then hold it HOLD s
- *   cuclient keep DATA BALLAST SEED IDLE [RETRY]
+ *   cuclient keep DATA BALLAST SEED IDLE [RETRY] [LINGER]
  *                                          DATA bytes of a seeded pattern and BALLAST
  *                                          bytes of plain memory; idle IDLE s (no
  *                                          CUDA call), then read DATA back and compare
  *                                          (oversubscription: suspended meanwhile?);
  *                                          a read back refused with out of memory is
- *                                          tried again every 0.2 s for RETRY s
+ *                                          tried again every 0.2 s for RETRY s; then
+ *                                          stay LINGER s (no CUDA call) before exiting
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient forkheld                      cuInit, fork; the child makes a context,
@@ -262,7 +263,8 @@ static uint64_t pattern_sum(const uint32_t *w, size_t n) {
     return s;
 }
 
-static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, double retry) {
+static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, double retry,
+                    double linger) {
     setup();
     CUdeviceptr d = 0, b = 0;
     CHECK(cu.cuMemAlloc_v2(&d, data));
@@ -295,6 +297,9 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     printf("back_rc=%d back_ms=%.1f back_tries=%d\n", rc, (now_s() - t) * 1e3, tries);
     printf("back_sum=%llu\nintact=%d\n", (unsigned long long)pattern_sum(back, n),
            rc == CUDA_SUCCESS && !memcmp(w, back, data));
+    fflush(stdout);
+    end = now_s() + linger;
+    while (now_s() < end) usleep(10000);
     return 0;
 }
 
@@ -879,7 +884,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "hold")) return cmd_hold(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "1")));
     if (!strcmp(cmd, "keep"))
         return cmd_keep(strtoull(ARG(2, "1048576"), 0, 0), strtoull(ARG(3, "0"), 0, 0),
-                        (unsigned)atoi(ARG(4, "1")), atof(ARG(5, "1")), atof(ARG(6, "0")));
+                        (unsigned)atoi(ARG(4, "1")), atof(ARG(5, "1")), atof(ARG(6, "0")),
+                        atof(ARG(7, "0")));
     if (!strcmp(cmd, "ctx")) return cmd_ctx(strtoull(ARG(2, "1048576"), 0, 0));
     if (!strcmp(cmd, "spin"))
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
