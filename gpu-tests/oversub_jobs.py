@@ -10,12 +10,21 @@
         COMPUTE_S seconds (TFLOPS), the cache emptied, IDLE_S seconds idle.
         After every idle spell (when vgpu may have suspended and restored
         it) the first operation is timed and the data checked.
+    oversub_jobs.py bursts GIB GEMMS IDLE_S BURSTS
+        GIB GiB of seeded data, then BURSTS times: one bf16 8192^3 matmul
+        timed (first_op_ms: after an idle spell it includes vgpu's restore
+        and any wait for room), GEMMS more (a fixed amount of work:
+        burst_s, tflops), the data's digest compared (intact), the cache
+        emptied, IDLE_S seconds without a CUDA call. Ends with done=1
+        total_s (from the start of the script).
 """
 import os
 import sys
 import time
 
-import torch
+T0 = time.time()
+
+import torch  # noqa: E402 (the start time includes PyTorch's import)
 
 CHUNK = 1 << 27
 
@@ -84,8 +93,41 @@ def turns(gib, compute_s, idle_s, rounds):
     print("done=1", flush=True)
 
 
+def bursts(gib, gemms, idle_s, count):
+    x = fill(gib)
+    d0 = digest(x)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    print(f"started=1 setup_s={time.time() - T0:.1f}", flush=True)
+    for r in range(count):
+        t = time.time()
+        y = a @ b
+        torch.cuda.synchronize()
+        first = (time.time() - t) * 1e3
+        t = time.time()
+        for i in range(gemms):
+            y = a @ b
+            if i % 50 == 49:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        burst = time.time() - t
+        intact = digest(x) == d0
+        tflops = gemms * 2 * 8192 ** 3 / burst / 1e12
+        print(f"burst={r} first_op_ms={first:.0f} burst_s={burst:.2f} tflops={tflops:.1f} intact={int(intact)}",
+              flush=True)
+        del y
+        torch.cuda.empty_cache()
+        if r + 1 < count:
+            time.sleep(idle_s)
+    print(f"done=1 total_s={time.time() - T0:.1f}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "hold":
         hold(float(sys.argv[2]))
+    elif sys.argv[1] == "bursts":
+        bursts(float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
     else:
         turns(float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))

@@ -97,6 +97,10 @@ pub struct Oversub {
     /// `VGPU_OVERSUBSCRIBE_WAIT_MS`: how long an allocation the card
     /// cannot hold waits for room before `CUDA_ERROR_OUT_OF_MEMORY`.
     pub wait_ms: u64,
+    /// `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`: how long a suspended process's
+    /// CUDA call waits for room to restore it before it returns
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (the process stays suspended).
+    pub restore_wait_ms: u64,
     /// `VGPU_OVERSUBSCRIBE_IDLE_MS`: how long a process must have made no
     /// CUDA call before it may be suspended.
     pub idle_ms: u64,
@@ -115,6 +119,7 @@ impl Default for Oversub {
     fn default() -> Oversub {
         Oversub {
             wait_ms: 30_000,
+            restore_wait_ms: 600_000,
             idle_ms: 2_000,
             host_limit: None,
             dir: PathBuf::from("/tmp/vgpu-oversub"),
@@ -274,6 +279,10 @@ impl Config {
             }),
         };
         oversub.wait_ms = number("VGPU_OVERSUBSCRIBE_WAIT_MS", oversub.wait_ms);
+        oversub.restore_wait_ms = number(
+            "VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS",
+            oversub.restore_wait_ms,
+        );
         oversub.idle_ms = number("VGPU_OVERSUBSCRIBE_IDLE_MS", oversub.idle_ms);
         if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_HOST_LIMIT") {
             match parse_bytes(&v) {

@@ -629,3 +629,171 @@ fn pods_are_named_from_the_api_servers_pod_list() {
         let _ = p.wait();
     }
 }
+
+/// The scrape once `cond` holds of it (up to `secs`).
+fn scrape_until(e: &Exporter, secs: f64, cond: impl Fn(&Scrape) -> bool) -> Scrape {
+    let mut last = e.scrape();
+    assert!(
+        wait_until(secs, || {
+            last = e.scrape();
+            cond(&last)
+        }),
+        "never so:\n{}",
+        last.text
+    );
+    last
+}
+
+#[test]
+fn the_oversubscription_board_is_exported_per_process_and_without_one_nothing_is() {
+    let _serial = serial();
+    let mut sim = Sim::new(1, "4g");
+    let board = sim.dir.path().join("board").display().to_string();
+    sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
+        .set("CUDA_OVERSUBSCRIBE", "true")
+        .set("VGPU_OVERSUBSCRIBE_DIR", &board)
+        .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300");
+    let root = sim.dir.path().join("vgpu");
+    let spawn = |name: &str, env: &[(&str, &str)], args: &[&str]| {
+        let mut c = sim.client_cmd(Path3::Link, true, args);
+        c.env(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            sim.dir.path().join(format!("{name}.cache")),
+        );
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Its board directory comes from $VGPU_OVERSUBSCRIBE_DIR; a second
+    // exporter is pointed at a directory without a board.
+    let exporter = Exporter::start(&sim, &root, &[]);
+    let empty = sim.dir.path().join("no-board");
+    let bare = Exporter::start(&sim, &root, &["--oversub-dir", empty.to_str().unwrap()]);
+    assert!(!exporter.scrape().text.contains("vgpu_oversub"));
+
+    // A (2 GiB and a checksummed 64 MiB) goes idle and is suspended for
+    // B's 2 GiB; B leaves after 2.5 s and A is restored at its next call
+    // (4.5 s), then stays a while.
+    let a = spawn(
+        "a",
+        &[],
+        &["keep", "67108864", "2147483648", "7", "4.5", "0", "30"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = spawn(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
+        &["hold", "2147483648", "2.5"],
+    );
+    let (pa, pb) = (a.id().to_string(), b.id().to_string());
+    let pa = pa.as_str();
+    let pb = pb.as_str();
+    let state = |s: &Scrape, pid: &str, st: &str| {
+        s.value("vgpu_oversub_process_state", &[("pid", pid), ("state", st)])
+    };
+    let uuid_of = |s: &Scrape, pid: &str| {
+        s.samples
+            .iter()
+            .find(|x| {
+                x.name == "vgpu_oversub_process_device_bytes"
+                    && x.labels.get("pid").map(String::as_str) == Some(pid)
+            })
+            .map(|x| x.labels["device_uuid"].clone())
+    };
+    let s = scrape_until(&exporter, 10.0, |s| {
+        state(s, pa, "suspended") == Some(1.0)
+            && uuid_of(s, pb).is_some_and(|u| {
+                s.value(
+                    "vgpu_oversub_process_device_bytes",
+                    &[("pid", pb), ("device_uuid", &u)],
+                ) >= Some((2 * GIB) as f64)
+            })
+    });
+    for st in ["running", "suspending", "restoring", "failed"] {
+        assert_eq!(state(&s, pa, st), Some(0.0), "{st}\n{}", s.text);
+    }
+    assert_eq!(state(&s, pb, "running"), Some(1.0));
+    let host = s.get("vgpu_oversub_process_host_bytes", &[("pid", pa)]);
+    assert!(host >= (2 * GIB + 64 * MIB) as f64, "{host}");
+    assert_eq!(s.get("vgpu_oversub_host_bytes", &[]), host);
+    assert_eq!(
+        s.get("vgpu_oversub_process_host_bytes", &[("pid", pb)]),
+        0.0
+    );
+    let ua = uuid_of(&s, pa).expect("A's card");
+    assert_eq!(
+        s.get(
+            "vgpu_oversub_process_device_bytes",
+            &[("pid", pa), ("device_uuid", &ua)]
+        ),
+        0.0
+    );
+    assert_eq!(
+        s.get("vgpu_oversub_process_suspensions_total", &[("pid", pa)]),
+        1.0
+    );
+    assert_eq!(
+        s.get("vgpu_oversub_process_restores_total", &[("pid", pa)]),
+        0.0
+    );
+    let suspended = s.get(
+        "vgpu_oversub_process_suspended_seconds_total",
+        &[("pid", pa)],
+    );
+    assert!(suspended > 0.0, "{}", s.text);
+    assert_eq!(s.get("vgpu_oversub_processes", &[]), 2.0);
+    assert!(
+        s.text
+            .contains("# TYPE vgpu_oversub_process_suspensions counter")
+    );
+
+    // Restored, and still there.
+    let s = scrape_until(&exporter, 15.0, |s| {
+        s.value("vgpu_oversub_process_restores_total", &[("pid", pa)]) == Some(1.0)
+            && state(s, pa, "running") == Some(1.0)
+    });
+    assert_eq!(
+        s.get("vgpu_oversub_process_host_bytes", &[("pid", pa)]),
+        0.0
+    );
+    assert_eq!(s.get("vgpu_oversub_host_bytes", &[]), 0.0);
+    assert!(
+        s.get(
+            "vgpu_oversub_process_device_bytes",
+            &[("pid", pa), ("device_uuid", &ua)]
+        ) >= (2 * GIB) as f64
+    );
+    let after = s.get(
+        "vgpu_oversub_process_suspended_seconds_total",
+        &[("pid", pa)],
+    );
+    assert!(after >= suspended, "{after} < {suspended}");
+    assert!(
+        s.get(
+            "vgpu_oversub_process_restoring_seconds_total",
+            &[("pid", pa)]
+        ) > 0.0
+    );
+    // B is gone: its entry with it.
+    assert_eq!(state(&s, pb, "running"), None);
+    assert_eq!(s.get("vgpu_oversub_processes", &[]), 1.0);
+
+    // No board there: no such series, and no complaint.
+    assert!(!bare.scrape().text.contains("vgpu_oversub"));
+    let mut a = a;
+    let _ = a.kill();
+    let _ = a.wait();
+    drop(exporter);
+    let mut bare = bare;
+    let _ = bare.child.kill();
+    let out = std::mem::replace(&mut bare.child, Command::new("true").spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("board"), "{err}");
+    let _ = finish(b);
+}

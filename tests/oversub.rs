@@ -1,8 +1,9 @@
 //! Memory oversubscription on the simulated GPU (docs/oversubscription.md):
 //! admission when the card (not the quota) is full, an idle process
 //! suspended whole and restored on its next call with its data intact, a
-//! process killed while suspended, the watcher (the actor) gone, and the
-//! bound on host memory for suspended state.
+//! process killed while suspended, a restore that finds no room within its
+//! bound, the watcher (the actor) gone, and the bound on host memory for
+//! suspended state.
 //!
 //! Each "container" has its own region; they share the simulated card
 //! (4 GiB, 256 MiB per context) and the node's board.
@@ -246,6 +247,63 @@ fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
     assert_intact(&a);
     assert!(!a.stderr.contains("watcher thread is gone"), "{}", a.stderr);
     assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+}
+
+#[test]
+fn a_restore_that_finds_no_room_within_its_bound_fails_the_call_and_a_later_call_restores_intact() {
+    let _serial = serial();
+    let node = Node::new();
+    // A is suspended for B, then wants its 2 GiB back while B, never idle
+    // long enough to be suspended itself, still holds the card for 6 s.
+    let keep: Vec<String> = ["keep", "67108864", "2147483648", "7", "3", "20"]
+        .map(String::from)
+        .to_vec();
+    let a = node.spawn(
+        "a",
+        &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "1000")],
+        &args(&keep),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = node.spawn(
+        "b",
+        &[
+            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000"),
+            ("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000"),
+        ],
+        &["hold", "2147483648", "6"],
+    );
+    assert!(
+        wait_until(10.0, || node.board().contains("state=suspended")),
+        "{}",
+        node.board()
+    );
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish(a);
+    // The first read back gave up after the bound, with out of memory.
+    assert_eq!(a.get("first_back_rc"), "2", "{}\n{}", a.stdout, a.stderr);
+    let first_ms: f64 = a.get("first_back_ms").parse().unwrap();
+    assert!((1000.0..4000.0).contains(&first_ms), "{first_ms}");
+    assert!(
+        a.stderr
+            .contains("the card had no room to restore this process ("),
+        "{}",
+        a.stderr
+    );
+    assert!(
+        a.stderr
+            .contains("within 1000 ms (VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS)"),
+        "{}",
+        a.stderr
+    );
+    // It stayed suspended with its host copy, and a later call restored it.
+    assert_eq!(a.get("back_rc"), "0", "{}", a.stderr);
+    assert!(a.u64("back_tries") >= 2, "{}", a.stdout);
+    assert_intact(&a);
+    assert_eq!(a.stderr.matches("suspended this process").count(), 1);
+    assert_eq!(a.stderr.matches("restored this process").count(), 1);
+    assert!(!a.stderr.contains("fail from now on"), "{}", a.stderr);
+    assert_eq!(node.host_copies(), 0);
 }
 
 #[test]

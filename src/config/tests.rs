@@ -241,3 +241,45 @@ fn task_priority_is_0_or_1_and_anything_else_warns_and_stays_normal() {
     let c = cfg_named(&[("CUDA_TASK_PRIORITY", "0")], true).unwrap();
     assert_eq!(c.task_priority, 1);
 }
+
+#[test]
+fn oversubscription_settings_are_whole_milliseconds_and_bad_ones_warn_and_keep_defaults() {
+    let d = Oversub::default();
+    assert_eq!(
+        (d.wait_ms, d.restore_wait_ms, d.idle_ms),
+        (30_000, 600_000, 2_000)
+    );
+    let c = cfg(&[
+        ("VGPU_OVERSUBSCRIBE_WAIT_MS", "1500"),
+        ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", " 90000 "),
+        ("VGPU_OVERSUBSCRIBE_IDLE_MS", "0"),
+        ("VGPU_OVERSUBSCRIBE_HOST_LIMIT", "64g"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (
+            c.oversub.wait_ms,
+            c.oversub.restore_wait_ms,
+            c.oversub.idle_ms
+        ),
+        (1500, 90_000, 0)
+    );
+    assert_eq!(c.oversub.host_limit, Some(64 << 30));
+    assert!(c.warnings.is_empty());
+    for bad in ["10m", "-1", "1.5", "", "forever", "99999999999999999999999"] {
+        let c = cfg(&[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", bad)]).unwrap();
+        assert_eq!(c.oversub.restore_wait_ms, 600_000, "{bad:?}");
+        assert_eq!(c.warnings.len(), 1, "{bad:?}");
+        assert_eq!(c.warnings[0].var, "VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS");
+        assert!(
+            c.warnings[0]
+                .to_string()
+                .contains("a whole number of milliseconds"),
+            "{}",
+            c.warnings[0]
+        );
+    }
+    // Secure execution reads none of them.
+    let c = cfg_named(&[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "5")], true).unwrap();
+    assert_eq!(c.oversub.restore_wait_ms, 600_000);
+}

@@ -8,7 +8,9 @@
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, saying the card is full
 //! - `suspend`: the watcher's part: publish this process on the node's
 //!   board, suspend it when it is the idlest process on a card someone
-//!   waits for, restore it when one of its threads calls CUDA
+//!   waits for, restore it when one of its threads calls CUDA (that call
+//!   waits for room up to `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`, then
+//!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, the process still suspended)
 //! - `policy`: who goes first (pure)
 //! - `checkpoint`: the driver's checkpoint API, on this process itself
 //!
@@ -58,6 +60,7 @@ static STATE: AtomicU8 = AtomicU8::new(RUNNING);
 
 struct Settings {
     wait_ms: u64,
+    restore_wait_ms: u64,
     idle_ns: u64,
     host_limit: u64,
     test_watcher_stop: bool,
@@ -87,6 +90,7 @@ pub fn start(cfg: &Oversub) {
         .unwrap_or_else(|| half_of_ram(Path::new("/proc/meminfo")));
     let _ = SETTINGS.set(Settings {
         wait_ms: cfg.wait_ms,
+        restore_wait_ms: cfg.restore_wait_ms,
         idle_ns: cfg.idle_ms.saturating_mul(1_000_000),
         host_limit,
         test_watcher_stop: cfg.test_watcher_stop,
@@ -99,9 +103,10 @@ pub fn start(cfg: &Oversub) {
     match here {
         Ok(h) => {
             log::info!(
-                "CUDA_OVERSUBSCRIBE: idle after {} ms, allocations wait up to {} ms for room, host memory for suspended state up to {}, board {} entry {}",
+                "CUDA_OVERSUBSCRIBE: idle after {} ms, allocations wait up to {} ms for room and restores up to {} ms, host memory for suspended state up to {}, board {} entry {}",
                 cfg.idle_ms,
                 cfg.wait_ms,
+                cfg.restore_wait_ms,
                 crate::quota::grant::fmt_bytes(host_limit),
                 h.board.path().display(),
                 h.entry
@@ -127,6 +132,7 @@ pub fn active() -> bool {
 fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| Settings {
         wait_ms: Oversub::default().wait_ms,
+        restore_wait_ms: Oversub::default().restore_wait_ms,
         idle_ns: Oversub::default().idle_ms * 1_000_000,
         host_limit: 0,
         test_watcher_stop: false,
@@ -140,8 +146,8 @@ fn here() -> Option<&'static Here> {
 }
 
 /// Runs before every CUDA hook: counts the call, and restores this process
-/// first if it is suspended. Err: the call's answer (the restore failed
-/// for good).
+/// first if it is suspended. Err: the call's answer (no room to restore
+/// within the bound, or the restore failed for good).
 #[inline]
 pub fn enter() -> Result<(), CUresult> {
     if !ACTIVE.load(Ordering::Relaxed) {

@@ -9,8 +9,11 @@
 //! checkpoints it. Its threads' next CUDA call (`resume`) asks the
 //! watcher to restore it, which waits until the card has room (publishing
 //! what it needs, so that the idle processes there make it), restores and
-//! unlocks. If the watcher stops beating, the calling thread restores the
-//! process itself. One log line per suspension and per restore.
+//! unlocks. A call waits for room up to `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`;
+//! then it returns `CUDA_ERROR_OUT_OF_MEMORY` and the process stays
+//! suspended, its host copy intact, for its next call to try again. If the
+//! watcher stops beating, the calling thread restores the process itself.
+//! One log line per suspension, per restore and per call that gives up.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +46,12 @@ static SEEN_ACTIVITY: AtomicU64 = AtomicU64::new(0);
 static LAST_ACTIVE: AtomicU64 = AtomicU64::new(0);
 /// A thread waits for the process to be restored.
 static RESTORE_WANTED: AtomicBool = AtomicBool::new(false);
+/// How long (monotonic ns) the restore may wait for room: the latest
+/// deadline of the calls waiting for it. Past it, the restorer gives up.
+static RESTORE_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// The restore is inside the driver, moving memory back: a call past its
+/// deadline waits for it rather than fail while its memory arrives.
+static MOVING: AtomicBool = AtomicBool::new(false);
 /// What the process held on each card when it was suspended.
 static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
 /// One restore at a time (the watcher, or a caller when it is gone).
@@ -184,19 +193,35 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
     );
     // A call that came in meanwhile may be blocked inside the driver.
     if ACTIVITY.load(Ordering::Relaxed) != before {
+        RESTORE_UNTIL.fetch_max(deadline_from_now(), Ordering::AcqRel);
         RESTORE_WANTED.store(true, Ordering::Release);
         restore_now(h);
     }
 }
 
-/// A caller's way back: the watcher restores the process (or the caller
-/// itself, if the watcher is gone). Err: the call's answer.
-pub fn resume() -> Result<(), CUresult> {
+/// When a restore asked for now must give up waiting for room.
+fn deadline_from_now() -> u64 {
+    clock::monotonic_ns().saturating_add(settings().restore_wait_ms.saturating_mul(1_000_000))
+}
+
+/// Asks for a restore that may wait for room until `deadline`.
+fn request_restore(deadline: u64) {
+    RESTORE_UNTIL.fetch_max(deadline, Ordering::AcqRel);
     RESTORE_WANTED.store(true, Ordering::Release);
     watcher::kick();
+}
+
+/// A caller's way back: the watcher restores the process (or the caller
+/// itself, if the watcher is gone). Err: the call's answer: out of memory
+/// when the card had no room within `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`
+/// (the process stays suspended), illegal state when the restore failed.
+pub fn resume() -> Result<(), CUresult> {
+    let mut deadline = deadline_from_now();
+    request_restore(deadline);
     let mut g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
-        match STATE.load(Ordering::Acquire) {
+        let state = STATE.load(Ordering::Acquire);
+        match state {
             RUNNING => return Ok(()),
             FAILED => {
                 crate::warn_once!(
@@ -204,7 +229,24 @@ pub fn resume() -> Result<(), CUresult> {
                 );
                 return Err(CUresult::ERROR_ILLEGAL_STATE);
             }
+            // Our own checkpoint is still running: that is not waiting for
+            // room, so the bound starts when it ends.
+            SUSPENDING => {
+                deadline = deadline_from_now();
+                RESTORE_UNTIL.fetch_max(deadline, Ordering::AcqRel);
+            }
             _ => {}
+        }
+        let now = clock::monotonic_ns();
+        if now < deadline {
+            // The restorer gave up for earlier calls: ask again for this one.
+            if state == SUSPENDED && !RESTORE_WANTED.load(Ordering::Acquire) {
+                request_restore(deadline);
+            }
+        } else if state != SUSPENDING && !MOVING.load(Ordering::Acquire) {
+            drop(g);
+            no_room();
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
         }
         let silent = clock::monotonic_ns().saturating_sub(BEAT.load(Ordering::Acquire));
         // (While SUSPENDING the watcher is inside the checkpoint: silent.)
@@ -228,8 +270,25 @@ pub fn resume() -> Result<(), CUresult> {
     }
 }
 
+/// The line of a call that gave up waiting for room to restore.
+fn no_room() {
+    let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let total: u64 = saved.iter().map(|&(_, b)| b).sum();
+    let cards: Vec<String> = saved
+        .iter()
+        .map(|(c, _)| vgpu_shm::format_uuid(c))
+        .collect();
+    log::warn!(
+        "CUDA_OVERSUBSCRIBE: the card had no room to restore this process ({} of device memory, on {}) within {} ms (VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS): this call returns CUDA_ERROR_OUT_OF_MEMORY; the process stays suspended with its memory on the host, and its next CUDA call tries again",
+        fmt_bytes(total),
+        cards.join(", "),
+        settings().restore_wait_ms
+    );
+}
+
 /// Restores the process: waits until its cards have room for it (asking
-/// for it on the board), then restore and unlock.
+/// for it on the board), then restore and unlock. Gives up, the process
+/// still suspended, when no call waits any longer (`RESTORE_UNTIL`).
 fn restore_now(h: &Here) {
     let _one = RESTORER.lock().unwrap_or_else(PoisonError::into_inner);
     if STATE.load(Ordering::Acquire) != SUSPENDED {
@@ -250,15 +309,19 @@ fn restore_now(h: &Here) {
         });
         if short.is_none() {
             let t = Instant::now();
-            match checkpoint::restore() {
-                Ok(()) => match checkpoint::unlock() {
-                    Ok(()) => break,
-                    Err(rc) => return fail(h, format!("unlock after restore failed ({rc})")),
-                },
+            MOVING.store(true, Ordering::Release);
+            let moved = checkpoint::restore().map(|()| checkpoint::unlock());
+            MOVING.store(false, Ordering::Release);
+            match moved {
+                Ok(Ok(())) => break,
+                Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
                 Err(rc) if rc == CUresult::ERROR_OUT_OF_MEMORY => {}
                 Err(rc) => return fail(h, format!("the restore failed ({rc})")),
             }
             waited += t.elapsed();
+        }
+        if clock::monotonic_ns() >= RESTORE_UNTIL.load(Ordering::Acquire) {
+            return give_up(h);
         }
         let (card, _) = short
             .copied()
@@ -267,10 +330,11 @@ fn restore_now(h: &Here) {
         if said.elapsed() >= Duration::from_secs(10) {
             said = Instant::now();
             log::warn!(
-                "CUDA_OVERSUBSCRIBE: still waiting for room for {} on {} to restore this process ({} s so far)",
+                "CUDA_OVERSUBSCRIBE: still waiting for room for {} on {} to restore this process ({} s so far, VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS {} ms)",
                 fmt_bytes(total),
                 vgpu_shm::format_uuid(&card),
-                t0.elapsed().as_secs()
+                t0.elapsed().as_secs(),
+                settings().restore_wait_ms
             );
         }
         std::thread::sleep(RETRY);
@@ -294,6 +358,17 @@ fn restore_now(h: &Here) {
         t0.elapsed().as_millis(),
         waited.min(t0.elapsed()).as_millis()
     );
+}
+
+/// No call waits for the restore any longer: the process stays suspended
+/// (its host copy and host reservation kept) and stops asking for room.
+fn give_up(h: &Here) {
+    let e = h.entry();
+    e.set_want(&[0; 16], 0);
+    e.set_state(ProcState::Suspended, clock::monotonic_ns());
+    // Before the state: a caller that then sees SUSPENDED asks again.
+    RESTORE_WANTED.store(false, Ordering::Release);
+    finish(SUSPENDED);
 }
 
 fn fail(h: &Here, why: String) {

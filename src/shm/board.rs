@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::size_of;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -198,6 +198,31 @@ impl BoardEntry {
         ProcState::from_u32(self.state.load(Ordering::Acquire))
     }
 
+    /// Time spent suspended (restoring included) up to `now`, the current
+    /// spell counted: it grows smoothly, as a counter should.
+    pub fn suspended_ns_at(&self, now: u64) -> u64 {
+        let total = self.suspended_total_ns.load(Ordering::Relaxed);
+        match self.state() {
+            ProcState::Suspended | ProcState::Restoring => total + self.in_state_ns(now),
+            _ => total,
+        }
+    }
+
+    /// Time spent restoring (waiting for room included) up to `now`, the
+    /// current spell counted.
+    pub fn restoring_ns_at(&self, now: u64) -> u64 {
+        let total = self.restoring_total_ns.load(Ordering::Relaxed);
+        match self.state() {
+            ProcState::Restoring => total + self.in_state_ns(now),
+            _ => total,
+        }
+    }
+
+    /// Time in the current state at `now`.
+    pub fn in_state_ns(&self, now: u64) -> u64 {
+        now.saturating_sub(self.since_ns.load(Ordering::Acquire))
+    }
+
     /// Enters `state` at `now` (adding the time spent suspended).
     pub fn set_state(&self, state: ProcState, now: u64) {
         let since = self.since_ns.swap(now, Ordering::AcqRel);
@@ -366,6 +391,59 @@ impl Board {
         Ok(board)
     }
 
+    /// A private copy of the board in `dir`, for those who only look
+    /// (`vgpuctl oversub`, `vgpuctl serve`): read with `pread` from a
+    /// read-only descriptor, so nothing in the file changes, a read-only
+    /// mount will do, and a file cut short meanwhile is an error, never a
+    /// SIGBUS. Figures are as they were when read; liveness
+    /// ([`Board::others`]) is still asked of the file's locks. Writes to
+    /// the copy go nowhere. `Ok(None)`: no board there, or one its creator
+    /// has not finished making. Not for a process that holds an entry:
+    /// dropping the copy closes a descriptor of the file, which drops that
+    /// process's record locks (POSIX).
+    pub fn read_copy(dir: &Path) -> Result<Option<Board>, BoardError> {
+        let path = dir.join(BOARD_FILE);
+        let io_err = |e| BoardError::Io(path.clone(), e);
+        // O_NONBLOCK: a FIFO in its place must not hang the open.
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(e)),
+        };
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() || (meta.len() != 0 && meta.len() < BOARD_SIZE as u64) {
+            return Err(BoardError::Foreign(path));
+        }
+        if meta.len() == 0 {
+            return Ok(None);
+        }
+        let mut copy = MmapOptions::new()
+            .len(BOARD_SIZE)
+            .map_anon()
+            .map_err(io_err)?;
+        file.read_exact_at(&mut copy[..], 0).map_err(io_err)?;
+        let board = Board {
+            map: copy.into(),
+            file,
+            path,
+        };
+        let h = board.header();
+        if h.magic.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        if h.magic.load(Ordering::Acquire) != BOARD_MAGIC
+            || h.version.load(Ordering::Acquire) != BOARD_VERSION
+            || h.entries.load(Ordering::Acquire) as usize != BOARD_ENTRIES
+        {
+            return Err(BoardError::Foreign(board.path));
+        }
+        Ok(Some(board))
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -501,11 +579,81 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_reads_the_board_as_it_was_and_sees_who_is_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Board::read_copy(dir.path()).unwrap().is_none());
+        let b = Board::open(dir.path()).unwrap();
+        let i = b.claim(42, 1000).unwrap();
+        b.entry(i).set_bytes_on(&[7u8; 16], 5 << 30);
+        b.entry(i).set_state(ProcState::Suspended, 2000);
+        b.entry(i).host_bytes.store(5 << 30, Ordering::SeqCst);
+        // Read through the board's own descriptor: closing any other
+        // descriptor of the file would drop this process's locks (POSIX).
+        let file_now = || {
+            let mut v = vec![0u8; BOARD_SIZE];
+            b.file.read_exact_at(&mut v, 0).unwrap();
+            v
+        };
+        let before = file_now();
+        // Our own lock is invisible to us: a forked child looks, and
+        // answers with one byte through a pipe.
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into an array we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child reads the board (glibc's malloc is safe after
+        // fork), writes one byte and _exits; it prints nothing and unwinds
+        // nothing into the test harness.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let seen = std::panic::catch_unwind(|| {
+                let c = Board::read_copy(dir.path()).unwrap().unwrap();
+                let live: Vec<(usize, u64, u64, ProcState)> = c
+                    .others(None)
+                    .map(|(j, e)| {
+                        let host = e.host_bytes.load(Ordering::Relaxed);
+                        (j, host, e.suspended_ns_at(5000), e.state())
+                    })
+                    .collect();
+                live == vec![(i, 5 << 30, 3000, ProcState::Suspended)]
+                    && c.host_bytes(None) == 5 << 30
+            });
+            let byte = [u8::from(seen.unwrap_or(false))];
+            // SAFETY: one byte into the pipe we made, then leave without
+            // running the harness's exit handlers.
+            unsafe {
+                libc::write(fds[1], byte.as_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        let mut byte = [0u8];
+        // SAFETY: one byte from our pipe into a buffer we own; the child
+        // is reaped.
+        unsafe {
+            libc::close(fds[1]);
+            libc::read(fds[0], byte.as_mut_ptr().cast(), 1);
+            libc::close(fds[0]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(byte[0], 1, "the child did not see the entry alive");
+        // A copy writes nothing, even when written to.
+        let c = Board::read_copy(dir.path()).unwrap().unwrap();
+        assert_eq!(c.entry(i).restoring_ns_at(9000), 0);
+        c.entry(i).set_state(ProcState::Failed, 9000);
+        assert_eq!(c.entry(i).state(), ProcState::Failed);
+        assert_eq!(file_now(), before);
+        assert_eq!(b.entry(i).state(), ProcState::Suspended);
+    }
+
+    #[test]
     fn a_foreign_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(BOARD_FILE), b"not a board").unwrap();
         assert!(matches!(
             Board::open(dir.path()),
+            Err(BoardError::Foreign(_))
+        ));
+        assert!(matches!(
+            Board::read_copy(dir.path()),
             Err(BoardError::Foreign(_))
         ));
     }

@@ -27,10 +27,23 @@
  *                                          context (refused), then sleep
  *   cuclient await BYTES SECONDS HOLD      retry an allocation until granted
  *                                          (or SECONDS), then hold it HOLD s
- *   cuclient keep DATA BALLAST SEED IDLE   DATA bytes of a seeded pattern and BALLAST
+ *   cuclient keep DATA BALLAST SEED IDLE [RETRY] [LINGER]
+ *                                          DATA bytes of a seeded pattern and BALLAST
  *                                          bytes of plain memory; idle IDLE s (no
  *                                          CUDA call), then read DATA back and compare
- *                                          (oversubscription: suspended meanwhile?)
+ *                                          (oversubscription: suspended meanwhile?);
+ *                                          a read back refused with out of memory is
+ *                                          tried again every 0.2 s for RETRY s; then
+ *                                          stay LINGER s (no CUDA call) before exiting
+ *   cuclient bursts DATA BALLAST SEED KERNELS IDLE BURSTS
+ *                                          DATA bytes of a seeded pattern and BALLAST
+ *                                          beside it, then BURSTS times: one 1 ms spin
+ *                                          kernel timed (first_op_ms: after an idle
+ *                                          spell it includes a restore), KERNELS more,
+ *                                          DATA read back and compared; IDLE s without
+ *                                          a CUDA call between (gpu-tests oversub, on
+ *                                          the simulator: what oversub_jobs.py bursts
+ *                                          does with PyTorch on a GPU)
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient forkheld                      cuInit, fork; the child makes a context,
@@ -259,7 +272,8 @@ static uint64_t pattern_sum(const uint32_t *w, size_t n) {
     return s;
 }
 
-static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle) {
+static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, double retry,
+                    double linger) {
     setup();
     CUdeviceptr d = 0, b = 0;
     CHECK(cu.cuMemAlloc_v2(&d, data));
@@ -291,9 +305,21 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle) {
     double t = now_s();
     if (ev) printf("wake_rc=%d wake_ms=%.1f\n", cu.cuEventQuery(ev), (now_s() - t) * 1e3);
     CUresult rc = cu.cuMemcpyDtoH_v2(back, d, data);
-    printf("back_rc=%d back_ms=%.1f\n", rc, (now_s() - t) * 1e3);
+    printf("first_back_rc=%d first_back_ms=%.1f\n", rc, (now_s() - t) * 1e3);
+    fflush(stdout);
+    int tries = 1;
+    double until = now_s() + retry;
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && now_s() < until) {
+        usleep(200000);
+        rc = cu.cuMemcpyDtoH_v2(back, d, data);
+        tries++;
+    }
+    printf("back_rc=%d back_ms=%.1f back_tries=%d\n", rc, (now_s() - t) * 1e3, tries);
     printf("back_sum=%llu\nintact=%d\n", (unsigned long long)pattern_sum(back, n),
            rc == CUDA_SUCCESS && !memcmp(w, back, data));
+    fflush(stdout);
+    end = now_s() + linger;
+    while (now_s() < end) usleep(10000);
     return 0;
 }
 
@@ -367,6 +393,48 @@ static CUresult launch_one(const char *mode, unsigned long long ns, unsigned gri
     if (!strcmp(mode, "coop")) return cu.cuLaunchCooperativeKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args);
     if (!strcmp(mode, "graph")) return cu.cuGraphLaunch(exec, 0);
     return cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL);
+}
+
+static int cmd_bursts(size_t data, size_t ballast, unsigned seed, long kernels, double idle,
+                      int bursts) {
+    double t0 = now_s();
+    setup();
+    load_kernels();
+    CUdeviceptr d = 0, b = 0;
+    CHECK(cu.cuMemAlloc_v2(&d, data));
+    if (ballast) CHECK(cu.cuMemAlloc_v2(&b, ballast));
+    size_t n = data / 4;
+    uint32_t *w = malloc(data), *back = malloc(data);
+    if (!w || !back) return 1;
+    uint32_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        w[i] = x;
+    }
+    CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
+    printf("started=1 setup_s=%.1f\n", now_s() - t0);
+    fflush(stdout);
+    for (int r = 0; r < bursts; r++) {
+        double t = now_s();
+        CUresult rc = launch_one("kernel", 1000000ULL, 132, NULL);
+        if (!rc) rc = cu.cuCtxSynchronize();
+        double first = (now_s() - t) * 1e3;
+        t = now_s();
+        for (long k = 0; k < kernels && !rc; k++) {
+            rc = launch_one("kernel", 1000000ULL, 132, NULL);
+            if (!rc && k % 64 == 63) rc = cu.cuCtxSynchronize();
+        }
+        if (!rc) rc = cu.cuCtxSynchronize();
+        double burst = now_s() - t;
+        CUresult brc = cu.cuMemcpyDtoH_v2(back, d, data);
+        printf("burst=%d first_op_ms=%.0f burst_s=%.2f rc=%d intact=%d\n", r, first, burst, rc ? rc : brc,
+               !rc && !brc && !memcmp(w, back, data));
+        fflush(stdout);
+        double end = now_s() + (r + 1 < bursts ? idle : 0);
+        while (now_s() < end) usleep(10000);
+    }
+    printf("done=1 total_s=%.1f\n", now_s() - t0);
+    return 0;
 }
 
 /* A graph of `nodes` spin kernels in a chain. */
@@ -886,7 +954,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "hold")) return cmd_hold(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "1")));
     if (!strcmp(cmd, "keep"))
         return cmd_keep(strtoull(ARG(2, "1048576"), 0, 0), strtoull(ARG(3, "0"), 0, 0),
-                        (unsigned)atoi(ARG(4, "1")), atof(ARG(5, "1")));
+                        (unsigned)atoi(ARG(4, "1")), atof(ARG(5, "1")), atof(ARG(6, "0")),
+                        atof(ARG(7, "0")));
+    if (!strcmp(cmd, "bursts"))
+        return cmd_bursts(strtoull(ARG(2, "1048576"), 0, 0), strtoull(ARG(3, "0"), 0, 0),
+                          (unsigned)atoi(ARG(4, "1")), atol(ARG(5, "100")), atof(ARG(6, "1")),
+                          atoi(ARG(7, "2")));
     if (!strcmp(cmd, "ctx")) return cmd_ctx(strtoull(ARG(2, "1048576"), 0, 0));
     if (!strcmp(cmd, "spin"))
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),

@@ -74,7 +74,7 @@ fn main() {
     };
     let host = Host::none();
     let mut warned = HashSet::new();
-    let first = scrape(&targets.current(), &host, &opts, &mut warned);
+    let first = scrape(&targets.current(), None, &host, &opts, &mut warned);
     assert_eq!(
         first.matches("hami_vgpu_memory_limit_bytes{").count(),
         CONTAINERS
@@ -82,7 +82,7 @@ fn main() {
     let ms: Vec<f64> = (0..ROUNDS)
         .map(|_| {
             let t = Instant::now();
-            let text = scrape(&targets.current(), &host, &opts, &mut warned);
+            let text = scrape(&targets.current(), None, &host, &opts, &mut warned);
             std::hint::black_box(text);
             t.elapsed().as_secs_f64() * 1e3
         })

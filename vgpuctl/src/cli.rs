@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// is used without it.
     #[arg(long, value_name = "URL")]
     pub api_server: Option<String>,
+    /// Directory of the node's oversubscription board, whose processes are
+    /// exported as vgpu_oversub_* (none there: no such series) [default:
+    /// $VGPU_OVERSUBSCRIBE_DIR, else /tmp/vgpu-oversub].
+    #[arg(long, value_name = "DIR")]
+    pub oversub_dir: Option<PathBuf>,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -7,8 +7,10 @@
 //! - [`scan`]: HAMi's containers directory
 //! - [`table`]: the human table
 //! - [`serve`]: the Prometheus exporter
+//! - [`oversub`]: the node's oversubscription board, for `vgpuctl oversub`
 
 pub mod cli;
+pub mod oversub;
 pub mod read;
 pub mod scan;
 pub mod serve;

@@ -23,15 +23,13 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-mod oversub;
-
 use clap::{CommandFactory, Parser};
 use vgpu_shm::hami::Opened;
 use vgpu_shm::{EntryIndex, ProcView};
 
 use vgpuctl::cli::{self, Cli, Command, Regions};
 use vgpuctl::snapshot::{self, Report, SCHEMA_VERSION, Snapshot};
-use vgpuctl::{read, scan, serve, table};
+use vgpuctl::{oversub, read, scan, serve, table};
 
 /// Why a command failed (printed after `vgpuctl: `).
 type Failure = String;

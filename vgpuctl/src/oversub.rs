@@ -1,29 +1,37 @@
 //! `vgpuctl oversub [DIR]`: the node's oversubscription board
 //! (docs/oversubscription.md): every live process of an oversubscribed
 //! container, its state, bytes on each card and on the host, what it waits
-//! for, and its time suspended and restoring. DIR defaults to
-//! `$VGPU_OVERSUBSCRIBE_DIR`, then `/tmp/vgpu-oversub`.
+//! for, and its time suspended and restoring (the current spell counted).
+//! DIR defaults to `$VGPU_OVERSUBSCRIBE_DIR`, then `/tmp/vgpu-oversub`. The
+//! board is read into private memory (`Board::read_copy`): nothing in it
+//! changes.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use vgpu_shm::board::{BOARD_FILE, Board, monotonic_ns};
+use vgpu_shm::board::{Board, monotonic_ns};
 use vgpu_shm::format_uuid;
+
+/// The board's directory when none is named: `$VGPU_OVERSUBSCRIBE_DIR`,
+/// else `/tmp/vgpu-oversub` (the library's default).
+pub fn default_dir() -> PathBuf {
+    std::env::var_os("VGPU_OVERSUBSCRIBE_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp/vgpu-oversub"), PathBuf::from)
+}
 
 /// The board's report, or why there is none.
 pub fn report(dir: Option<&Path>) -> Result<String, String> {
-    let dir = dir
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("VGPU_OVERSUBSCRIBE_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/tmp/vgpu-oversub"));
-    if !dir.join(BOARD_FILE).is_file() {
-        return Err(format!(
-            "no oversubscription board in {} (no process with CUDA_OVERSUBSCRIBE=true has started there)",
-            dir.display()
-        ));
-    }
-    let b = Board::open(&dir).map_err(|e| e.to_string())?;
+    let dir = dir.map_or_else(default_dir, Path::to_path_buf);
+    let b = Board::read_copy(&dir)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            format!(
+                "no oversubscription board in {} (no process with CUDA_OVERSUBSCRIBE=true has started there)",
+                dir.display()
+            )
+        })?;
     let now = monotonic_ns();
     let mut out = String::new();
     let _ = writeln!(
@@ -42,7 +50,6 @@ pub fn report(dir: Option<&Path>) -> Result<String, String> {
             .wants()
             .map_or("-".to_string(), |(u, n)| format!("{}:{n}", format_uuid(&u)));
         let ms = |ns: u64| ns / 1_000_000;
-        let since = e.since_ns.load(Ordering::Acquire);
         let _ = writeln!(
             out,
             "entry={i} pid={} state={} cards={} host_bytes={} wants={wants} idle_ms={} in_state_ms={} suspended_ms_total={} restoring_ms_total={} suspensions={} restores={}",
@@ -55,9 +62,9 @@ pub fn report(dir: Option<&Path>) -> Result<String, String> {
             },
             e.host_bytes.load(Ordering::Acquire),
             ms(now.saturating_sub(e.last_active_ns.load(Ordering::Acquire))),
-            ms(now.saturating_sub(since)),
-            ms(e.suspended_total_ns.load(Ordering::Relaxed)),
-            ms(e.restoring_total_ns.load(Ordering::Relaxed)),
+            ms(e.in_state_ns(now)),
+            ms(e.suspended_ns_at(now)),
+            ms(e.restoring_ns_at(now)),
             e.suspensions.load(Ordering::Relaxed),
             e.restores.load(Ordering::Relaxed),
         );

@@ -169,6 +169,16 @@ fn the_exporter_service_and_monitor_point_at_one_port() {
     assert_eq!(host, "/usr/local/vgpu");
     assert!(read_only, "the exporter must not be able to write regions");
     assert_eq!(pod["hostPID"], true);
+    // The oversubscription board it reads is the node's, read-only.
+    let board = serve
+        .oversub_dir
+        .expect("the exporter names the board's directory");
+    let (host, read_only) = host_path_at(pod, board.to_str().unwrap());
+    assert_eq!(host, "/run/vgpu-oversub");
+    assert!(
+        read_only,
+        "the exporter must not be able to write the board"
+    );
 
     let port = ctr["ports"][0].clone();
     assert_eq!(port["name"], "metrics");

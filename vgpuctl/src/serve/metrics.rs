@@ -11,7 +11,9 @@
 //!   ctrname, vdeviceid, deviceuuid`).
 //! - What only vgpu knows, as `vgpu_*` families: OOM denials, throttled
 //!   launches and the time they waited, the bucket's scale, the SM limit,
-//!   each process's memory and context estimate, slots reclaimed.
+//!   each process's memory and context estimate, slots reclaimed; and,
+//!   when the node has an oversubscription board, its processes
+//!   (`vgpu_oversub_*`, `oversub.rs`).
 #![forbid(unsafe_code)]
 
 use std::borrow::Cow;
@@ -25,6 +27,7 @@ use prometheus_client::registry::Registry;
 
 use super::host::HostGpu;
 use super::legacy::Legacy;
+use super::oversub::Oversub;
 use crate::snapshot::{Alive, Device, Snapshot};
 
 /// Label names and values of one series.
@@ -44,11 +47,13 @@ pub struct Options {
 /// Region files that were found but could not be read, this scrape.
 pub type Unreadable = usize;
 
-/// The OpenMetrics text of one scrape.
+/// The OpenMetrics text of one scrape; `board`: the node's
+/// oversubscription board, if it has one.
 pub fn encode(
     regions: &[Snapshot],
     host: &[HostGpu],
     unreadable: Unreadable,
+    board: Option<&vgpu_shm::board::Board>,
     opts: &Options,
 ) -> String {
     let zone = [(Cow::Borrowed("zone"), Cow::Owned(opts.zone.clone()))];
@@ -66,6 +71,9 @@ pub fn encode(
     f.exporter_unreadable
         .get_or_create(&Vec::new())
         .set(unreadable as f64);
+    if let Some(b) = board {
+        Oversub::register(&mut registry).board(b, vgpu_shm::board::monotonic_ns());
+    }
     let mut out = String::new();
     text::encode(&mut out, &registry).expect("writing into a String cannot fail");
     out

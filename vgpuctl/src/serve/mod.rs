@@ -13,11 +13,14 @@
 //! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
 //! - `pods`: namespaces and pod names from the Kubernetes API's pod list
+//! - `oversub`: the node's oversubscription board (`--oversub-dir`), as
+//!   `vgpu_oversub_*` families
 
 pub mod feedback;
 pub mod host;
 mod legacy;
 pub mod metrics;
+mod oversub;
 pub mod pods;
 
 use std::collections::HashSet;
@@ -38,6 +41,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
     let dir = scan::containers_dir(&a.root);
     let targets = Targets::new(dir.clone(), a.regions.clone());
+    let board_dir = a
+        .oversub_dir
+        .clone()
+        .unwrap_or_else(crate::oversub::default_dir);
     let pods = match pods::Source::find(a.api_server.as_deref()) {
         Ok(source) => source,
         Err(e) => {
@@ -63,14 +70,21 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
         .map_or_else(|| a.listen.to_string(), |s| s.to_string());
     // One line on stdout, flushed: scripts and tests learn the port from it.
     println!(
-        "vgpuctl serve: http://{addr}/metrics, regions under {}",
-        dir.display()
+        "vgpuctl serve: http://{addr}/metrics, regions under {}, oversubscription board in {}",
+        dir.display(),
+        board_dir.display()
     );
     let mut warned = HashSet::new();
     for request in server.incoming_requests() {
         let response = match (request.method(), request.url()) {
             (tiny_http::Method::Get, "/metrics") => {
-                let body = scrape(&targets.current(), &host, &opts, &mut warned);
+                let body = scrape(
+                    &targets.current(),
+                    Some(&board_dir),
+                    &host,
+                    &opts,
+                    &mut warned,
+                );
                 text(200, body, CONTENT_TYPE)
             }
             (tiny_http::Method::Get, "/healthz") => text(200, "ok\n".into(), "text/plain"),
@@ -99,10 +113,13 @@ fn text(
         .with_header(header)
 }
 
-/// Reads every target and encodes one exposition. A file that cannot be
-/// read is counted, and named on stderr the first time (`warned`).
+/// Reads every target, and the oversubscription board in `board_dir`
+/// when there is one, and encodes one exposition. A file that cannot be
+/// read is counted (a region) or left out (the board), and named on
+/// stderr the first time (`warned`).
 pub fn scrape(
     targets: &[Found],
+    board_dir: Option<&Path>,
     host: &host::Host,
     opts: &metrics::Options,
     warned: &mut HashSet<PathBuf>,
@@ -124,7 +141,22 @@ pub fn scrape(
             }
         }
     }
-    metrics::encode(&regions, &host.read(), unreadable, opts)
+    let board = board_dir.and_then(|dir| {
+        let path = dir.join(vgpu_shm::board::BOARD_FILE);
+        match vgpu_shm::board::Board::read_copy(dir) {
+            Ok(b) => {
+                warned.remove(&path);
+                b
+            }
+            Err(e) => {
+                if warned.insert(path) {
+                    eprintln!("vgpuctl serve: {e}; its processes are left out");
+                }
+                None
+            }
+        }
+    });
+    metrics::encode(&regions, &host.read(), unreadable, board.as_ref(), opts)
 }
 
 /// The region files to export: the last scan of the containers directory
