@@ -175,14 +175,15 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
 }
 
 #[test]
-fn a_first_call_vgpu_does_not_hook_restores_the_process_too() {
+fn a_first_call_vgpu_does_not_hook_or_never_sees_restores_the_process_too() {
     // The driver's lock blocks every call of a suspended process. A PyTorch
     // job whose first call after its idle spell was one without a hook
     // waited in the driver for ever (run 21). Reached through
     // cuGetProcAddress (cudart) or dlsym on the driver (XLA), such a call
-    // now restores the process.
+    // now restores the process. Linked directly (-lcuda), the call never
+    // reaches vgpu: the watcher finds the thread waiting inside the driver.
     let _serial = serial();
-    for path in [Path3::ProcAddr, Path3::Dlsym] {
+    for path in [Path3::ProcAddr, Path3::Dlsym, Path3::Link] {
         let node = Node::new();
         let keep = keeper("4");
         let a = node.spawn_via(
@@ -208,6 +209,9 @@ fn a_first_call_vgpu_does_not_hook_restores_the_process_too() {
         assert_eq!(a.get("wake_rc"), "0", "{}\n{}", a.stdout, a.stderr);
         assert_intact(&a);
         assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+        if matches!(path, Path3::Link) {
+            assert!(a.stderr.contains("waits inside the driver"), "{}", a.stderr);
+        }
     }
 }
 

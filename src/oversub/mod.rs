@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod blocked;
 mod checkpoint;
 mod policy;
 mod suspend;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use vgpu_shm::board::ProcState;
 
 use super::admission::WAITING;
+use super::blocked::Baseline;
 use super::policy::{Seen, card_to_free};
 use super::{
     ACTIVE, ACTIVITY, FAILED, Here, IN_CALL, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING,
@@ -53,6 +54,8 @@ static RESTORE_UNTIL: AtomicU64 = AtomicU64::new(0);
 /// deadline waits for it rather than fail while its memory arrives.
 static MOVING: AtomicBool = AtomicBool::new(false);
 /// What the process held on each card when it was suspended.
+/// The threads when the last suspension began (blocked.rs).
+static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
 static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
 /// One restore at a time (the watcher, or a caller when it is gone).
 static RESTORER: Mutex<()> = Mutex::new(());
@@ -91,6 +94,23 @@ pub fn tick(attach: &Attach) -> bool {
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {
             restore_now(h);
+            true
+        }
+        SUSPENDED => {
+            let waiting = BASELINE
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .and_then(Baseline::waiting_in_driver);
+            if let Some((tid, name)) = waiting {
+                // Its call cannot be answered, only let through: after a
+                // bound that passes, the next tick asks again.
+                log::warn!(
+                    "CUDA_OVERSUBSCRIBE: thread {tid} ({name}) waits inside the driver, where the suspension blocks it: restoring this process"
+                );
+                request_restore(deadline_from_now());
+                restore_now(h);
+            }
             true
         }
         _ => true,
@@ -155,6 +175,12 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
+    // The threads as they are while idle: one that moves into the driver
+    // from now on waits on the lock (blocked.rs).
+    let driver = crate::cuda::real::slot::cuInit
+        .get()
+        .map(|f| f.as_ptr() as u64);
+    *BASELINE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline::take(driver));
     if let Err(rc) = checkpoint::lock(LOCK_TIMEOUT_MS) {
         return undo(format!(
             "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
