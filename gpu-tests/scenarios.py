@@ -1192,8 +1192,49 @@ def oversub_four(sec, jobs):
            0 < max(on_card, default=0) <= 3)
 
 
+def oversub_small():
+    """A small, quick version of the turns (issue 12 diagnosis): a ballast
+    leaves room for one 8 GiB PyTorch job; two jobs take turns (3 s of
+    matmuls, 6 s idle, 2 rounds) at log level 5, so the watcher's look at a
+    suspended process's threads is in the logs."""
+    sec = "oversub_small"
+    free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0]) * MIB
+    ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "200"], env=base_env(),
+                               stdout=subprocess.PIPE, stderr=open(log_path("small-ballast"), "w"), text=True)
+    if not wait_line(ballast, "hold_rc=0", 60):
+        stop(ballast)
+        record(sec, "ballast allocated", "no", "yes", False)
+        return
+    board = tempfile.mkdtemp(prefix="vgpu-board-")
+    extra = {"CUDA_DEVICE_MEMORY_LIMIT": "20g", "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
+             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": "60000",
+             "VGPU_OVERSUBSCRIBE_HOST_LIMIT": "40g", "LIBCUDA_LOG_LEVEL": "5"}
+    jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
+    logs, procs = {}, {}
+    t0 = time.time()
+    for name in ("a", "b"):
+        logs[name] = log_path(f"small-{name}")
+        procs[name] = subprocess.Popen([PY, jobs, "turns", "8", "3", "6", "2"],
+                                       env=make_env(True, extra, new_region()), stdout=subprocess.PIPE,
+                                       stderr=open(logs[name], "w"), text=True)
+        time.sleep(2)
+    for name, p in procs.items():
+        out = finish_job(p, max(10, 110 - (time.time() - t0)), logs[name])
+        rounds = [l for l in out.splitlines() if l.startswith("round=")]
+        err = open(logs[name]).read()
+        keep = [l for l in err.splitlines()
+                if "TRACE: timed" not in l and ("OVERSUB" in l or "suspended:" in l or "waits inside" in l)]
+        scans = [l for l in keep if "suspended:" in l]
+        record(sec, f"job {name}: rounds, done; suspensions, restores; thread scans (last)",
+               f"{len(rounds)}/2 done={'done=1' in out}; {err.count('suspended this process')}, "
+               f"{err.count('restored this process')}; {len(scans)} {scans[-1][-220:] if scans else '-'}",
+               "2/2 done", len(rounds) == 2 and "done=1" in out)
+    stop(ballast)
+
+
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, exporter]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter]}
 
 
 def main():

@@ -47,20 +47,58 @@ impl Baseline {
     /// A thread (id and name) that has moved since and now waits inside
     /// the driver, if there is one.
     pub fn waiting_in_driver(&self) -> Option<(u32, String)> {
+        let scan = self.scan();
+        log::trace!("{scan}");
+        scan.found
+    }
+
+    fn scan(&self) -> Scan {
+        let mut scan = Scan {
+            driver_ranges: self.driver.len(),
+            ..Scan::default()
+        };
         if self.driver.is_empty() {
-            return None;
+            return scan;
         }
         let me = nix_gettid();
-        let mem = File::open("/proc/self/mem").ok()?;
-        threads()
-            .filter(|t| t.tid != me && !driver_or_vgpu_thread(&t.name))
-            .filter(|t| self.sp.get(&t.tid) != Some(&t.sp))
-            .find(|t| {
-                let mut buf = vec![0u8; STACK_BYTES];
-                let n = mem.read_at(&mut buf, t.sp).unwrap_or(0);
-                in_driver(&buf[..n], &self.driver) >= MIN_DRIVER_WORDS
-            })
-            .map(|t| (t.tid, t.name))
+        let Ok(mem) = File::open("/proc/self/mem") else {
+            return scan;
+        };
+        for t in threads() {
+            scan.threads += 1;
+            if t.tid == me || driver_or_vgpu_thread(&t.name) || self.sp.get(&t.tid) == Some(&t.sp) {
+                continue;
+            }
+            scan.moved += 1;
+            let mut buf = vec![0u8; STACK_BYTES];
+            let n = mem.read_at(&mut buf, t.sp).unwrap_or(0);
+            let words = in_driver(&buf[..n], &self.driver);
+            scan.most = scan.most.max(words);
+            if words >= MIN_DRIVER_WORDS && scan.found.is_none() {
+                scan.found = Some((t.tid, t.name));
+            }
+        }
+        scan
+    }
+}
+
+/// What one look at the threads saw (logged at trace level).
+#[derive(Default)]
+struct Scan {
+    driver_ranges: usize,
+    threads: usize,
+    moved: usize,
+    most: usize,
+    found: Option<(u32, String)>,
+}
+
+impl std::fmt::Display for Scan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "suspended: {} threads blocked, {} moved since the suspension began, at most {} driver return addresses on one stack ({} code ranges of the driver); waiting in the driver: {:?}",
+            self.threads, self.moved, self.most, self.driver_ranges, self.found
+        )
     }
 }
 
