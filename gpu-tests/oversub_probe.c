@@ -154,6 +154,40 @@ static int fill_or_check(int check) {
 static volatile int probe_done;
 static double probe_ms;
 
+/* NVML, which vgpu's watcher uses to judge room for a restore: does a
+ * query of this (checkpointed) process block? */
+typedef struct {
+    unsigned long long total, free, used;
+} NvmlMemory;
+static int (*nvmlInit_v2)(void);
+static int (*nvmlDeviceGetHandleByIndex_v2)(unsigned, void **);
+static int (*nvmlDeviceGetMemoryInfo)(void *, NvmlMemory *);
+static void *nvml_dev;
+static volatile int nvml_done;
+static double nvml_ms;
+static int nvml_rc = -1;
+
+static void nvml_load(void) {
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!h) return;
+    *(void **)&nvmlInit_v2 = dlsym(h, "nvmlInit_v2");
+    *(void **)&nvmlDeviceGetHandleByIndex_v2 = dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&nvmlDeviceGetMemoryInfo = dlsym(h, "nvmlDeviceGetMemoryInfo");
+    if (!nvmlInit_v2 || !nvmlDeviceGetHandleByIndex_v2 || !nvmlDeviceGetMemoryInfo || nvmlInit_v2() ||
+        nvmlDeviceGetHandleByIndex_v2(0, &nvml_dev))
+        nvml_dev = NULL;
+}
+
+static void *probe_nvml(void *arg) {
+    (void)arg;
+    double t = now_s();
+    NvmlMemory m;
+    nvml_rc = nvmlDeviceGetMemoryInfo(nvml_dev, &m);
+    nvml_ms = (now_s() - t) * 1e3;
+    nvml_done = 1;
+    return NULL;
+}
+
 static void *probe_get_current(void *arg) {
     (void)arg;
     double t = now_s();
@@ -181,19 +215,26 @@ static void *suspend_resume(void *arg) {
         return NULL;
     }
     /* While checkpointed: does a plain query block? */
-    pthread_t q;
+    pthread_t q, n;
     probe_done = 0;
     pthread_create(&q, NULL, probe_get_current, NULL);
+    if (nvml_dev) pthread_create(&n, NULL, probe_nvml, NULL);
     usleep(1000 * 1000);
     printf("get_current_blocked_while_checkpointed=%d\n", !probe_done);
+    if (nvml_dev) printf("nvml_memory_info_blocked_while_checkpointed=%d\n", !nvml_done);
     j->rc = uncycle(j->pid, "self", j->bytes, ckpt_ms);
     pthread_join(q, NULL);
     printf("get_current_ms=%.1f\n", probe_ms);
+    if (nvml_dev) {
+        pthread_join(n, NULL);
+        printf("nvml_memory_info_ms=%.1f nvml_memory_info_rc=%d\n", nvml_ms, nvml_rc);
+    }
     return NULL;
 }
 
 static int self(const char *mode, double gib) {
     CUresult rc = cuInit(0);
+    nvml_load();
     int dev;
     CUcontext ctx;
     if (rc || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {

@@ -26,7 +26,10 @@ impl Node {
         sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
             .set("CUDA_OVERSUBSCRIBE", "true")
             .set("VGPU_OVERSUBSCRIBE_DIR", &board)
-            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300");
+            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
+            // As the H200 behaved: NVML's memory queries of a suspended
+            // process wait for its restore.
+            .set("SIM_GPU_NVML_LOCKED", "1");
         Node { sim }
     }
 

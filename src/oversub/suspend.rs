@@ -54,6 +54,49 @@ static RESTORE_UNTIL: AtomicU64 = AtomicU64::new(0);
 /// deadline waits for it rather than fail while its memory arrives.
 static MOVING: AtomicBool = AtomicBool::new(false);
 /// What the process held on each card when it was suspended.
+/// A card as the last suspension found it: NVML's free bytes with this
+/// process's own (which it gives back), and what the board's other
+/// processes held there.
+struct Room {
+    card: [u8; 16],
+    free: u64,
+    others: u64,
+}
+
+static ROOM: Mutex<Vec<Room>> = Mutex::new(Vec::new());
+
+/// What the board's other processes hold on `card`.
+fn others_bytes_on(h: &Here, card: &[u8; 16]) -> u64 {
+    h.board
+        .others(Some(h.entry))
+        .map(|(_, e)| e.bytes_on(card))
+        .sum()
+}
+
+/// What the board's other processes wait for on `card` (the room this
+/// process's suspension was for is theirs first).
+fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
+    h.board
+        .others(Some(h.entry))
+        .filter_map(|(_, e)| e.wants())
+        .filter(|(c, _)| c == card)
+        .map(|(_, b)| b)
+        .sum()
+}
+
+/// Room on `card` now, without NVML: what was free at the suspension
+/// (this process's own bytes included), plus what the board's other
+/// processes have given back since, less what they wait for. Memory of
+/// processes outside the board is taken as unchanged; if it grew, the
+/// restore answers out of memory and is tried again.
+fn room_on(h: &Here, card: &[u8; 16]) -> u64 {
+    let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(r) = then.iter().find(|r| &r.card == card) else {
+        return u64::MAX;
+    };
+    (r.free + r.others).saturating_sub(others_bytes_on(h, card) + wanted_on(h, card))
+}
+
 /// The threads when the last suspension began (blocked.rs).
 static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
 static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
@@ -175,6 +218,18 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
+    // What each card has free now, while NVML still answers (a suspended
+    // process's NVML calls are taken to block: runs 21, 23 and 24 hung in
+    // the first restore's NVML call), and what the board's processes hold
+    // there: the restore judges room from the board alone.
+    *ROOM.lock().unwrap_or_else(PoisonError::into_inner) = cards
+        .iter()
+        .map(|&(c, own)| Room {
+            card: c,
+            free: crate::nvml::client::free_memory(&c).unwrap_or(0) + own,
+            others: others_bytes_on(h, &c),
+        })
+        .collect();
     // The threads as they are while idle: one that moves into the driver
     // from now on waits on the lock (blocked.rs).
     let driver = crate::cuda::real::slot::cuInit
@@ -330,9 +385,9 @@ fn restore_now(h: &Here) {
     let mut said = Instant::now();
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
-        let short = saved.iter().find(|&&(card, bytes)| {
-            crate::nvml::client::free_memory(&card).is_some_and(|free| free < bytes)
-        });
+        let short = saved
+            .iter()
+            .find(|&&(card, bytes)| room_on(h, &card) < bytes);
         if short.is_none() {
             let t = Instant::now();
             MOVING.store(true, Ordering::Release);

@@ -214,6 +214,7 @@ fn memory(dev: usize) -> (u64, u64) {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(d: Device, out: *mut Memory) -> Ret {
+    blocks_while_checkpointed();
     let dev = dev!(d);
     let (total, used) = memory(dev);
     let m = Memory {
@@ -226,6 +227,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(d: Device, out: *mut Memory) ->
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(d: Device, out: *mut MemoryV2) -> Ret {
+    blocks_while_checkpointed();
     let dev = dev!(d);
     let Some(m) = get(out) else {
         return INVALID_ARGUMENT;
@@ -399,5 +401,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Util
         OK
     } else {
         INVALID_ARGUMENT
+    }
+}
+
+/// `SIM_GPU_NVML_LOCKED=1`: NVML's memory queries wait while this process
+/// is locked or checkpointed, as vgpu's watcher's did on the H200 (runs
+/// 21, 23 and 24: its first restore never got past one).
+fn blocks_while_checkpointed() {
+    if std::env::var_os("SIM_GPU_NVML_LOCKED").is_some_and(|v| v == "1") {
+        crate::checkpoint::wait_open();
     }
 }
