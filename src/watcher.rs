@@ -76,12 +76,16 @@ fn run(attach: &'static Attach) {
     loop {
         std::thread::park_timeout(TICK);
         // Oversubscription first: while this process is suspended, nothing
-        // else runs (it could call into the locked driver).
+        // else runs (it could call into the locked driver, or NVML, which
+        // blocks too) but the heartbeat: its slot, whose memory the
+        // container's quota still counts, must not look dead to its
+        // neighbours (NVML lists no memory of a suspended process).
         if !crate::oversub::tick(attach) {
             log::warn!("VGPU_TEST_WATCHER_STOP: the watcher thread ends");
             return;
         }
         if crate::oversub::suspended() {
+            attach.tick();
             continue;
         }
         attach.tick();
