@@ -13,6 +13,8 @@
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, the process still suspended)
 //! - `policy`: who goes first (pure)
 //! - `checkpoint`: the driver's checkpoint API, on this process itself
+//! - `blocked`: threads of a suspended process that wait inside the driver
+//!   (calls that never reach a hook), for the watcher to restore it
 //!
 //! The process is its own actor: its watcher thread locks, checkpoints,
 //! restores and unlocks it (a process may drive the API on itself, as
