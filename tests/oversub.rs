@@ -65,6 +65,23 @@ impl Node {
         Run::from(self.client(name, env, args).output().unwrap())
     }
 
+    /// After a's start, b asks for 2 GiB (held 1.5 s) that the card has
+    /// only once a is suspended; returns b once a is.
+    fn crowd_out(&self) -> Child {
+        std::thread::sleep(Duration::from_millis(1500));
+        let b = self.spawn(
+            "b",
+            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
+            &["hold", "2147483648", "1.5"],
+        );
+        assert!(
+            wait_until(10.0, || self.board().contains("state=suspended")),
+            "{}",
+            self.board()
+        );
+        b
+    }
+
     /// `vgpuctl oversub` on the node's board.
     fn board(&self) -> String {
         let dir = self.sim.dir.path().join("board");
@@ -152,17 +169,7 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
     let node = Node::new();
     let keep = keeper("5");
     let a = node.spawn("a", &[], &args(&keep));
-    std::thread::sleep(Duration::from_millis(1500));
-    let b = node.spawn(
-        "b",
-        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-        &["hold", "2147483648", "1.5"],
-    );
-    assert!(
-        wait_until(10.0, || node.board().contains("state=suspended")),
-        "{}",
-        node.board()
-    );
+    let b = node.crowd_out();
     let board = node.board();
     assert!(board.contains("suspensions=1"), "{board}");
     assert!(!board.contains("host_bytes=0\n"), "{board}");
@@ -195,17 +202,7 @@ fn a_first_call_vgpu_does_not_hook_or_never_sees_restores_the_process_too() {
             &[("CUCLIENT_WAKE_WITH_EVENT_QUERY", "1")],
             &args(&keep),
         );
-        std::thread::sleep(Duration::from_millis(1500));
-        let b = node.spawn(
-            "b",
-            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-            &["hold", "2147483648", "1.5"],
-        );
-        assert!(
-            wait_until(10.0, || node.board().contains("state=suspended")),
-            "{}",
-            node.board()
-        );
+        let b = node.crowd_out();
         let b = finish(b);
         assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
         let a = finish_within(a, 20.0);

@@ -230,10 +230,14 @@ mod exports {
 /// driver stubs do): with oversubscription, a trampoline that restores a
 /// suspended process first (`trampoline.rs`); otherwise the plain answer.
 fn unhooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
+    // Driver API functions only (`cu` and a capital: not `cudbg*` data,
+    // not cuBLAS or cudart through their own handles, not `curl_*`).
+    let driver_api = name.len() > 2 && name[2].is_ascii_uppercase();
     if handle == libc::RTLD_DEFAULT
         || handle == libc::RTLD_NEXT
-        || !name.starts_with(b"cu")
+        || !driver_api
         || !crate::oversub::active()
+        || real::handle(super::real::Lib::Cuda).map(|h| h.as_ptr()) != Some(handle)
     {
         return PASS;
     }

@@ -112,11 +112,12 @@ extern "C" fn answer_instead() -> i32 {
 }
 
 // Each of the SLOTS entries is 16 bytes: its index into %r11d, then a jump
-// to the common part, which saves the six integer argument registers and
-// xmm0-7 (the stack arguments are untouched), calls `gate(index)` with the
-// stack 16-byte aligned, restores them all and jumps to what the gate
-// returned. (On entry %rsp is 8 mod 16; after %rbp and six pushes it is 0,
-// and the 128 bytes for xmm0-7 keep it so.)
+// to the common part, which saves the six integer argument registers,
+// %rax (%al counts a variadic call's vector arguments) and xmm0-7 (the
+// stack arguments are untouched), calls `gate(index)` with the stack
+// 16-byte aligned, restores them all and jumps to what the gate returned.
+// (On entry %rsp is 8 mod 16; after %rbp and six pushes it is 0, %rax
+// makes it 8, and 136 bytes for xmm0-7 and padding make it 0 again.)
 #[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     r#"
@@ -142,7 +143,8 @@ vgpu_trampoline_common:
     push %rcx
     push %r8
     push %r9
-    sub $128, %rsp
+    push %rax
+    sub $136, %rsp
     movdqu %xmm0, 0(%rsp)
     movdqu %xmm1, 16(%rsp)
     movdqu %xmm2, 32(%rsp)
@@ -162,7 +164,8 @@ vgpu_trampoline_common:
     movdqu 80(%rsp), %xmm5
     movdqu 96(%rsp), %xmm6
     movdqu 112(%rsp), %xmm7
-    add $128, %rsp
+    add $136, %rsp
+    pop %rax
     pop %r9
     pop %r8
     pop %rcx
@@ -217,6 +220,19 @@ mod tests {
         7
     }
 
+    unsafe extern "C" {
+        fn vgpu_test_return_al();
+    }
+    std::arch::global_asm!(
+        ".pushsection .text.vgpu_test_return_al,\"ax\",@progbits",
+        ".balign 16",
+        "vgpu_test_return_al:",
+        "movzbl %al, %eax",
+        "ret",
+        ".popsection",
+        options(att_syntax)
+    );
+
     #[test]
     fn a_trampoline_runs_the_gate_then_the_real_function_with_every_argument() {
         set_gate(count);
@@ -247,5 +263,37 @@ mod tests {
         assert_eq!(t(0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0), 401);
         REFUSE.store(0, Ordering::SeqCst);
         assert_eq!(o(), 7);
+
+        // A variadic function gets its floating-point arguments: %al tells
+        // it how many vector registers hold arguments, and the trampoline
+        // must pass it through.
+        type Snprintf =
+            unsafe extern "C" fn(*mut std::ffi::c_char, usize, *const std::ffi::c_char, ...) -> i32;
+        let p = wrap(libc::snprintf as *mut c_void).unwrap();
+        // SAFETY: the trampoline jumps to snprintf, whose signature this is.
+        let f: Snprintf = unsafe { std::mem::transmute::<*mut c_void, Snprintf>(p) };
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: a 32-byte buffer, a NUL-terminated format and the two
+        // doubles it names.
+        let n = unsafe {
+            f(
+                buf.as_mut_ptr(),
+                buf.len(),
+                c"%.2f %.1f".as_ptr(),
+                2.5f64,
+                -0.75f64,
+            )
+        };
+        // SAFETY: snprintf NUL-terminated the buffer.
+        let out = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!((n, out.to_str().unwrap()), (9, "2.50 -0.8"));
+        // And exactly: a callee that returns the %al it got.
+        type Al = unsafe extern "C" fn(i32, ...) -> i32;
+        let p = wrap(vgpu_test_return_al as *mut c_void).unwrap();
+        // SAFETY: the trampoline jumps to vgpu_test_return_al, which
+        // reads no argument.
+        let al: Al = unsafe { std::mem::transmute::<*mut c_void, Al>(p) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { al(0, 1.0f64, 2.0f64, 3.0f64) }, 3);
     }
 }

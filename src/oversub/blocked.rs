@@ -64,13 +64,20 @@ impl Baseline {
         let Ok(mem) = File::open("/proc/self/mem") else {
             return scan;
         };
+        let mut maps: Option<String> = None;
         for t in threads() {
             scan.threads += 1;
             if t.tid == me || driver_or_vgpu_thread(&t.name) || self.sp.get(&t.tid) == Some(&t.sp) {
                 continue;
             }
             scan.moved += 1;
-            let mut buf = vec![0u8; STACK_BYTES];
+            // Within the stack's own mapping: a shallow thread's pointer is
+            // near its end, and the next mapping is not its stack.
+            let maps = maps.get_or_insert_with(|| {
+                std::fs::read_to_string("/proc/self/maps").unwrap_or_default()
+            });
+            let room = mapping_end(maps, t.sp).map_or(0, |end| end - t.sp);
+            let mut buf = vec![0u8; STACK_BYTES.min(room as usize)];
             let n = mem.read_at(&mut buf, t.sp).unwrap_or(0);
             let words = in_driver(&buf[..n], &self.driver);
             scan.most = scan.most.max(words);
@@ -169,6 +176,15 @@ fn driver_code(maps: &str, addr: u64) -> Vec<Range<u64>> {
         .collect()
 }
 
+/// The end of the mapping, in a `/proc/self/maps`, that holds `addr`.
+fn mapping_end(maps: &str, addr: u64) -> Option<u64> {
+    maps.lines().find_map(|l| {
+        let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+        let r = u64::from_str_radix(a, 16).ok()?..u64::from_str_radix(b, 16).ok()?;
+        r.contains(&addr).then_some(r.end)
+    })
+}
+
 /// How many aligned words of `stack` point into `code`.
 fn in_driver(stack: &[u8], code: &[Range<u64>]) -> usize {
     stack
@@ -207,6 +223,8 @@ mod tests {
 7f0000100000-7f0002000000 r-xp 00100000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05
 7f0003000000-7f0003100000 r-xp 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]";
+        assert_eq!(mapping_end(maps, 0x7ffd_0000_0040), Some(0x7ffd_0002_1000));
+        assert_eq!(mapping_end(maps, 0x10), None);
         let code = driver_code(maps, 0x7f00_0010_4000);
         assert_eq!(code, vec![0x7f00_0010_0000..0x7f00_0200_0000]);
         assert!(driver_code(maps, 0x7f00_0000_4000).is_empty(), "not code");

@@ -73,11 +73,16 @@ fn others_bytes_on(h: &Here, card: &[u8; 16]) -> u64 {
         .sum()
 }
 
-/// What the board's other processes wait for on `card` (the room this
+/// What the board's running processes wait for on `card` (the room this
 /// process's suspension was for is theirs first).
 fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
+    // Running processes' waiting allocations only: two suspended processes
+    // that each left room for the other's want would never restore. Among
+    // suspended ones the first restore takes the room; the other then sees
+    // its bytes on the board and waits (or its restore says out of memory).
     h.board
         .others(Some(h.entry))
+        .filter(|(_, e)| e.state() == ProcState::Running)
         .filter_map(|(_, e)| e.wants())
         .filter(|(c, _)| c == card)
         .map(|(_, b)| b)
@@ -383,12 +388,20 @@ fn restore_now(h: &Here) {
     let t0 = Instant::now();
     let mut waited = Duration::ZERO;
     let mut said = Instant::now();
+    // After a restore the driver refused for want of room (memory the
+    // board does not see), the next waits longer, up to a second.
+    let mut pause = RETRY;
+    let mut next_try = Instant::now();
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
+        // The region slot's heartbeat too: the wait can last minutes.
+        if let Some(a) = crate::init::attach() {
+            a.tick();
+        }
         let short = saved
             .iter()
             .find(|&&(card, bytes)| room_on(h, &card) < bytes);
-        if short.is_none() {
+        if short.is_none() && Instant::now() >= next_try {
             let t = Instant::now();
             MOVING.store(true, Ordering::Release);
             let moved = checkpoint::restore().map(|()| checkpoint::unlock());
@@ -396,7 +409,10 @@ fn restore_now(h: &Here) {
             match moved {
                 Ok(Ok(())) => break,
                 Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
-                Err(rc) if rc == CUresult::ERROR_OUT_OF_MEMORY => {}
+                Err(rc) if rc == CUresult::ERROR_OUT_OF_MEMORY => {
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    next_try = Instant::now() + pause;
+                }
                 Err(rc) => return fail(h, format!("the restore failed ({rc})")),
             }
             waited += t.elapsed();

@@ -272,6 +272,15 @@ static uint64_t pattern_sum(const uint32_t *w, size_t n) {
     return s;
 }
 
+/* A seeded xorshift pattern: data a restore must bring back bit for bit. */
+static void fill_pattern(uint32_t *w, size_t n, unsigned seed) {
+    uint32_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        w[i] = x;
+    }
+}
+
 static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, double retry,
                     double linger) {
     setup();
@@ -282,11 +291,7 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
-    uint32_t x = seed | 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
-        w[i] = x;
-    }
+    fill_pattern(w, n, seed);
     CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
     /* CUCLIENT_WAKE_WITH_EVENT_QUERY=1: the first call after the idle spell
      * is cuEventQuery, which vgpu does not hook (oversubscription: the
@@ -406,11 +411,7 @@ static int cmd_bursts(size_t data, size_t ballast, unsigned seed, long kernels, 
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
-    uint32_t x = seed | 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
-        w[i] = x;
-    }
+    fill_pattern(w, n, seed);
     CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
     printf("started=1 setup_s=%.1f\n", now_s() - t0);
     fflush(stdout);
