@@ -254,6 +254,49 @@ fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
 }
 
 #[test]
+fn a_suspended_process_keeps_its_region_slot_beating() {
+    // In a pid namespace a slot whose heartbeat stops looks dead to its
+    // neighbours after 3 s, and NVML lists no memory for a suspended
+    // process: its memory would leave the quota. The slot beats through a
+    // long checkpoint (5 s here) and while suspended.
+    let _serial = serial();
+    let node = Node::new();
+    let keep = keeper("9");
+    let a = node.spawn("a", &[("SIM_GPU_CKPT_MS", "5000")], &args(&keep));
+    let region = node.sim.dir.path().join("a.cache");
+    let age = || {
+        let r = node
+            .sim
+            .ctl(&["status", "--json", region.to_str().unwrap()]);
+        let s: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
+        s["regions"][0]["processes"][0]["heartbeat_age_ms"].as_u64()
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = node.spawn(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000")],
+        &["hold", "2147483648", "0.5"],
+    );
+    assert!(
+        wait_until(10.0, || node.board().contains("state=suspending")),
+        "{}",
+        node.board()
+    );
+    let mut oldest = 0;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        oldest = oldest.max(age().unwrap_or(u64::MAX));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(node.board().contains("state=suspended") || node.board().contains("state=restoring"));
+    assert!(oldest < 1500, "the slot's heartbeat aged {oldest} ms");
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish_within(a, 30.0);
+    assert_intact(&a);
+}
+
+#[test]
 fn a_restore_that_finds_no_room_within_its_bound_fails_the_call_and_a_later_call_restores_intact() {
     let _serial = serial();
     let node = Node::new();
