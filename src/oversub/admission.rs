@@ -58,10 +58,19 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
             break rc;
         }
     };
-    if WAITING.fetch_sub(1, Ordering::AcqRel) == 1
-        && let Some(h) = here()
-    {
-        h.entry().set_want(&card, 0);
+    if let Some(h) = here() {
+        let e = h.entry();
+        if rc.is_ok() {
+            // On the board before the want goes: a suspended process that
+            // judges room from the board must not see this room as free in
+            // the 100 ms until the watcher publishes the slot's total.
+            e.set_bytes_on(&card, e.bytes_on(&card).saturating_add(bytes));
+        }
+        if WAITING.fetch_sub(1, Ordering::AcqRel) == 1 {
+            e.set_want(&card, 0);
+        }
+    } else {
+        WAITING.fetch_sub(1, Ordering::AcqRel);
     }
     rc
 }
