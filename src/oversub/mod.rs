@@ -15,6 +15,7 @@
 //! - `checkpoint`: the driver's checkpoint API, on this process itself
 //! - `blocked`: threads of a suspended process that wait inside the driver
 //!   (calls that never reach a hook), for the watcher to restore it
+//! - `free_probe`: NVML's free memory, asked without blocking the watcher
 //!
 //! The process is its own actor: its watcher thread locks, checkpoints,
 //! restores and unlocks it (a process may drive the API on itself, as
@@ -26,6 +27,7 @@
 mod admission;
 mod blocked;
 mod checkpoint;
+mod free_probe;
 mod policy;
 mod suspend;
 

@@ -24,6 +24,7 @@ use vgpu_shm::board::ProcState;
 
 use super::admission::WAITING;
 use super::blocked::Baseline;
+use super::free_probe;
 use super::policy::{Seen, card_to_free};
 use super::{
     ACTIVE, ACTIVITY, FAILED, Here, IN_CALL, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING,
@@ -115,18 +116,28 @@ fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
         .sum()
 }
 
-/// Room on `card` now, without NVML: what was free at the suspension
+/// Room on `card` now: NVML's free bytes if it answers within
+/// `NVML_WAIT`; else, from the board: what was free at the suspension
 /// (this process's own bytes included), plus what the board's other
 /// processes have given back since, less what they wait for. Memory of
 /// processes outside the board is taken as unchanged; if it grew, the
 /// restore answers out of memory and is tried again.
 fn room_on(h: &Here, card: &[u8; 16]) -> u64 {
+    let wanted = wanted_on(h, card);
+    // NVML's own figure when it answers at once (free_probe.rs).
+    if let Some(free) = free_probe::free_within(*card, NVML_WAIT) {
+        return free.saturating_sub(wanted);
+    }
     let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(r) = then.iter().find(|r| &r.card == card) else {
         return u64::MAX;
     };
-    (r.free + r.others).saturating_sub(others_bytes_on(h, card) + wanted_on(h, card))
+    (r.free + r.others).saturating_sub(others_bytes_on(h, card) + wanted)
 }
+
+/// How long a restore waits for NVML's answer before it judges room from
+/// the board.
+const NVML_WAIT: Duration = Duration::from_millis(100);
 
 /// The threads when the last suspension began (blocked.rs).
 static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);

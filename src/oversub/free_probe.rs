@@ -1,0 +1,79 @@
+//! NVML's free memory on a card, asked from a helper thread and waited for
+//! only briefly. A suspended process's NVML memory queries are taken to
+//! block until it is restored (runs 21-25 on the H200: the watcher went
+//! silent in its first restore's query), and the watcher must not block
+//! with them: when NVML answers, the restore has a fresh figure; when it
+//! does not, the board's estimate serves. At most one query is in flight,
+//! so a blocked NVML costs one parked thread, which finishes once the
+//! process runs again.
+#![forbid(unsafe_code)]
+
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// An answer is used while it is this fresh.
+const FRESH: Duration = Duration::from_millis(500);
+
+#[derive(Default)]
+struct Probe {
+    /// A query is in flight (its thread may be blocked in NVML).
+    asking: bool,
+    /// The last answer: the card, its free bytes, when.
+    last: Option<([u8; 16], u64, Instant)>,
+}
+
+static PROBE: Mutex<Probe> = Mutex::new(Probe {
+    asking: false,
+    last: None,
+});
+static ANSWERED: Condvar = Condvar::new();
+
+/// Free bytes on `card` as NVML says now, waiting at most `wait`; None
+/// when NVML does not answer in time (or cannot).
+pub fn free_within(card: [u8; 16], wait: Duration) -> Option<u64> {
+    let deadline = Instant::now() + wait;
+    let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
+    let fresh = |p: &Probe| {
+        p.last
+            .filter(|&(c, _, at)| c == card && at.elapsed() < FRESH)
+            .map(|(_, free, _)| free)
+    };
+    if let Some(free) = fresh(&p) {
+        return Some(free);
+    }
+    if !p.asking {
+        p.asking = true;
+        let spawned = std::thread::Builder::new()
+            .name("vgpu-nvml-free".into())
+            .spawn(move || {
+                let free = crate::nvml::client::free_memory(&card);
+                let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
+                p.asking = false;
+                if let Some(free) = free {
+                    p.last = Some((card, free, Instant::now()));
+                }
+                ANSWERED.notify_all();
+            });
+        if spawned.is_err() {
+            p.asking = false;
+            return None;
+        }
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        p = ANSWERED
+            .wait_timeout(p, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        if let Some(free) = fresh(&p) {
+            return Some(free);
+        }
+        if !p.asking {
+            // Answered without a figure (NVML cannot say).
+            return None;
+        }
+    }
+}
