@@ -517,3 +517,81 @@ fn finish(state: u8) {
     STATE.store(state, Ordering::Release);
     DONE_CV.notify_all();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+    use vgpu_shm::board::Board;
+
+    const CARD: [u8; 16] = [9; 16];
+    const HOLDER: &str = "VGPU_TEST_BOARD_HOLDER";
+
+    /// Run as a child by the test below: holds one board entry (each
+    /// process's own locks are invisible to it, so one entry per child):
+    /// a running process whose allocation waits for 1 GiB, or a suspended
+    /// one whose restore wants 2 GiB, until killed.
+    #[test]
+    fn board_holder_for_tests() {
+        let Some(v) = std::env::var_os(HOLDER) else {
+            return;
+        };
+        let v = v.into_string().unwrap();
+        let (dir, role) = v.rsplit_once(':').unwrap();
+        let b = Board::open(Path::new(dir)).unwrap();
+        let i = b.claim(std::process::id(), 0).unwrap();
+        if role == "peer" {
+            b.entry(i).set_state(ProcState::Restoring, 0);
+            b.entry(i).set_want(&CARD, 2 << 30);
+        } else {
+            b.entry(i).set_state(ProcState::Running, 0);
+            b.entry(i).set_want(&CARD, 1 << 30);
+        }
+        println!("holding {i}");
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    fn holder(dir: &Path, role: &str) -> std::process::Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "oversub::suspend::tests::board_holder_for_tests",
+                "--nocapture",
+            ])
+            .env(HOLDER, format!("{}:{role}", dir.display()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("holding") {
+            line.clear();
+            assert_ne!(out.read_line(&mut line).unwrap(), 0, "the holder ended");
+        }
+        child
+    }
+
+    #[test]
+    fn only_running_processes_waits_count_against_a_restore() {
+        // Two suspended processes that each left room for the other's want
+        // would never restore (review of 46678ee).
+        let dir = tempfile::tempdir().unwrap();
+        let mut children = [holder(dir.path(), "waiter"), holder(dir.path(), "peer")];
+        let board = Board::open(dir.path()).unwrap();
+        let entry = board.claim(std::process::id(), 0).unwrap();
+        let h = Here {
+            board,
+            entry,
+            pid: std::process::id(),
+        };
+        assert_eq!(h.board.others(Some(entry)).count(), 2);
+        assert_eq!(wanted_on(&h, &CARD), 1 << 30);
+        assert_eq!(wanted_on(&h, &[1; 16]), 0);
+        for c in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
