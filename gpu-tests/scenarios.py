@@ -925,6 +925,14 @@ def hami():
 
 
 
+def oversub_env(board, quota, wait_ms, host_limit, log_level=2):
+    """A container's environment with CUDA_OVERSUBSCRIBE on the shared
+    `board`: 1 s idle before it may be suspended."""
+    return {"CUDA_DEVICE_MEMORY_LIMIT": quota, "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
+            "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": str(wait_ms),
+            "VGPU_OVERSUBSCRIBE_HOST_LIMIT": host_limit, "LIBCUDA_LOG_LEVEL": str(log_level)}
+
+
 def oversub():
     """Issue 12: memory oversubscription by suspending idle processes whole
     with the CUDA checkpoint API (docs/oversubscription.md). Part 1, the
@@ -1013,9 +1021,7 @@ def oversub_turns(sec, jobs):
         record(sec, "60 GiB ballast allocated", "no", "yes", False)
         return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
-    extra = {"CUDA_DEVICE_MEMORY_LIMIT": "80g", "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
-             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": "90000",
-             "VGPU_OVERSUBSCRIBE_HOST_LIMIT": "100g", "LIBCUDA_LOG_LEVEL": "2"}
+    extra = oversub_env(board, quota="80g", wait_ms=90000, host_limit="100g")
     logs, procs = {}, {}
     t0 = time.time()
     for name in ("a", "b"):
@@ -1102,10 +1108,8 @@ def oversub_four(sec, jobs):
         return
     sequential = 4 * solo
     board = tempfile.mkdtemp(prefix="vgpu-board-")
-    extra = {"CUDA_DEVICE_MEMORY_LIMIT": "60g", "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
-             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": "150000",
-             "VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS": "150000", "VGPU_OVERSUBSCRIBE_HOST_LIMIT": "80g",
-             "LIBCUDA_LOG_LEVEL": "2"}
+    extra = oversub_env(board, quota="60g", wait_ms=150000, host_limit="80g")
+    extra["VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS"] = "150000"
     # Past 1.5x the baseline (the target is 1.2x) the jobs are stopped.
     deadline = min(1.5 * sequential, 160)
     names = "abcd"
@@ -1207,9 +1211,7 @@ def oversub_small():
         record(sec, "ballast allocated", "no", "yes", False)
         return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
-    extra = {"CUDA_DEVICE_MEMORY_LIMIT": "20g", "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
-             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": "60000",
-             "VGPU_OVERSUBSCRIBE_HOST_LIMIT": "40g", "LIBCUDA_LOG_LEVEL": "5"}
+    extra = oversub_env(board, quota="20g", wait_ms=60000, host_limit="40g", log_level=5)
     jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     logs, procs = {}, {}
     t0 = time.time()
