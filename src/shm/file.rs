@@ -45,13 +45,7 @@ const ATTEMPTS: u32 = 50;
 /// Opens the region file at `path` for reading and writing. Returns the
 /// file and whether this call created it.
 pub fn open(path: &Path, opts: FileOptions) -> Result<(File, bool), ShmError> {
-    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        ShmError::io(
-            path,
-            "open",
-            io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
-        )
-    })?;
+    let cpath = c_path(path)?;
     let base =
         libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
     let mut last = io::Error::from_raw_os_error(libc::EAGAIN);
@@ -87,13 +81,7 @@ pub fn open(path: &Path, opts: FileOptions) -> Result<(File, bool), ShmError> {
 /// Opens the region file at `path` for reading only (a monitor): never
 /// through a symbolic link, only a regular file, of any owner.
 pub fn open_read_only(path: &Path) -> Result<File, ShmError> {
-    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        ShmError::io(
-            path,
-            "open",
-            io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
-        )
-    })?;
+    let cpath = c_path(path)?;
     let flags =
         libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
     let file = open_raw(&cpath, flags, 0).map_err(|e| refusal_or_io(path, "open", e))?;
@@ -102,6 +90,17 @@ pub fn open_read_only(path: &Path) -> Result<File, ShmError> {
         any_owner: true,
     };
     checked(path, file, false, opts).map(|(file, _)| file)
+}
+
+/// `path` for `open(2)`; one with a NUL byte cannot be opened.
+fn c_path(path: &Path) -> Result<std::ffi::CString, ShmError> {
+    std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        ShmError::io(
+            path,
+            "open",
+            io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
+        )
+    })
 }
 
 fn open_raw(path: &std::ffi::CStr, flags: i32, mode: libc::mode_t) -> io::Result<File> {

@@ -166,7 +166,9 @@ pub fn probe(path: &Path) -> Result<Format, ShmError> {
     })
 }
 
-fn map_hami_core(file: &File, path: &Path) -> Result<HamiFile, ShmError> {
+/// The length of a HAMi-core file; one shorter than its layout is
+/// refused, not mapped.
+pub(crate) fn check_hami_len(file: &File, path: &Path) -> Result<u64, ShmError> {
     let len = file
         .metadata()
         .map_err(|e| ShmError::io(path, "stat", e))?
@@ -177,6 +179,11 @@ fn map_hami_core(file: &File, path: &Path) -> Result<HamiFile, ShmError> {
             why: crate::Refusal::Truncated { len },
         });
     }
+    Ok(len)
+}
+
+fn map_hami_core(file: &File, path: &Path) -> Result<HamiFile, ShmError> {
+    check_hami_len(file, path)?;
     // SAFETY: a read-only shared mapping of HAMI_SIZE bytes of a file that
     // long; it is only read through atomics (HamiFile::hami).
     let map = unsafe { memmap2::MmapOptions::new().len(HAMI_SIZE).map(file) }

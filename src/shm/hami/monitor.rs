@@ -147,16 +147,7 @@ impl HamiCoreRw {
             any_owner: true,
         };
         let (file, _) = crate::file::open(path, opts)?;
-        let len = file
-            .metadata()
-            .map_err(|e| ShmError::io(path, "stat", e))?
-            .len();
-        if len < HAMI_SIZE as u64 {
-            return Err(ShmError::Refused {
-                path: path.to_path_buf(),
-                why: crate::Refusal::Truncated { len },
-            });
-        }
+        let len = super::check_hami_len(&file, path)?;
         let map = MmapOptions::new()
             .len(HAMI_SIZE)
             .map_raw(&file)
