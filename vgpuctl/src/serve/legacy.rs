@@ -7,7 +7,7 @@
 use prometheus_client::registry::Registry;
 
 use super::host::HostGpu;
-use super::metrics::{Gauges, Labels, gauge, set};
+use super::metrics::{ContainerDevice, Gauges, Labels, gauge, set};
 use crate::snapshot::{Device, Snapshot};
 
 /// HAMi's names before its `hami_` families.
@@ -61,20 +61,16 @@ impl Legacy {
 
     /// One device of a container under the old names.
     pub(super) fn device(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
-        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
-        set(&self.used, labels, d.used_bytes as f64);
-        set(&self.limit, labels, d.memory_limit_bytes as f64);
-        set(&self.utilization, labels, d.utilization_percent);
-        set(&self.context, labels, sum(|p| p.context_bytes));
-        set(&self.module, labels, sum(|p| p.module_bytes));
-        set(&self.buffer, labels, sum(|p| p.buffer_bytes));
-        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
-            set(
-                &self.last_kernel,
-                labels,
-                now.saturating_sub(h.last_kernel_time) as f64,
-            );
+        ContainerDevice {
+            used: &self.used,
+            limit: &self.limit,
+            utilization: &self.utilization,
+            context: &self.context,
+            module: &self.module,
+            buffer: &self.buffer,
+            last_kernel: &self.last_kernel,
         }
+        .set(s, d, labels, now);
     }
 
     /// The host families under their old names.

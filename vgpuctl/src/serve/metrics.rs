@@ -112,6 +112,38 @@ struct Families {
     legacy: Option<Legacy>,
 }
 
+/// A container's device in the families HAMi's names and its older ones
+/// share: memory used and limit, utilisation, context, module and buffer
+/// bytes, seconds since the last kernel.
+pub(super) struct ContainerDevice<'a> {
+    pub used: &'a Gauges,
+    pub limit: &'a Gauges,
+    pub utilization: &'a Gauges,
+    pub context: &'a Gauges,
+    pub module: &'a Gauges,
+    pub buffer: &'a Gauges,
+    pub last_kernel: &'a Gauges,
+}
+
+impl ContainerDevice<'_> {
+    pub(super) fn set(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
+        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
+        set(self.used, labels, d.used_bytes as f64);
+        set(self.limit, labels, d.memory_limit_bytes as f64);
+        set(self.utilization, labels, d.utilization_percent);
+        set(self.context, labels, sum(|p| p.context_bytes));
+        set(self.module, labels, sum(|p| p.module_bytes));
+        set(self.buffer, labels, sum(|p| p.buffer_bytes));
+        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
+            set(
+                self.last_kernel,
+                labels,
+                now.saturating_sub(h.last_kernel_time) as f64,
+            );
+        }
+    }
+}
+
 pub(super) fn gauge(r: &mut Registry, name: &str, help: &str) -> Gauges {
     let f = Gauges::default();
     r.register(name, help, f.clone());
@@ -321,21 +353,17 @@ impl Families {
     }
 
     fn device(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
-        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
-        set(&self.used, labels, d.used_bytes as f64);
         set(&self.container_memory, labels, d.used_bytes as f64);
-        set(&self.limit, labels, d.memory_limit_bytes as f64);
-        set(&self.utilization, labels, d.utilization_percent);
-        set(&self.context, labels, sum(|p| p.context_bytes));
-        set(&self.module, labels, sum(|p| p.module_bytes));
-        set(&self.buffer, labels, sum(|p| p.buffer_bytes));
-        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
-            set(
-                &self.last_kernel,
-                labels,
-                now.saturating_sub(h.last_kernel_time) as f64,
-            );
-        }
+        let container = ContainerDevice {
+            used: &self.used,
+            limit: &self.limit,
+            utilization: &self.utilization,
+            context: &self.context,
+            module: &self.module,
+            buffer: &self.buffer,
+            last_kernel: &self.last_kernel,
+        };
+        container.set(s, d, labels, now);
         set(&self.sm_limit, labels, f64::from(d.sm_limit_percent));
         let counters = [
             (&self.oom_denials, d.oom_denials.map(|v| v as f64)),
