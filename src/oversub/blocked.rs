@@ -60,7 +60,7 @@ impl Baseline {
         if self.driver.is_empty() {
             return scan;
         }
-        let me = nix_gettid();
+        let me = this_thread_id();
         let Ok(mem) = File::open("/proc/self/mem") else {
             return scan;
         };
@@ -194,7 +194,8 @@ fn in_driver(stack: &[u8], code: &[Range<u64>]) -> usize {
         .count()
 }
 
-fn nix_gettid() -> u32 {
+/// This thread's id, from the kernel's `/proc/thread-self` (0 if unreadable).
+fn this_thread_id() -> u32 {
     std::fs::read_link("/proc/thread-self")
         .ok()
         .and_then(|p| p.file_name()?.to_str()?.parse().ok())
@@ -275,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_blocks_in_the_code_after_the_baseline_is_found_and_one_from_before_is_not() {
-        assert_ne!(nix_gettid(), 0);
+        assert_ne!(this_thread_id(), 0);
         let code = own_code();
         assert!(!code.is_empty());
         // Blocked in this program's code (std's channel) before the
