@@ -13,6 +13,12 @@
  * the restore, and meanwhile asks from another thread whether
  * cuCtxGetCurrent blocks while the process is checkpointed. Prints
  * key=value lines; every step prints its CUresult.
+ *
+ * With PROBE_CROWD set to a shell command that takes the card's memory
+ * and prints `hold_rc=0` (cuclient hold), `self` runs it while the process
+ * is checkpointed, first tries a restore on the crowded card (its rc and
+ * the state it leaves: can a refused restore be tried again?), then kills
+ * the command and restores as usual.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -21,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -198,6 +206,50 @@ static void *probe_get_current(void *arg) {
     return NULL;
 }
 
+/* Runs `cmd` (sh -c) until it prints hold_rc=0; its pid, or -1. */
+static pid_t crowd_start(const char *cmd) {
+    int fd[2];
+    if (pipe(fd)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    FILE *f = fdopen(fd[0], "r");
+    char line[256];
+    int up = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, "hold_rc=")) {
+            up = strstr(line, "hold_rc=0") != NULL;
+            break;
+        }
+    printf("crowd_up=%d crowd_line=%s", up, up ? line : "-\n");
+    if (!up) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}
+
+/* A restore onto a card without room for it: its rc, and whether the
+ * process is still checkpointed (2) so that it can be tried again. */
+static void crowded_restore(int pid, const char *cmd) {
+    pid_t crowd = crowd_start(cmd);
+    if (crowd < 0) return;
+    double t = now_s();
+    CUresult rc = cuCheckpointProcessRestore(pid, NULL);
+    double ms = (now_s() - t) * 1e3;
+    printf("crowded_restore_rc=%d state_after_crowded_restore=%d crowded_restore_ms=%.1f\n", rc, state_of(pid), ms);
+    kill(crowd, SIGKILL);
+    waitpid(crowd, NULL, 0);
+    usleep(500 * 1000);
+    fflush(stdout);
+}
+
 struct job {
     int pid;
     double bytes;
@@ -222,7 +274,14 @@ static void *suspend_resume(void *arg) {
     usleep(1000 * 1000);
     printf("get_current_blocked_while_checkpointed=%d\n", !probe_done);
     if (nvml_dev) printf("nvml_memory_info_blocked_while_checkpointed=%d\n", !nvml_done);
-    j->rc = uncycle(j->pid, "self", j->bytes, ckpt_ms);
+    const char *crowd = getenv("PROBE_CROWD");
+    if (crowd && *crowd) crowded_restore(j->pid, crowd);
+    if (state_of(j->pid) == 1) { /* the crowded restore went through after all */
+        j->rc = cuCheckpointProcessUnlock(j->pid, NULL);
+        printf("self_unlock_rc=%d state_after=%d\n", j->rc, state_of(j->pid));
+    } else {
+        j->rc = uncycle(j->pid, "self", j->bytes, ckpt_ms);
+    }
     pthread_join(q, NULL);
     printf("get_current_ms=%.1f\n", probe_ms);
     if (nvml_dev) {

@@ -92,11 +92,21 @@ struct Room {
 
 static ROOM: Mutex<Vec<Room>> = Mutex::new(Vec::new());
 
-/// What the board's other processes hold on `card`.
+/// What the board's other processes hold on `card`, less what running
+/// ones wait for there: a waiting allocation is reserved in its quota, so
+/// it is in its bytes, but not yet on the card (run 26: counting it as
+/// held at the suspension, then held again once granted, made 8 GiB of
+/// room that was not there, and the driver refused the restore).
 fn others_bytes_on(h: &Here, card: &[u8; 16]) -> u64 {
     h.board
         .others(Some(h.entry))
-        .map(|(_, e)| e.bytes_on(card))
+        .map(|(_, e)| {
+            let waiting = match e.wants() {
+                Some((c, b)) if &c == card && e.state() == ProcState::Running => b,
+                _ => 0,
+            };
+            e.bytes_on(card).saturating_sub(waiting)
+        })
         .sum()
 }
 
@@ -124,8 +134,9 @@ fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 /// restore answers out of memory and is tried again.
 fn room_on(h: &Here, card: &[u8; 16]) -> u64 {
     let wanted = wanted_on(h, card);
-    // NVML's own figure when it answers at once (free_probe.rs).
-    if let Some(free) = free_probe::free_within(*card, NVML_WAIT) {
+    // NVML's own figure when it answers at once (free_probe.rs), else a
+    // running neighbour's fresh one.
+    if let Some(free) = free_probe::free_within(*card, NVML_WAIT).or_else(|| free_seen_by_others(h, card)) {
         return free.saturating_sub(wanted);
     }
     let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
@@ -138,6 +149,49 @@ fn room_on(h: &Here, card: &[u8; 16]) -> u64 {
 /// How long a restore waits for NVML's answer before it judges room from
 /// the board.
 const NVML_WAIT: Duration = Duration::from_millis(100);
+/// A neighbour's NVML figure is used while it is this fresh (it publishes
+/// every watcher tick, 100 ms, while someone restores on its card).
+const SEEN_FRESH_NS: u64 = 300_000_000;
+
+/// The newest free figure a running process on the board read from NVML
+/// for `card`, if it is fresh and no other process there has changed
+/// state since (a restore that went through after it was read took room
+/// the figure still shows).
+fn free_seen_by_others(h: &Here, card: &[u8; 16]) -> Option<u64> {
+    let now = clock::monotonic_ns();
+    let others: Vec<_> = h.board.others(Some(h.entry)).map(|(_, e)| e).collect();
+    let changed = others
+        .iter()
+        .filter(|e| e.bytes_on(card) > 0 || e.state() == ProcState::Restoring)
+        .map(|e| e.since_ns.load(Ordering::Acquire))
+        .max()
+        .unwrap_or(0);
+    others
+        .iter()
+        .filter(|e| e.state() == ProcState::Running)
+        .filter_map(|e| e.free_seen(card))
+        .filter(|&(_, at)| at > changed && now.saturating_sub(at) <= SEEN_FRESH_NS)
+        .max_by_key(|&(_, at)| at)
+        .map(|(free, _)| free)
+}
+
+/// A running process tells the board what NVML says is free on each of
+/// its cards where another process waits to be restored: that one's own
+/// NVML queries block while it is suspended.
+fn publish_free(h: &Here) {
+    let e = h.entry();
+    for (card, _) in e.cards() {
+        let restoring_here = h.board.others(Some(h.entry)).any(|(_, o)| {
+            o.state() == ProcState::Restoring && o.wants().is_some_and(|(c, _)| c == card)
+        });
+        if !restoring_here {
+            continue;
+        }
+        if let Some(free) = crate::nvml::client::free_memory(&card) {
+            e.set_free_seen(&card, free, clock::monotonic_ns());
+        }
+    }
+}
 
 /// The threads when the last suspension began (blocked.rs).
 static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
@@ -175,6 +229,7 @@ pub fn tick(attach: &Attach) -> bool {
     match STATE.load(Ordering::Acquire) {
         RUNNING => {
             publish_cards(attach, h);
+            publish_free(h);
             maybe_suspend(h, now)
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {
@@ -429,6 +484,7 @@ fn restore_now(h: &Here) {
     // board does not see), the next waits longer, up to a second.
     let mut pause = RETRY;
     let mut next_try = Instant::now();
+    let mut refusals = 0u32;
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
         // The region slot's heartbeat too: the wait can last minutes.
@@ -446,7 +502,20 @@ fn restore_now(h: &Here) {
             match moved {
                 Ok(Ok(())) => break,
                 Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
-                Err(rc) if rc == CUresult::ERROR_OUT_OF_MEMORY => {
+                // The driver refuses a restore the card has no room for
+                // with 304 (OPERATING_SYSTEM) on driver 580, not out of
+                // memory, and leaves the process checkpointed (run 27):
+                // room was short after all, so wait and try again.
+                Err(rc)
+                    if rc == CUresult::ERROR_OUT_OF_MEMORY
+                        || checkpoint::state() == Some(checkpoint::CHECKPOINTED) =>
+                {
+                    refusals += 1;
+                    if refusals == 1 {
+                        log::info!(
+                            "CUDA_OVERSUBSCRIBE: the driver refused the restore ({rc}), the process stays checkpointed: the card has less room than judged; waiting and trying again"
+                        );
+                    }
                     pause = (pause * 2).min(Duration::from_secs(1));
                     next_try = Instant::now() + pause;
                 }

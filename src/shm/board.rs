@@ -118,7 +118,12 @@ pub struct BoardEntry {
     pub suspensions: AtomicU64,
     /// Restores so far.
     pub restores: AtomicU64,
-    _reserved: [AtomicU64; 9],
+    /// Free bytes on each of its cards as NVML told this (running)
+    /// process, for a suspended process whose own NVML queries block.
+    pub free_seen: [AtomicU64; BOARD_CARDS],
+    /// When each `free_seen` was read (0: never).
+    pub free_seen_ns: [AtomicU64; BOARD_CARDS],
+    _reserved: [AtomicU64; 1],
 }
 
 const HEADER_SIZE: usize = 4096;
@@ -191,6 +196,32 @@ impl BoardEntry {
                 return;
             }
         }
+    }
+
+    /// Records that NVML said `free` bytes were free on `card` at `now`
+    /// (a card it uses; others are ignored).
+    pub fn set_free_seen(&self, card: &[u8; 16], free: u64, now: u64) {
+        if let Some(i) = self.place_of(card) {
+            self.free_seen[i].store(free, Ordering::Release);
+            self.free_seen_ns[i].store(now, Ordering::Release);
+        }
+    }
+
+    /// The free bytes it last saw on `card`, and when: (free, ns).
+    pub fn free_seen(&self, card: &[u8; 16]) -> Option<(u64, u64)> {
+        let i = self.place_of(card)?;
+        let at = self.free_seen_ns[i].load(Ordering::Acquire);
+        (at != 0).then(|| (self.free_seen[i].load(Ordering::Acquire), at))
+    }
+
+    fn place_of(&self, card: &[u8; 16]) -> Option<usize> {
+        let w = uuid_words(card);
+        (0..BOARD_CARDS).find(|&i| {
+            [
+                self.cards[i][0].load(Ordering::Acquire),
+                self.cards[i][1].load(Ordering::Acquire),
+            ] == w
+        })
     }
 
     /// Its state.
@@ -277,7 +308,12 @@ impl BoardEntry {
         ] {
             b.store(0, Ordering::Relaxed);
         }
-        for b in &self.device_bytes {
+        for b in self
+            .device_bytes
+            .iter()
+            .chain(&self.free_seen)
+            .chain(&self.free_seen_ns)
+        {
             b.store(0, Ordering::Relaxed);
         }
         self.last_active_ns.store(now, Ordering::Relaxed);
