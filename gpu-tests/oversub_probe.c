@@ -244,10 +244,23 @@ static void crowded_restore(int pid, const char *cmd) {
     CUresult rc = cuCheckpointProcessRestore(pid, NULL);
     double ms = (now_s() - t) * 1e3;
     printf("crowded_restore_rc=%d state_after_crowded_restore=%d crowded_restore_ms=%.1f\n", rc, state_of(pid), ms);
+    fflush(stdout);
+    system("echo crowded_apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+           " | tr '\\n' ';')");
     kill(crowd, SIGKILL);
     waitpid(crowd, NULL, 0);
-    usleep(500 * 1000);
-    fflush(stdout);
+    sleep(2);
+    system("echo after_apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+           " | tr '\\n' ';') free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits)");
+    /* Can a process whose restore was refused be restored later? */
+    for (int i = 0; i < 8; i++) {
+        t = now_s();
+        rc = cuCheckpointProcessRestore(pid, NULL);
+        printf("retry=%d retry_restore_rc=%d state=%d ms=%.1f\n", i, rc, state_of(pid), (now_s() - t) * 1e3);
+        fflush(stdout);
+        if (rc == 0) break;
+        sleep(1);
+    }
 }
 
 struct job {

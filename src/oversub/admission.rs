@@ -16,11 +16,28 @@ use crate::quota::grant::fmt_bytes;
 
 const RETRY: Duration = Duration::from_millis(20);
 
+/// Lets a restore that is moving memory onto `card` finish first (bounded
+/// by `VGPU_OVERSUBSCRIBE_WAIT_MS`): it judged the room before this
+/// allocation took any, and a restore the driver refuses loses its
+/// process.
+fn wait_for_moves(h: &super::Here, card: &[u8; 16]) {
+    let start = std::time::Instant::now();
+    let wait = Duration::from_millis(settings().wait_ms);
+    while super::suspend::restore_moving_on(h, card) && start.elapsed() < wait {
+        std::thread::sleep(RETRY);
+    }
+}
+
 /// Allocations of this process waiting for room now.
 pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `alloc`, on `card` (None: not counted, nothing to wait for).
 pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUresult) -> CUresult {
+    if ACTIVE.load(Ordering::Relaxed)
+        && let (Some(card), Some(h)) = (card, here())
+    {
+        wait_for_moves(h, &card);
+    }
     let rc = alloc();
     if rc != CUresult::ERROR_OUT_OF_MEMORY || !ACTIVE.load(Ordering::Relaxed) {
         return rc;

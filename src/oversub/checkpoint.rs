@@ -8,7 +8,6 @@ use crate::cuda::real;
 use crate::cuda::sys::{CUresult, CheckpointLockArgs};
 
 /// `CUprocessState` values.
-pub const CHECKPOINTED: c_int = 2;
 pub const FAILED: c_int = 3;
 
 fn own_pid() -> c_int {

@@ -96,10 +96,24 @@ static ROOM: Mutex<Vec<Room>> = Mutex::new(Vec::new());
 /// ones wait for there: a waiting allocation is reserved in its quota, so
 /// it is in its bytes, but not yet on the card (run 26: counting it as
 /// held at the suspension, then held again once granted, made 8 GiB of
-/// room that was not there, and the driver refused the restore).
+/// room that was not there, and the driver refused the restore). A
+/// restoring process's bytes are its claim (see `claim_room`).
 fn others_bytes_on(h: &Here, card: &[u8; 16]) -> u64 {
+    others_bytes_before(h, card, false)
+}
+
+/// `others_bytes_on`; with `yield_to_lower`, the claims of restoring
+/// processes of a higher board index that are not yet moving are left
+/// out: of two claims made at once, the lower index goes first.
+fn others_bytes_before(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
     h.board
         .others(Some(h.entry))
+        .filter(|&(i, e)| {
+            !(yield_to_lower
+                && i > h.entry
+                && e.state() == ProcState::Restoring
+                && e.wants().is_some())
+        })
         .map(|(_, e)| {
             let waiting = match e.wants() {
                 Some((c, b)) if &c == card && e.state() == ProcState::Running => b,
@@ -127,23 +141,82 @@ fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 }
 
 /// Room on `card` now: NVML's free bytes if it answers within
-/// `NVML_WAIT`; else, from the board: what was free at the suspension
-/// (this process's own bytes included), plus what the board's other
-/// processes have given back since, less what they wait for. Memory of
-/// processes outside the board is taken as unchanged; if it grew, the
-/// restore answers out of memory and is tried again.
-fn room_on(h: &Here, card: &[u8; 16]) -> u64 {
+/// `NVML_WAIT`, or a running neighbour's fresh NVML figure, less what
+/// other restores there have claimed; else, from the board: what was free
+/// at the suspension (this process's own bytes included), plus what the
+/// board's other processes have given back since, less what they wait
+/// for. Memory of processes outside the board is taken as unchanged.
+/// `yield_to_lower`: see `others_bytes_before`.
+fn room_on(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
     let wanted = wanted_on(h, card);
-    // NVML's own figure when it answers at once (free_probe.rs), else a
-    // running neighbour's fresh one.
-    if let Some(free) = free_probe::free_within(*card, NVML_WAIT).or_else(|| free_seen_by_others(h, card)) {
-        return free.saturating_sub(wanted);
+    if let Some(free) =
+        free_probe::free_within(*card, NVML_WAIT).or_else(|| free_seen_by_others(h, card))
+    {
+        return free.saturating_sub(wanted + claimed_on(h, card, yield_to_lower));
     }
     let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(r) = then.iter().find(|r| &r.card == card) else {
         return u64::MAX;
     };
-    (r.free + r.others).saturating_sub(others_bytes_on(h, card) + wanted)
+    (r.free + r.others).saturating_sub(others_bytes_before(h, card, yield_to_lower) + wanted)
+}
+
+/// Whether a restore is moving memory onto `card` now (claimed, no longer
+/// waiting): allocations there wait for it (admission.rs), since a
+/// restore the driver refuses loses the process.
+pub(super) fn restore_moving_on(h: &Here, card: &[u8; 16]) -> bool {
+    h.board.others(Some(h.entry)).any(|(_, e)| {
+        e.state() == ProcState::Restoring && e.wants().is_none() && e.bytes_on(card) > 0
+    })
+}
+
+/// What other restoring processes have claimed on `card` (bytes they are
+/// moving or about to move there, not yet in NVML's figure).
+fn claimed_on(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
+    h.board
+        .others(Some(h.entry))
+        .filter(|&(_, e)| e.state() == ProcState::Restoring)
+        .filter(|&(i, e)| !(yield_to_lower && i > h.entry && e.wants().is_some()))
+        .map(|(_, e)| e.bytes_on(card))
+        .sum()
+}
+
+/// What a restore leaves free beyond the bytes it moves: the driver's own
+/// needs around them, and memory that moves meanwhile. A restore the
+/// driver refuses loses the process, so it is never tried on a guess.
+fn margin(bytes: u64) -> u64 {
+    (512 << 20) + bytes / 50
+}
+
+/// Whether every card has room for what this process saved there.
+fn fits(h: &Here, saved: &[([u8; 16], u64)], yield_to_lower: bool) -> Option<[u8; 16]> {
+    saved
+        .iter()
+        .find(|&&(card, bytes)| room_on(h, &card, yield_to_lower) < bytes + margin(bytes))
+        .map(|&(card, _)| card)
+}
+
+/// Claims the room on the board before moving: the bytes go on the board
+/// while the want stays (a claim not yet moving), then room is judged
+/// again with every other claim but those of higher indices still
+/// pending. True: the claim holds, the want is cleared (moving). False:
+/// the claim is taken back.
+fn claim_room(h: &Here, saved: &[([u8; 16], u64)]) -> bool {
+    let e = h.entry();
+    if let Some(&(card, _)) = saved.first() {
+        e.set_want(&card, saved.iter().map(|&(_, b)| b).sum());
+    }
+    for &(card, bytes) in saved {
+        e.set_bytes_on(&card, bytes);
+    }
+    if fits(h, saved, true).is_none() {
+        e.set_want(&[0; 16], 0);
+        return true;
+    }
+    for &(card, _) in saved {
+        e.set_bytes_on(&card, 0);
+    }
+    false
 }
 
 /// How long a restore waits for NVML's answer before it judges room from
@@ -480,55 +553,52 @@ fn restore_now(h: &Here) {
     let t0 = Instant::now();
     let mut waited = Duration::ZERO;
     let mut said = Instant::now();
-    // After a restore the driver refused for want of room (memory the
-    // board does not see), the next waits longer, up to a second.
-    let mut pause = RETRY;
     let mut next_try = Instant::now();
-    let mut refusals = 0u32;
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
         // The region slot's heartbeat too: the wait can last minutes.
         if let Some(a) = crate::init::attach() {
             a.tick();
         }
-        let short = saved
-            .iter()
-            .find(|&&(card, bytes)| room_on(h, &card) < bytes);
+        let short = fits(h, &saved, false);
         if short.is_none() && Instant::now() >= next_try {
-            let t = Instant::now();
-            MOVING.store(true, Ordering::Release);
-            let moved = checkpoint::restore().map(|()| checkpoint::unlock());
-            MOVING.store(false, Ordering::Release);
-            match moved {
-                Ok(Ok(())) => break,
-                Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
-                // The driver refuses a restore the card has no room for
-                // with 304 (OPERATING_SYSTEM) on driver 580, not out of
-                // memory, and leaves the process checkpointed (run 27):
-                // room was short after all, so wait and try again.
-                Err(rc)
-                    if rc == CUresult::ERROR_OUT_OF_MEMORY
-                        || checkpoint::state() == Some(checkpoint::CHECKPOINTED) =>
-                {
-                    refusals += 1;
-                    if refusals == 1 {
-                        log::info!(
-                            "CUDA_OVERSUBSCRIBE: the driver refused the restore ({rc}), the process stays checkpointed: the card has less room than judged; waiting and trying again"
+            if claim_room(h, &saved) {
+                MOVING.store(true, Ordering::Release);
+                let moved = checkpoint::restore().map(|()| checkpoint::unlock());
+                MOVING.store(false, Ordering::Release);
+                match moved {
+                    Ok(Ok(())) => break,
+                    Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
+                    // Driver 580 answers a restore without room with out of
+                    // memory, and every later one with 304: the process
+                    // can never be restored (run 28 on the H200).
+                    Err(rc) => {
+                        for &(card, _) in &saved {
+                            h.entry().set_bytes_on(&card, 0);
+                        }
+                        return fail(
+                            h,
+                            format!(
+                                "the driver refused the restore ({rc}; {} free was judged on the card); on this driver a refused restore cannot be retried, so the process's device memory is lost",
+                                fmt_bytes(
+                                    saved
+                                        .iter()
+                                        .map(|&(c, _)| room_on(h, &c, false))
+                                        .min()
+                                        .unwrap_or(0)
+                                )
+                            ),
                         );
                     }
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                    next_try = Instant::now() + pause;
                 }
-                Err(rc) => return fail(h, format!("the restore failed ({rc})")),
             }
-            waited += t.elapsed();
+            // Another restore claimed the room first: a moment, then again.
+            next_try = Instant::now() + RETRY * (1 + (h.entry as u32 % 4));
         }
         if clock::monotonic_ns() >= RESTORE_UNTIL.load(Ordering::Acquire) {
             return give_up(h);
         }
-        let (card, _) = short
-            .copied()
-            .unwrap_or(saved.first().copied().unwrap_or(([0; 16], 0)));
+        let card = short.unwrap_or(saved.first().map_or([0; 16], |&(c, _)| c));
         e.set_want(&card, total);
         if said.elapsed() >= Duration::from_secs(10) {
             said = Instant::now();

@@ -7,8 +7,11 @@
 //!   file (`state::ckpt_path`), which the next claimer of the entry or
 //!   `reclaim_dead` removes if the process dies, as the kernel frees a
 //!   dead process's memory.
-//! - Restore: the memory is taken on the card again (OUT_OF_MEMORY, still
-//!   checkpointed, when it does not fit) and the contents read back.
+//! - Restore: the memory is taken on the card again and the contents read
+//!   back. When it does not fit: OUT_OF_MEMORY, still checkpointed, and
+//!   from then on every restore answers 304 (OPERATING_SYSTEM), as driver
+//!   580 does (run 28 on the H200: 8 tries over 8 s with the card empty):
+//!   a refused restore loses the process.
 //! - Unlock: calls flow again.
 //!
 //! Another process's pid gets CUDA_ERROR_NOT_SUPPORTED: the simulation
@@ -36,10 +39,13 @@ pub const FAILED: c_int = 3;
 const CHECKPOINTING: c_int = -1;
 
 const ILLEGAL_STATE: CUresult = 401;
+const OPERATING_SYSTEM: CUresult = 304;
 const UNKNOWN: CUresult = 999;
 
 struct Gate {
     state: c_int,
+    /// A restore was refused for room: no restore succeeds any more.
+    refused: bool,
     /// Device memory and contexts per device while checkpointed.
     used: [u64; MAX_DEV],
     contexts: [u32; MAX_DEV],
@@ -47,6 +53,7 @@ struct Gate {
 
 static GATE: Mutex<Gate> = Mutex::new(Gate {
     state: RUNNING,
+    refused: false,
     used: [0; MAX_DEV],
     contexts: [0; MAX_DEV],
 });
@@ -148,11 +155,15 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, _args: *mut c_vo
     if g.state != CHECKPOINTED {
         return ILLEGAL_STATE;
     }
+    if g.refused {
+        return OPERATING_SYSTEM;
+    }
     for dev in 0..MAX_DEV {
         if g.used[dev] != 0 && !state::phys_alloc(dev, g.used[dev]) {
             for d in 0..dev {
                 state::phys_free(d, g.used[d]);
             }
+            g.refused = true;
             return OUT_OF_MEMORY;
         }
     }
