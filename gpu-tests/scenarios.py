@@ -1035,13 +1035,20 @@ def oversub_turns(sec, jobs):
     record(sec, "vgpuctl oversub during the turns: entries suspended or restoring",
            snap.count("state=suspended") + snap.count("state=restoring"), ">= 1 (see log)", True)
     outs = {}
+    # Each switch moves ~47 GiB twice at the driver's checkpoint speed
+    # (1-2.5 GB/s on the H200): three rounds need several minutes.
+    deadline = float(os.environ.get("OVERSUB_TURNS_DEADLINE_S", 170))
     for name, p in procs.items():
-        outs[name] = finish_job(p, max(10, 170 - (time.time() - t0)), logs[name])
+        outs[name] = finish_job(p, max(10, deadline - (time.time() - t0)), logs[name])
+    record(sec, "turns: wall s until both jobs ended (or the deadline)", f"{time.time() - t0:.0f}", "measured", True)
     stop(ballast)
     for name in ("a", "b"):
         rounds = [kv(l) for l in outs[name].splitlines() if l.startswith("round=")]
         err = open(logs[name]).read()
-        susp = [int(m) for m in re.findall(r"suspended this process: .*? in (\d+) ms", err)]
+        moves = [(gib_of(sz, u), int(ms)) for sz, u, ms in
+                 re.findall(r"suspended this process: ([\d.]+) (GiB|MiB) of device memory moved to the host in "
+                            r"(\d+) ms", err)]
+        susp = [ms for _, ms in moves]
         rest = re.findall(r"restored this process: (.*?) back on the card in (\d+) ms \((\d+) ms of it waiting", err)
         intact = all(r.get("intact") == "1" for r in rounds)
         record(sec, f"job {name}: rounds done, data intact after every resume",
@@ -1055,6 +1062,11 @@ def oversub_turns(sec, jobs):
                [r.get("first_op_ms") for r in rounds], "measured", True)
         record(sec, f"job {name}: suspensions (ms each) / restores (size, ms, of which waiting)",
                f"{susp} / {[(s, int(a), int(w)) for s, a, w in rest]}", ">= 1 suspension", len(susp) >= 1)
+        moved = [f"{g * GIB / 1e9 / (ms / 1e3):.2f}" for g, ms in moves if ms > 0]
+        back = [f"{float(s.split()[0]) * (GIB if 'GiB' in s else MIB) / 1e9 / ((int(a) - int(w)) / 1e3):.2f}"
+                for s, a, w in rest if int(a) > int(w)]
+        record(sec, f"job {name}: GB/s of each checkpoint / of each restore's move (waiting left out)",
+               f"{moved} / {back}", "measured", True)
 
 
 def gib_of(size, unit):
