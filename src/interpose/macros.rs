@@ -69,29 +69,27 @@ macro_rules! hooks {
                         || $real::$name($($arg),*),
                     )
                 }
-                // Out of line (and marked cold, which only moves it) behind
-                // an idle test, so that the test and the jump to the driver
-                // (a tail call) set up no frame for the whole path.
-                #[cold]
+                // Out of line behind an idle test, and with the hook's own
+                // convention: the test needs no frame of its own.
                 #[inline(never)]
                 extern "C" fn whole_out_of_line($($arg: $ty),*) -> $ret {
                     whole($($arg),*)
                 }
                 let idle: Option<fn() -> bool> = None $(.or(Some($idle)))?;
                 if let Some(idle) = idle {
-                    if idle() {
-                        // SAFETY: the slot resolves exactly this symbol,
-                        // whose C signature is this hook's.
-                        let f = unsafe {
-                            $real::slot::$name.resolved::<unsafe extern "C" fn($($ty),*) -> $ret>()
-                        };
-                        if let Some(f) = f {
-                            // SAFETY: the caller's own arguments, to the
-                            // function it meant to call.
-                            return unsafe { f($($arg),*) };
-                        }
-                    }
-                    return whole_out_of_line($($arg),*);
+                    type F = unsafe extern "C" fn($($ty),*) -> $ret;
+                    // SAFETY: the slot resolves exactly this symbol, whose
+                    // C signature is this hook's.
+                    let real = unsafe { $real::slot::$name.resolved::<F>() };
+                    // One call either way, through a pointer: the compiler
+                    // makes it a jump with the caller's arguments in place.
+                    let f: F = match real {
+                        Some(f) if idle() => f,
+                        _ => whole_out_of_line,
+                    };
+                    // SAFETY: the caller's own arguments, to the function
+                    // it meant to call or to the whole path.
+                    return unsafe { f($($arg),*) };
                 }
                 whole($($arg),*)
             }
