@@ -2,7 +2,8 @@
 //! for a launch in this process? Each bit is one reason; while the word is
 //! 0 a launch hook is one relaxed load and a jump to the driver (the
 //! `idle` hooks of `interpose/macros.rs`), with no panic boundary, since
-//! nothing of ours runs.
+//! nothing of ours runs. The wake hooks ask only about [`OVERSUB`] and
+//! [`TEST_PANIC`] ([`no_oversub`]).
 //!
 //! - [`UNMARKED`], [`BLOCKED`]: HAMi's gate (`hami/gate.rs`), which owns
 //!   them: the watcher wants the next launch noted (set once a tick, the
@@ -36,6 +37,13 @@ static WORD: Word = Word(AtomicU8::new(UNMARKED));
 #[inline(always)]
 pub fn none() -> bool {
     WORD.0.load(Ordering::Relaxed) == 0
+}
+
+/// Nothing to do for a call that only oversubscription concerns (the
+/// synchronisations, copies and current-context calls of `cuda/wake.rs`).
+#[inline(always)]
+pub fn no_oversub() -> bool {
+    !any(OVERSUB | TEST_PANIC)
 }
 
 /// Whether any of `bits` is set (relaxed: for the launch path's checks).
