@@ -66,6 +66,8 @@ static TEST_PANIC: OnceLock<Box<str>> = OnceLock::new();
 
 pub fn set_test_panic(hook: &str) {
     let _ = TEST_PANIC.set(hook.into());
+    // Launches take the hooks' whole path, which may panic (`duty.rs`).
+    crate::duty::set(crate::duty::TEST_PANIC);
 }
 
 /// Runs a hook body; on a panic, logs once and runs `fallback` (the real
@@ -79,7 +81,9 @@ pub fn ffi_boundary<R>(
         return fallback();
     }
     let body = || {
-        if TEST_PANIC.get().is_some_and(|h| **h == *hook) {
+        if crate::duty::any(crate::duty::TEST_PANIC)
+            && TEST_PANIC.get().is_some_and(|h| **h == *hook)
+        {
             panic!("VGPU_TEST_PANIC={hook}");
         }
         body()

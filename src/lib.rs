@@ -42,6 +42,8 @@
 //! - `config`: the environment, typed
 //! - `lock`: our mutexes, safe across fork
 //! - `guard`: reentrancy flag and the panic-proof `extern "C"` boundary
+//! - `duty`: the launch path's one word: whether vgpu has anything to do
+//!   for a launch in this process (limits, HAMi's gate, oversubscription)
 //! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
 //! - `ffi`, `clock`, `log`: small edges
 
@@ -58,6 +60,7 @@ mod log;
 mod attach;
 mod clock;
 mod cuda;
+mod duty;
 mod ffi;
 mod fork;
 mod guard;

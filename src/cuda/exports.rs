@@ -55,14 +55,14 @@ crate::interpose::macros::hooks! {
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) -> CUresult => proc_address::get_proc_address;
     fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2;
     // launch: every launch family, through the compute bucket
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => launch::kernel;
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => launch::kernel_ptsz;
-    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => launch::kernel_ex;
-    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => launch::kernel_ex_ptsz;
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => launch::cooperative;
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => launch::cooperative_ptsz;
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph;
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_ptsz;
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => launch::kernel, idle: crate::duty::none;
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args, extra: Args) -> CUresult => launch::kernel_ptsz, idle: crate::duty::none;
+    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => launch::kernel_ex, idle: crate::duty::none;
+    fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: Args, extra: Args) -> CUresult => launch::kernel_ex_ptsz, idle: crate::duty::none;
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => launch::cooperative, idle: crate::duty::none;
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: Args) -> CUresult => launch::cooperative_ptsz, idle: crate::duty::none;
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph, idle: crate::duty::none;
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_ptsz, idle: crate::duty::none;
     // graph: instantiation (cost) and stream capture
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult => graph::instantiate_with_flags;
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult => graph::instantiate_v2;
@@ -79,22 +79,22 @@ crate::interpose::macros::hooks! {
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => graph::end_ptsz;
     // wake: synchronisation, copies, memsets and the current context, so
     // that a suspended process is restored before it enters the driver
-    fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize;
-    fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult => wake::ctx_get_current;
-    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult => wake::ctx_set_current;
-    fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize;
-    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz;
-    fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize;
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy;
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async;
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz;
-    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult => wake::memcpy_htod;
-    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtoh;
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtod;
-    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult => wake::memcpy_htod_async;
-    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_dtoh_async;
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult => wake::memset_d8;
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32;
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async;
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async;
+    fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize, idle: crate::duty::no_oversub;
+    fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult => wake::ctx_get_current, idle: crate::duty::no_oversub;
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult => wake::ctx_set_current, idle: crate::duty::no_oversub;
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize, idle: crate::duty::no_oversub;
+    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz, idle: crate::duty::no_oversub;
+    fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize, idle: crate::duty::no_oversub;
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy, idle: crate::duty::no_oversub;
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async, idle: crate::duty::no_oversub;
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz, idle: crate::duty::no_oversub;
+    fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult => wake::memcpy_htod, idle: crate::duty::no_oversub;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtoh, idle: crate::duty::no_oversub;
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtod, idle: crate::duty::no_oversub;
+    fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult => wake::memcpy_htod_async, idle: crate::duty::no_oversub;
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_dtoh_async, idle: crate::duty::no_oversub;
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult => wake::memset_d8, idle: crate::duty::no_oversub;
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32, idle: crate::duty::no_oversub;
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async, idle: crate::duty::no_oversub;
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async, idle: crate::duty::no_oversub;
 }

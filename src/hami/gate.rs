@@ -6,60 +6,57 @@
 //! the watcher to mark `recent_kernel` and `last_kernel_time`.
 //!
 //! On the launch path it is one relaxed load of a process-local atomic,
-//! which changes at most once a tick.
+//! which changes at most once a tick: two bits of the launch path's word
+//! (`duty.rs`), so that a launch with nothing to do reads one word.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-/// No launch since the watcher last looked.
-const UNMARKED: u8 = 1;
-/// A monitor blocks the container.
-const BLOCKED: u8 = 2;
+use crate::duty::{self, BLOCKED, UNMARKED};
+
 /// How often a blocked launch looks again.
 const WAIT_STEP: Duration = Duration::from_millis(5);
-
-static GATE: AtomicU8 = AtomicU8::new(UNMARKED);
 
 /// Called before every launch: returns at once unless the container is
 /// blocked (then when it is lifted), and notes the launch.
 #[inline]
 pub fn launching() {
-    if GATE.load(Ordering::Relaxed) != 0 {
+    if duty::any(UNMARKED | BLOCKED) {
         pass();
     }
 }
 
 #[cold]
 fn pass() {
-    if GATE.load(Ordering::Acquire) & BLOCKED != 0 {
+    if duty::any_acquire(BLOCKED) {
         crate::warn_once!(
             "a node monitor blocks this container's launches (recent_kernel = -1: a higher-priority task uses its GPU); they wait until it is lifted"
         );
-        while GATE.load(Ordering::Acquire) & BLOCKED != 0 {
+        while duty::any_acquire(BLOCKED) {
             std::thread::sleep(WAIT_STEP);
         }
     }
-    GATE.fetch_and(!UNMARKED, Ordering::Relaxed);
+    duty::clear_relaxed(UNMARKED);
 }
 
 /// The watcher says whether a monitor blocks the container.
 pub(super) fn publish(blocked: bool) {
     if blocked {
-        GATE.fetch_or(BLOCKED, Ordering::AcqRel);
+        duty::set(BLOCKED);
     } else {
-        GATE.fetch_and(!BLOCKED, Ordering::AcqRel);
+        duty::clear(BLOCKED);
     }
 }
 
 /// Whether a launch passed since the last call.
 pub(super) fn take_launched() -> bool {
-    GATE.fetch_or(UNMARKED, Ordering::AcqRel) & UNMARKED == 0
+    duty::set(UNMARKED) & UNMARKED == 0
 }
 
 /// In a forked child: open until its own watcher looks.
 pub fn reset_in_child() {
-    GATE.store(UNMARKED, Ordering::Release);
+    duty::clear(BLOCKED);
+    duty::set(UNMARKED);
 }
 
 #[cfg(test)]

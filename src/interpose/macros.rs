@@ -34,32 +34,64 @@ unsafe impl Sync for Hook {}
 /// an Err is the hook's answer instead (the CUDA side restores a process
 /// that oversubscription suspended, `oversub::enter`; NVML's is [`open`]).
 ///
+/// A hook may name an `idle` test (`=> handler, idle: test;`): while it
+/// holds, `enter` and the handler would only call the real function, so
+/// the hook calls it at once, without the boundary (nothing of ours runs
+/// that could panic): the launch hooks with nothing to do (`duty.rs`).
+/// Inside our own code the boundary calls the real function too.
+///
 /// `real` names the module that [`reals!`] filled with the library's real
 /// functions: a hook whose signature differs from its real function's
 /// does not compile.
 macro_rules! hooks {
     (
         lib: $lib:expr, missing: $missing:expr, real: $real:ident, enter: $enter:path;
-        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path; )*
+        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path $(, idle: $idle:path)?; )*
     ) => {
         $(
             #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                if $real::slot::$name.get().is_none() {
-                    return match $crate::interpose::real::handle($lib) {
-                        Some(_) => $missing,
-                        None => <$ret as $crate::interpose::real::NoLibrary>::NO_LIBRARY,
-                    };
+                #[inline(always)]
+                fn whole($($arg: $ty),*) -> $ret {
+                    if $real::slot::$name.get().is_none() {
+                        return match $crate::interpose::real::handle($lib) {
+                            Some(_) => $missing,
+                            None => <$ret as $crate::interpose::real::NoLibrary>::NO_LIBRARY,
+                        };
+                    }
+                    $crate::guard::ffi_boundary(
+                        stringify!($name),
+                        || match $enter() {
+                            Ok(()) => $imp($($arg),*),
+                            Err(rc) => rc,
+                        },
+                        || $real::$name($($arg),*),
+                    )
                 }
-                $crate::guard::ffi_boundary(
-                    stringify!($name),
-                    || match $enter() {
-                        Ok(()) => $imp($($arg),*),
-                        Err(rc) => rc,
-                    },
-                    || $real::$name($($arg),*),
-                )
+                // Out of line behind an idle test, and with the hook's own
+                // convention: the test needs no frame of its own.
+                #[inline(never)]
+                extern "C" fn whole_out_of_line($($arg: $ty),*) -> $ret {
+                    whole($($arg),*)
+                }
+                let idle: Option<fn() -> bool> = None $(.or(Some($idle)))?;
+                if let Some(idle) = idle {
+                    type F = unsafe extern "C" fn($($ty),*) -> $ret;
+                    // SAFETY: the slot resolves exactly this symbol, whose
+                    // C signature is this hook's.
+                    let real = unsafe { $real::slot::$name.resolved::<F>() };
+                    // One call either way, through a pointer: the compiler
+                    // makes it a jump with the caller's arguments in place.
+                    let f: F = match real {
+                        Some(f) if idle() => f,
+                        _ => whole_out_of_line,
+                    };
+                    // SAFETY: the caller's own arguments, to the function
+                    // it meant to call or to the whole path.
+                    return unsafe { f($($arg),*) };
+                }
+                whole($($arg),*)
             }
         )*
 

@@ -189,6 +189,24 @@ impl Real {
         NonNull::new(p)
     }
 
+    /// The real function as its typed pointer, if it was resolved already
+    /// and exists: one relaxed load (None: ask [`Real::typed`]). The
+    /// pointer is written once, before the state that publishes it, and
+    /// is the driver's code, which nothing else need be seen with.
+    ///
+    /// # Safety
+    /// `F` must be the C signature of the symbol this slot names.
+    #[inline(always)]
+    pub unsafe fn resolved<F: Copy>(&self) -> Option<F> {
+        const { assert!(size_of::<F>() == size_of::<*mut c_void>()) };
+        let p = self.ptr.load(Ordering::Relaxed);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `typed`: the caller guarantees F, sizes match.
+        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    }
+
     /// The real function as its typed pointer.
     ///
     /// # Safety

@@ -22,7 +22,6 @@ pub mod estimate;
 pub mod leader;
 pub mod neighbours;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bucket::Admit;
@@ -30,11 +29,7 @@ use estimate::Slot;
 use vgpu_shm::EntryIndex;
 
 use crate::attach::Attach;
-use crate::{clock, process};
-
-/// Some device this process uses has an SM limit in force. (Kept in a
-/// forked child: its container's limits are its parent's.)
-static ACTIVE: AtomicBool = AtomicBool::new(false);
+use crate::{clock, duty, process};
 
 /// The least GPU time bought at once: about one time slice of a shared
 /// GPU (2.5 ms on an H200), so that beside another container's context a
@@ -46,7 +41,10 @@ const LEASE_NS: u64 = 2_000_000;
 /// launch path's first and, without a limit, only question.
 #[inline]
 pub fn any_limit() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
+    // The launch path's word (`duty.rs`), bit LIMIT: set when some device
+    // this process uses has an SM limit in force, never cleared (kept in
+    // a forked child: its container's limits are its parent's).
+    duty::any(duty::LIMIT)
 }
 
 /// Whether an SM limit is in force on device entry `dev`.
@@ -105,8 +103,8 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
     let on = attach.region.enforces_sm_limit(dev);
     process::device(dev).limiter.set_enforced(on);
-    if on {
-        ACTIVE.store(true, Ordering::Release);
+    if on && !duty::any(duty::LIMIT) {
+        duty::set(duty::LIMIT);
     }
 }
 

@@ -127,6 +127,8 @@ pub fn start(cfg: &Oversub) {
     }
     crate::interpose::trampoline::set_gate(|| enter().map_err(|rc| rc.0));
     ACTIVE.store(true, Ordering::Release);
+    // Launches take the hooks' whole path from now on (`duty.rs`).
+    crate::duty::set(crate::duty::OVERSUB);
 }
 
 /// Oversubscription is on in this process.
@@ -153,11 +155,19 @@ fn here() -> Option<&'static Here> {
 /// Runs before every CUDA hook: counts the call, and restores this process
 /// first if it is suspended. Err: the call's answer (no room to restore
 /// within the bound, or the restore failed for good).
-#[inline]
+#[inline(always)]
 pub fn enter() -> Result<(), CUresult> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return Ok(());
     }
+    entered()
+}
+
+/// Out of line: inlined, its stack frame was set up on every hook, with
+/// oversubscription off too.
+#[cold]
+#[inline(never)]
+fn entered() -> Result<(), CUresult> {
     ACTIVITY.fetch_add(1, Ordering::Relaxed);
     if STATE.load(Ordering::Acquire) == RUNNING {
         return Ok(());
