@@ -16,14 +16,12 @@ use crate::quota::grant::fmt_bytes;
 
 const RETRY: Duration = Duration::from_millis(20);
 
-/// Lets a restore that is moving memory onto `card` finish first (bounded
-/// by `VGPU_OVERSUBSCRIBE_WAIT_MS`): it judged the room before this
-/// allocation took any, and a restore the driver refuses loses its
-/// process.
-fn wait_for_moves(h: &super::Here, card: &[u8; 16]) {
-    let start = std::time::Instant::now();
-    let wait = Duration::from_millis(settings().wait_ms);
-    while super::suspend::restore_moving_on(h, card) && start.elapsed() < wait {
+/// Lets a restore that is moving memory onto `card` finish first (until
+/// `deadline`, the allocation's own `VGPU_OVERSUBSCRIBE_WAIT_MS`): it
+/// judged the room before this allocation took any, and a restore the
+/// driver refuses loses its process.
+fn wait_for_moves(h: &super::Here, card: &[u8; 16], deadline: std::time::Instant) {
+    while super::suspend::restore_moving_on(h, card) && std::time::Instant::now() < deadline {
         std::thread::sleep(RETRY);
     }
 }
@@ -33,17 +31,21 @@ pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `alloc`, on `card` (None: not counted, nothing to wait for).
 pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUresult) -> CUresult {
-    if ACTIVE.load(Ordering::Relaxed)
-        && let (Some(card), Some(h)) = (card, here())
-    {
-        wait_for_moves(h, &card);
-    }
+    let wait = Duration::from_millis(settings().wait_ms);
+    let start = std::time::Instant::now();
+    let moves_done = || {
+        if ACTIVE.load(Ordering::Relaxed)
+            && let (Some(card), Some(h)) = (card, here())
+        {
+            wait_for_moves(h, &card, start + wait);
+        }
+    };
+    moves_done();
     let rc = alloc();
     if rc != CUresult::ERROR_OUT_OF_MEMORY || !ACTIVE.load(Ordering::Relaxed) {
         return rc;
     }
     let Some(card) = card else { return rc };
-    let wait = Duration::from_millis(settings().wait_ms);
     let uuid = vgpu_shm::format_uuid(&card);
     log::info!(
         "{uuid} is full: {} waits up to {} ms for room (CUDA_OVERSUBSCRIBE)",
@@ -51,12 +53,12 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
         wait.as_millis()
     );
     WAITING.fetch_add(1, Ordering::AcqRel);
-    let start = std::time::Instant::now();
     let rc = loop {
         if let Some(h) = here() {
             h.entry().set_want(&card, bytes);
         }
         std::thread::sleep(RETRY.min(wait.saturating_sub(start.elapsed())));
+        moves_done();
         let rc = alloc();
         if rc != CUresult::ERROR_OUT_OF_MEMORY {
             log::info!(

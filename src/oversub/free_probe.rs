@@ -12,14 +12,15 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// An answer is used while it is this fresh.
-const FRESH: Duration = Duration::from_millis(500);
+const FRESH_NS: u64 = 500_000_000;
 
 #[derive(Default)]
 struct Probe {
     /// A query is in flight (its thread may be blocked in NVML).
     asking: bool,
-    /// The last answer: the card, its free bytes, when.
-    last: Option<([u8; 16], u64, Instant)>,
+    /// The last answer: the card, its free bytes, when it was asked
+    /// (`CLOCK_MONOTONIC` ns, the board's clock).
+    last: Option<([u8; 16], u64, u64)>,
 }
 
 static PROBE: Mutex<Probe> = Mutex::new(Probe {
@@ -28,15 +29,18 @@ static PROBE: Mutex<Probe> = Mutex::new(Probe {
 });
 static ANSWERED: Condvar = Condvar::new();
 
-/// Free bytes on `card` as NVML says now, waiting at most `wait`; None
-/// when NVML does not answer in time (or cannot).
-pub fn free_within(card: [u8; 16], wait: Duration) -> Option<u64> {
+/// Free bytes on `card` as NVML says now, waiting at most `wait`, and
+/// when it was asked (monotonic ns); None when NVML does not answer in
+/// time (or cannot).
+pub fn free_within(card: [u8; 16], wait: Duration) -> Option<(u64, u64)> {
     let deadline = Instant::now() + wait;
     let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
     let fresh = |p: &Probe| {
         p.last
-            .filter(|&(c, _, at)| c == card && at.elapsed() < FRESH)
-            .map(|(_, free, _)| free)
+            .filter(|&(c, _, at)| {
+                c == card && crate::clock::monotonic_ns().saturating_sub(at) < FRESH_NS
+            })
+            .map(|(_, free, at)| (free, at))
     };
     if let Some(free) = fresh(&p) {
         return Some(free);
@@ -46,11 +50,12 @@ pub fn free_within(card: [u8; 16], wait: Duration) -> Option<u64> {
         let spawned = std::thread::Builder::new()
             .name("vgpu-nvml-free".into())
             .spawn(move || {
+                let at = crate::clock::monotonic_ns();
                 let free = crate::nvml::client::free_memory(&card);
                 let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
                 p.asking = false;
                 if let Some(free) = free {
-                    p.last = Some((card, free, Instant::now()));
+                    p.last = Some((card, free, at));
                 }
                 ANSWERED.notify_all();
             });

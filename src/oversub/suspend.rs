@@ -97,23 +97,12 @@ static ROOM: Mutex<Vec<Room>> = Mutex::new(Vec::new());
 /// it is in its bytes, but not yet on the card (run 26: counting it as
 /// held at the suspension, then held again once granted, made 8 GiB of
 /// room that was not there, and the driver refused the restore). A
-/// restoring process's bytes are its claim (see `claim_room`).
-fn others_bytes_on(h: &Here, card: &[u8; 16]) -> u64 {
-    others_bytes_before(h, card, false)
-}
-
-/// `others_bytes_on`; with `yield_to_lower`, the claims of restoring
-/// processes of a higher board index that are not yet moving are left
-/// out: of two claims made at once, the lower index goes first.
-fn others_bytes_before(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
+/// restoring process's bytes are its claim, moving onto the card
+/// (`claim_room`); `claims` says whether to count them.
+fn others_bytes_on(h: &Here, card: &[u8; 16], claims: bool) -> u64 {
     h.board
         .others(Some(h.entry))
-        .filter(|&(i, e)| {
-            !(yield_to_lower
-                && i > h.entry
-                && e.state() == ProcState::Restoring
-                && e.wants().is_some())
-        })
+        .filter(|(_, e)| claims || e.state() != ProcState::Restoring)
         .map(|(_, e)| {
             let waiting = match e.wants() {
                 Some((c, b)) if &c == card && e.state() == ProcState::Running => b,
@@ -121,7 +110,7 @@ fn others_bytes_before(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
             };
             e.bytes_on(card).saturating_sub(waiting)
         })
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// What the board's running processes wait for on `card` (the room this
@@ -129,56 +118,98 @@ fn others_bytes_before(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
 fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
     // Running processes' waiting allocations only: two suspended processes
     // that each left room for the other's want would never restore. Among
-    // suspended ones the first restore takes the room; the other then sees
-    // its bytes on the board and waits (or its restore says out of memory).
+    // suspended ones the first to claim takes the room; the other then
+    // sees the claim on the board and waits.
     h.board
         .others(Some(h.entry))
         .filter(|(_, e)| e.state() == ProcState::Running)
         .filter_map(|(_, e)| e.wants())
         .filter(|(c, _)| c == card)
         .map(|(_, b)| b)
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
-/// Room on `card` now: NVML's free bytes if it answers within
-/// `NVML_WAIT`, or a running neighbour's fresh NVML figure, less what
-/// other restores there have claimed; else, from the board: what was free
-/// at the suspension (this process's own bytes included), plus what the
-/// board's other processes have given back since, less what they wait
-/// for. Memory of processes outside the board is taken as unchanged.
-/// `yield_to_lower`: see `others_bytes_before`.
-fn room_on(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
+/// Room on `card` now: a fresh NVML figure (this process's own, asked for
+/// up to `wait`, or a running neighbour's) less what other restores there
+/// have claimed and what landed since it was read; else, from the board:
+/// what was free at the suspension (this process's own bytes included),
+/// plus what the board's other processes have given back since, less what
+/// they wait for. Memory of processes outside the board is taken as
+/// unchanged.
+fn room_on(h: &Here, card: &[u8; 16], wait: Duration) -> u64 {
     let wanted = wanted_on(h, card);
-    if let Some(free) =
-        free_probe::free_within(*card, NVML_WAIT).or_else(|| free_seen_by_others(h, card))
-    {
-        return free.saturating_sub(wanted + claimed_on(h, card, yield_to_lower));
+    let own = free_probe::free_within(*card, wait);
+    if let Some(room) = room_from_figure(h, card, own) {
+        return room.saturating_sub(wanted);
     }
     let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(r) = then.iter().find(|r| &r.card == card) else {
         return u64::MAX;
     };
-    (r.free + r.others).saturating_sub(others_bytes_before(h, card, yield_to_lower) + wanted)
+    r.free
+        .saturating_add(r.others)
+        .saturating_sub(others_bytes_on(h, card, true).saturating_add(wanted))
 }
 
-/// Whether a restore is moving memory onto `card` now (claimed, no longer
-/// waiting): allocations there wait for it (admission.rs), since a
-/// restore the driver refuses loses the process.
+/// One entry as read in one pass: its state, bytes on the card, when its
+/// state began, and its NVML figure for the card.
+struct Glance {
+    state: ProcState,
+    bytes: u64,
+    since: u64,
+    figure: Option<(u64, u64)>,
+}
+
+/// The newest NVML figure for `card` (this process's `own`, or one a
+/// running neighbour published), if it is fresh and no process with bytes
+/// there changed state after it was read (a restore that landed since took
+/// room it still shows), less the bytes other restores are moving there.
+/// The board is read once, so a restore landing meanwhile is either still
+/// a claim or a change.
+fn room_from_figure(h: &Here, card: &[u8; 16], own: Option<(u64, u64)>) -> Option<u64> {
+    let now = clock::monotonic_ns();
+    let others: Vec<Glance> = h
+        .board
+        .others(Some(h.entry))
+        .map(|(_, e)| {
+            let state = e.state();
+            Glance {
+                state,
+                bytes: e.bytes_on(card),
+                since: e.since_ns.load(Ordering::Acquire),
+                figure: (state == ProcState::Running)
+                    .then(|| e.free_seen(card))
+                    .flatten(),
+            }
+        })
+        .collect();
+    let changed = others
+        .iter()
+        .filter(|g| g.bytes > 0)
+        .map(|g| g.since)
+        .max()
+        .unwrap_or(0);
+    let (free, _) = others
+        .iter()
+        .filter_map(|g| g.figure)
+        .chain(own)
+        .filter(|&(_, at)| at > changed && now.saturating_sub(at) <= SEEN_FRESH_NS)
+        .max_by_key(|&(_, at)| at)?;
+    let claimed = others
+        .iter()
+        .filter(|g| g.state == ProcState::Restoring)
+        .map(|g| g.bytes)
+        .fold(0u64, u64::saturating_add);
+    Some(free.saturating_sub(claimed))
+}
+
+/// Whether a restore is moving memory onto `card` now: allocations there
+/// wait for it (admission.rs), since a restore the driver refuses loses
+/// the process.
 pub(super) fn restore_moving_on(h: &Here, card: &[u8; 16]) -> bool {
-    h.board.others(Some(h.entry)).any(|(_, e)| {
-        e.state() == ProcState::Restoring && e.wants().is_none() && e.bytes_on(card) > 0
-    })
-}
-
-/// What other restoring processes have claimed on `card` (bytes they are
-/// moving or about to move there, not yet in NVML's figure).
-fn claimed_on(h: &Here, card: &[u8; 16], yield_to_lower: bool) -> u64 {
     h.board
         .others(Some(h.entry))
-        .filter(|&(_, e)| e.state() == ProcState::Restoring)
-        .filter(|&(i, e)| !(yield_to_lower && i > h.entry && e.wants().is_some()))
-        .map(|(_, e)| e.bytes_on(card))
-        .sum()
+        .any(|(_, e)| e.state() == ProcState::Restoring && e.bytes_on(card) > 0)
 }
 
 /// What a restore leaves free beyond the bytes it moves: the driver's own
@@ -188,65 +219,46 @@ fn margin(bytes: u64) -> u64 {
     (512 << 20) + bytes / 50
 }
 
-/// Whether every card has room for what this process saved there.
-fn fits(h: &Here, saved: &[([u8; 16], u64)], yield_to_lower: bool) -> Option<[u8; 16]> {
-    saved
-        .iter()
-        .find(|&&(card, bytes)| room_on(h, &card, yield_to_lower) < bytes + margin(bytes))
-        .map(|&(card, _)| card)
+/// The first card without room for what this process saved there (cards
+/// it held nothing on need none), and the room judged on each.
+fn short_of_room(h: &Here, saved: &[([u8; 16], u64)], wait: Duration) -> (Option<[u8; 16]>, u64) {
+    let mut least = u64::MAX;
+    for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
+        let room = room_on(h, &card, wait);
+        least = least.min(room);
+        if room < bytes.saturating_add(margin(bytes)) {
+            return (Some(card), least);
+        }
+    }
+    (None, least)
 }
 
-/// Claims the room on the board before moving: the bytes go on the board
-/// while the want stays (a claim not yet moving), then room is judged
-/// again with every other claim but those of higher indices still
-/// pending. True: the claim holds, the want is cleared (moving). False:
-/// the claim is taken back.
-fn claim_room(h: &Here, saved: &[([u8; 16], u64)]) -> bool {
-    let e = h.entry();
-    if let Some(&(card, _)) = saved.first() {
-        e.set_want(&card, saved.iter().map(|&(_, b)| b).sum());
+/// Claims the room on the board, under the node's restore lock: room is
+/// judged again (without waiting for NVML: the lock is held briefly), and
+/// if it is there the bytes go on the board with the want cleared, which
+/// every other restore and allocation on the card then counts as moving.
+/// One claim at a time on the node, so two restores never count on the
+/// same room. The room judged, or None when no claim was made.
+fn claim_room(h: &Here, saved: &[([u8; 16], u64)]) -> Option<u64> {
+    let _node = h.board.restore_lock()?;
+    let (short, room) = short_of_room(h, saved, Duration::ZERO);
+    if short.is_some() {
+        return None;
     }
+    let e = h.entry();
     for &(card, bytes) in saved {
         e.set_bytes_on(&card, bytes);
     }
-    if fits(h, saved, true).is_none() {
-        e.set_want(&[0; 16], 0);
-        return true;
-    }
-    for &(card, _) in saved {
-        e.set_bytes_on(&card, 0);
-    }
-    false
+    e.set_want(&[0; 16], 0);
+    Some(room)
 }
 
 /// How long a restore waits for NVML's answer before it judges room from
 /// the board.
 const NVML_WAIT: Duration = Duration::from_millis(100);
-/// A neighbour's NVML figure is used while it is this fresh (it publishes
-/// every watcher tick, 100 ms, while someone restores on its card).
+/// An NVML figure is used while it is this fresh (neighbours publish every
+/// watcher tick, 100 ms, while someone restores on their card).
 const SEEN_FRESH_NS: u64 = 300_000_000;
-
-/// The newest free figure a running process on the board read from NVML
-/// for `card`, if it is fresh and no other process there has changed
-/// state since (a restore that went through after it was read took room
-/// the figure still shows).
-fn free_seen_by_others(h: &Here, card: &[u8; 16]) -> Option<u64> {
-    let now = clock::monotonic_ns();
-    let others: Vec<_> = h.board.others(Some(h.entry)).map(|(_, e)| e).collect();
-    let changed = others
-        .iter()
-        .filter(|e| e.bytes_on(card) > 0 || e.state() == ProcState::Restoring)
-        .map(|e| e.since_ns.load(Ordering::Acquire))
-        .max()
-        .unwrap_or(0);
-    others
-        .iter()
-        .filter(|e| e.state() == ProcState::Running)
-        .filter_map(|e| e.free_seen(card))
-        .filter(|&(_, at)| at > changed && now.saturating_sub(at) <= SEEN_FRESH_NS)
-        .max_by_key(|&(_, at)| at)
-        .map(|(free, _)| free)
-}
 
 /// A running process tells the board what NVML says is free on each of
 /// its cards where another process waits to be restored: that one's own
@@ -260,8 +272,11 @@ fn publish_free(h: &Here) {
         if !restoring_here {
             continue;
         }
+        // Stamped before the query: a restore landing while it runs is a
+        // change after the figure, which then is not used.
+        let at = clock::monotonic_ns();
         if let Some(free) = crate::nvml::client::free_memory(&card) {
-            e.set_free_seen(&card, free, clock::monotonic_ns());
+            e.set_free_seen(&card, free, at);
         }
     }
 }
@@ -389,15 +404,17 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
     // What each card has free now, while NVML still answers (a suspended
-    // process's NVML calls are taken to block: runs 21, 23 and 24 hung in
-    // the first restore's NVML call), and what the board's processes hold
-    // there: the restore judges room from the board alone.
+    // process's NVML calls block: run 26), and what the board's processes
+    // hold there: the restore's estimate when no fresh NVML figure is to
+    // be had.
     *ROOM.lock().unwrap_or_else(PoisonError::into_inner) = cards
         .iter()
         .map(|&(c, own)| Room {
             card: c,
             free: crate::nvml::client::free_memory(&c).unwrap_or(0) + own,
-            others: others_bytes_on(h, &c),
+            // Restores moving onto the card are not on it yet: NVML's
+            // figure does not hold them, and once landed they count.
+            others: others_bytes_on(h, &c, false),
         })
         .collect();
     // The threads as they are while idle: one that moves into the driver
@@ -560,11 +577,13 @@ fn restore_now(h: &Here) {
         if let Some(a) = crate::init::attach() {
             a.tick();
         }
-        let short = fits(h, &saved, false);
+        let (short, _) = short_of_room(h, &saved, NVML_WAIT);
         if short.is_none() && Instant::now() >= next_try {
-            if claim_room(h, &saved) {
+            if let Some(judged) = claim_room(h, &saved) {
                 MOVING.store(true, Ordering::Release);
-                let moved = checkpoint::restore().map(|()| checkpoint::unlock());
+                // A move of tens of GiB takes up to a minute: the region
+                // slot keeps beating meanwhile.
+                let moved = beating(|| checkpoint::restore().map(|()| checkpoint::unlock()));
                 MOVING.store(false, Ordering::Release);
                 match moved {
                     Ok(Ok(())) => break,
@@ -579,14 +598,8 @@ fn restore_now(h: &Here) {
                         return fail(
                             h,
                             format!(
-                                "the driver refused the restore ({rc}; {} free was judged on the card); on this driver a refused restore cannot be retried, so the process's device memory is lost",
-                                fmt_bytes(
-                                    saved
-                                        .iter()
-                                        .map(|&(c, _)| room_on(h, &c, false))
-                                        .min()
-                                        .unwrap_or(0)
-                                )
+                                "the driver refused the restore ({rc}; {} was judged free); on this driver a refused restore cannot be retried, so the process's device memory is lost",
+                                fmt_bytes(judged)
                             ),
                         );
                     }

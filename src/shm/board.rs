@@ -25,7 +25,7 @@ use memmap2::{MmapOptions, MmapRaw};
 /// `"VGPUOVS\0"` read as a little-endian `u64`.
 pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
 /// Bumped when the layout changes; other versions are refused.
-pub const BOARD_VERSION: u32 = 1;
+pub const BOARD_VERSION: u32 = 2;
 /// Processes on the board at once (every oversubscribed process of the node).
 pub const BOARD_ENTRIES: usize = 256;
 /// Cards one process is tracked on.
@@ -558,11 +558,44 @@ impl Board {
         false
     }
 
+    /// The node's restore lock, held while one restore judges its room and
+    /// claims it on the board (never across a driver call), so that two
+    /// restores never count on the same room. Waits up to a second for
+    /// another holder; None past that. The kernel drops it if the holder
+    /// dies.
+    pub fn restore_lock(&self) -> Option<RestoreLock<'_>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            if self.record_lock(RESTORE_LOCK, libc::F_SETLK, libc::F_WRLCK) {
+                return Some(RestoreLock { board: self });
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     /// Takes (`F_SETLK`, true if taken) or tests a lock on entry `i`'s byte.
     fn record_lock(&self, i: usize, cmd: libc::c_int, kind: libc::c_int) -> bool {
         let fl = lock_at(i, kind);
         // SAFETY: fcntl on our open descriptor, reading `fl`, which we own.
         unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &fl) == 0 }
+    }
+}
+
+/// The restore lock's byte, after the entries' (`lock_at`).
+const RESTORE_LOCK: usize = BOARD_ENTRIES;
+
+/// The node's restore lock while held ([`Board::restore_lock`]).
+pub struct RestoreLock<'a> {
+    board: &'a Board,
+}
+
+impl Drop for RestoreLock<'_> {
+    fn drop(&mut self) {
+        self.board
+            .record_lock(RESTORE_LOCK, libc::F_SETLK, libc::F_UNLCK);
     }
 }
 
