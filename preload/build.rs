@@ -61,7 +61,10 @@ fn main() {
     .arg(&out)
     .arg("-o")
     .arg(&lib)
-    .arg(&stub);
+    .arg(&stub)
+    // Where glibc is older than 2.34, dlopen and pthread_once live there
+    // (a newer glibc has them in libc, and --as-needed drops these).
+    .args(["-ldl", "-lpthread"]);
     let status = cmd.status().expect("running the C compiler");
     assert!(status.success(), "building libvgpu.so failed: {cmd:?}");
 

@@ -18,8 +18,8 @@
  * Where the core comes from, in order:
  *  1. appended to this very file (`cat libvgpu.so libvgpu_core.so`, the
  *     single file HAMi's device plugin mounts): the bytes past the end of
- *     this ELF image are copied into a memfd and dlopened as
- *     /proc/self/fd/N;
+ *     this ELF image are copied into a memfd (else an unnamed O_TMPFILE)
+ *     and dlopened as /proc/self/fd/N;
  *  2. libvgpu_core.so in this file's directory (what `cargo build` leaves).
  * Without a core, every export answers 999 (CUDA_ERROR_UNKNOWN,
  * NVML_ERROR_UNKNOWN: quotas are never silently dropped) and says why once
@@ -309,7 +309,21 @@ static void say(const char *what, const char *detail) {
     }
 }
 
-/* The core appended to this file, as a memfd; -1 if there is none. */
+/* A file of our own holding the core: a memfd, else an unnamed
+ * O_TMPFILE (memfd_create blocked, or vm.memfd_noexec set); -1 if none. */
+static int private_file(void) {
+    int fd = (int)syscall(SYS_memfd_create, "libvgpu_core.so", 1u /* MFD_CLOEXEC */);
+    if (fd >= 0) return fd;
+    int why = errno;
+    const char *dirs[] = {"/tmp", "/dev/shm", "/var/tmp"};
+    for (unsigned i = 0; i < sizeof dirs / sizeof *dirs && fd < 0; i++)
+        fd = open(dirs[i], O_TMPFILE | O_RDWR | O_CLOEXEC, 0700);
+    if (fd < 0) say("memfd_create", strerror(why));
+    return fd;
+}
+
+/* The core appended to this file, copied into a private file; -1 if
+ * there is none. */
 static int appended_core(void) {
     int fd = open(own_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
@@ -317,21 +331,20 @@ static int appended_core(void) {
     struct stat st;
     int mfd = -1;
     if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || fstat(fd, &st) != 0) goto out;
+    /* The section headers end this ELF image (GNU ld, lld); a core, if
+     * any, starts right after them. */
     off_t end = (off_t)(eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize);
     if (eh.e_shoff == 0 || end <= 0 || st.st_size <= end + (off_t)sizeof eh) goto out;
     unsigned char magic[4];
     if (pread(fd, magic, 4, end) != 4 || memcmp(magic, ELFMAG, SELFMAG) != 0) goto out;
-    mfd = (int)syscall(SYS_memfd_create, "libvgpu_core.so", 1u /* MFD_CLOEXEC */);
-    if (mfd < 0) {
-        say("memfd_create", strerror(errno));
-        goto out;
-    }
+    mfd = private_file();
+    if (mfd < 0) goto out;
     off_t off = end;
     size_t left = (size_t)(st.st_size - end);
     while (left > 0) {
         ssize_t n = sendfile(mfd, fd, &off, left);
         if (n <= 0) {
-            say("copying it into a memfd", n < 0 ? strerror(errno) : "short file");
+            say("copying it out of the bundle", n < 0 ? strerror(errno) : "short file");
             close(mfd);
             mfd = -1;
             goto out;
