@@ -98,25 +98,24 @@ static const char names[] = VGPU_HOOKS(NAME);
 /* ---- the exports ------------------------------------------------------ */
 
 #define EXPORT(i, n)                                                     \
-    __asm__(".text\n"                                                    \
-            ".globl " #n "\n"                                            \
-            ".type " #n ",@function\n"                                   \
-            ".p2align 4\n" #n ":\n"                                      \
-            "  movq vgpu_table+8*" #i "(%rip), %rax\n"                   \
-            "  testq %rax, %rax\n"                                       \
-            "  jz 1f\n"                                                  \
-            "  jmp *%rax\n"                                              \
-            "1:\n"                                                       \
-            "  movl $" #i ", %eax\n"                                     \
-            "  jmp vgpu_slow\n"                                          \
-            ".size " #n ", .-" #n "\n");
+    ".globl " #n "\n"                                                   \
+    ".type " #n ",@function\n"                                          \
+    ".p2align 4\n" #n ":\n"                                             \
+    "  movq vgpu_table+8*" #i "(%rip), %rax\n"                          \
+    "  testq %rax, %rax\n"                                              \
+    "  jz 1f\n"                                                         \
+    "  jmp *%rax\n"                                                     \
+    "1:\n"                                                              \
+    "  movl $" #i ", %eax\n"                                            \
+    "  jmp vgpu_slow\n"                                                 \
+    ".size " #n ", .-" #n "\n"
 
+/* One asm statement, so that nothing the compiler emits lands between
+ * the bounds that owns() tests. */
 __asm__(".text\n"
         ".globl vgpu_exports_begin\n"
         ".hidden vgpu_exports_begin\n"
-        "vgpu_exports_begin:\n");
-VGPU_HOOKS(EXPORT)
-__asm__(".text\n"
+        "vgpu_exports_begin:\n" VGPU_HOOKS(EXPORT)
         ".globl vgpu_exports_end\n"
         ".hidden vgpu_exports_end\n"
         "vgpu_exports_end:\n");
