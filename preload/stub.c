@@ -72,6 +72,9 @@ struct vgpu_stub {
     void *(*next)(const char *name);
     /* Whether p is one of this file's exports. */
     int (*owns)(const void *p);
+    /* The address of this file's export `name` (what a program linked
+     * with -lcuda calls), NULL if it has none. */
+    void *(*export_of)(const char *name);
 };
 
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -110,6 +113,8 @@ static const char names[] = VGPU_HOOKS(NAME);
     "  jmp vgpu_slow\n"                                                 \
     ".size " #n ", .-" #n "\n"
 
+#define OFFSET(i, n) "  .long " #n " - vgpu_exports_begin\n"
+
 /* One asm statement, so that nothing the compiler emits lands between
  * the bounds that owns() tests. */
 __asm__(".text\n"
@@ -118,8 +123,17 @@ __asm__(".text\n"
         "vgpu_exports_begin:\n" VGPU_HOOKS(EXPORT)
         ".globl vgpu_exports_end\n"
         ".hidden vgpu_exports_end\n"
-        "vgpu_exports_end:\n");
+        "vgpu_exports_end:\n"
+        /* Each export's offset from the first, in table order: constants
+         * the assembler computes, so no relocation. */
+        ".section .rodata\n"
+        ".p2align 2\n"
+        ".globl vgpu_export_offsets\n"
+        ".hidden vgpu_export_offsets\n"
+        "vgpu_export_offsets:\n" VGPU_HOOKS(OFFSET)
+        ".text\n");
 extern const char vgpu_exports_begin[] HIDDEN, vgpu_exports_end[] HIDDEN;
+extern const uint32_t vgpu_export_offsets[VGPU_HOOK_COUNT] HIDDEN;
 
 HIDDEN void vgpu_load(void);
 
@@ -292,6 +306,18 @@ static int owns(const void *p) {
     return (const char *)p >= vgpu_exports_begin && (const char *)p < vgpu_exports_end;
 }
 
+static int index_of(const char *name) {
+    int i = 0;
+    for (const char *n = names; *n; n += strlen(n) + 1, i++)
+        if (strcmp(n, name) == 0) return i;
+    return -1;
+}
+
+static void *export_of(const char *name) {
+    int i = name ? index_of(name) : -1;
+    return i < 0 ? NULL : (void *)(vgpu_exports_begin + vgpu_export_offsets[i]);
+}
+
 static char own_path[4096];
 
 /* ---- loading the core ------------------------------------------------ */
@@ -385,6 +411,7 @@ static void load(void) {
     stub.path = own_path;
     stub.next = next;
     stub.owns = owns;
+    stub.export_of = export_of;
     if (core) {
         int (*attach)(const struct vgpu_stub *) = (int (*)(const struct vgpu_stub *))real_dlsym(core, "vgpu_core_attach");
         if (!attach || attach(&stub) != VGPU_STUB_ABI) {
@@ -408,19 +435,13 @@ HIDDEN void vgpu_load(void) { pthread_once(&load_once, load); }
 
 /* ---- dlsym's decisions ------------------------------------------------ */
 
-static int hooked(const char *name) {
-    for (const char *n = names; *n; n += strlen(n) + 1)
-        if (strcmp(n, name) == 0) return 1;
-    return 0;
-}
-
 /* Names the core may answer: the hooked ones load it; other cu and nvml
  * names go to it only once it is loaded (its oversubscription
  * trampolines), else straight to glibc. */
 static int for_core(const char *name) {
     if (!name || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0)) return 0;
     if (__atomic_load_n(&core_loaded, __ATOMIC_ACQUIRE)) return 1;
-    if (!hooked(name)) return 0;
+    if (index_of(name) < 0) return 0;
     vgpu_load();
     return 1;
 }

@@ -141,3 +141,30 @@ fn without_a_core_every_hook_fails_closed_and_other_programs_run() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
     assert!(out.stderr.is_empty());
 }
+
+#[test]
+fn every_lookup_answers_the_address_a_linked_program_calls() {
+    let a = artifacts();
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("identity");
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&prog)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/programs/identity.c"
+        ))
+        .arg("-L")
+        .arg(&a.link_dir)
+        .args(["-l:libcuda.so.1", "-ldl"])
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    let sim = Sim::new(1, "8g");
+    let r = Run::from(sim.cmd(&prog, true).output().unwrap()).ok();
+    assert_eq!(r.i64("init_rc"), 0, "{}", r.stderr);
+    assert_eq!(r.i64("proc_rc"), 0);
+    for k in ["default_same", "handle_same", "next_same", "proc_same"] {
+        assert_eq!(r.u64(k), 1, "{k}\n{}", r.stdout);
+    }
+}

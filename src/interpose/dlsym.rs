@@ -70,7 +70,7 @@ pub(crate) extern "C" fn decide_versioned(
     catch_unwind(AssertUnwindSafe(|| {
         let found = real::dlvsym(handle, name, version);
         match hook.real.get() {
-            Some(ours) if !found.is_null() && ours.as_ptr() == found => hook.wrapper as *mut c_void,
+            Some(ours) if !found.is_null() && ours.as_ptr() == found => hook.exported(),
             _ => found,
         }
     }))
@@ -88,7 +88,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     let Some(hook) = table::by_name(name) else {
         return unhooked(handle, name);
     };
-    let ours = hook.wrapper as *mut c_void;
+    let ours = hook.exported();
     if handle == libc::RTLD_DEFAULT {
         return if driver_behind_us(hook) {
             PASS
@@ -111,7 +111,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     if found.is_null() {
         return found;
     }
-    if found == ours || super::stub::owns(found) {
+    if found == ours || found == hook.wrapper as *mut c_void || super::stub::owns(found) {
         // The handle's scope finds our export first (the program itself,
         // or libvgpu.so, whose exports jump to ours): the same rule as
         // RTLD_DEFAULT.
@@ -125,7 +125,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
         return found;
     }
     match hook.real.get() {
-        Some(ours) if ours.as_ptr() == found => hook.wrapper as *mut c_void,
+        Some(ours) if ours.as_ptr() == found => hook.exported(),
         _ => {
             crate::warn_once!(
                 "dlsym({}) came from a driver library instance vgpu does not track: not interposed",

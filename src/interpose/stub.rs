@@ -23,6 +23,7 @@ pub struct Stub {
     path: *const c_char,
     next: unsafe extern "C" fn(*const c_char) -> *mut c_void,
     owns: unsafe extern "C" fn(*const c_void) -> c_int,
+    export_of: unsafe extern "C" fn(*const c_char) -> *mut c_void,
 }
 
 /// What the stub handed us, copied.
@@ -30,9 +31,10 @@ struct Attached {
     path: &'static CStr,
     next: unsafe extern "C" fn(*const c_char) -> *mut c_void,
     owns: unsafe extern "C" fn(*const c_void) -> c_int,
+    export_of: unsafe extern "C" fn(*const c_char) -> *mut c_void,
 }
 
-// SAFETY: two plain function pointers and a path the stub keeps in a
+// SAFETY: three plain function pointers and a path the stub keeps in a
 // static for the life of the process.
 unsafe impl Send for Attached {}
 // SAFETY: as above; nothing is mutated after the copy.
@@ -62,6 +64,20 @@ pub fn owns(p: *const c_void) -> bool {
     STUB.get().is_some_and(|s| unsafe { (s.owns)(p) } != 0)
 }
 
+/// libvgpu.so's export of `name`: what `dlsym` and `cuGetProcAddress`
+/// hand out for a hook, so a program sees one address per hook whichever
+/// way it asks (the address a `-lcuda` program binds to), as when the
+/// exports were ours. None when the stub did not load us. (Our own
+/// `cuMemAlloc_v2 as *const ()` already reaches the stub's export today:
+/// the name is preemptible, so its address comes through the GOT from the
+/// global scope; this does not rely on how the core is linked.)
+pub fn export_of(name: &CStr) -> Option<*mut c_void> {
+    let s = STUB.get()?;
+    // SAFETY: the stub's `export_of` takes a NUL-terminated name.
+    let p = unsafe { (s.export_of)(name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
 /// Called once by the stub after it loaded us; answers our ABI version,
 /// which the stub checks before it uses anything else of ours.
 ///
@@ -82,6 +98,7 @@ pub unsafe extern "C" fn vgpu_core_attach(stub: *const Stub) -> u32 {
         path: unsafe { CStr::from_ptr(stub.path) },
         next: stub.next,
         owns: stub.owns,
+        export_of: stub.export_of,
     });
     ABI
 }
