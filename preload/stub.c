@@ -387,8 +387,14 @@ static void *open_core(void) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", mfd);
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!h) say("dlopen of the appended core", dlerror());
-        close(mfd);
+        if (!h) {
+            say("dlopen of the appended core", dlerror());
+            close(mfd);
+        }
+        /* On success the descriptor stays open (close-on-exec): the loader
+         * knows the core by this path, and a later dlopen of the same
+         * string by someone else, were the number reused, would get the
+         * core back instead of their file. */
         return h;
     }
     char path[sizeof own_path + 32];
