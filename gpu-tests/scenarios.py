@@ -299,6 +299,18 @@ def fill_families(sec, limit_gib=4, chunk=256 * MIB):
                f"{filled / GIB:.2f} GiB rc={r.get('stop_rc')}", f">= {limit_gib} GiB - ctx - chunk, rc=2", ok)
 
 
+def install_lib(dest):
+    """The single file deploy/ installs: the stub with its core appended
+    (the stub alone, away from libvgpu_core.so, fails every CUDA call)."""
+    core = os.path.join(os.path.dirname(LIB), "libvgpu_core.so")
+    with open(dest + ".tmp", "wb") as out:
+        for part in [LIB] + ([core] if os.path.exists(core) else []):
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out)
+    os.chmod(dest + ".tmp", 0o755)
+    os.replace(dest + ".tmp", dest)
+
+
 def memory():
     sec = "memory"
     fill_families(sec)
@@ -307,7 +319,7 @@ def memory():
     # nvidia-smi through /etc/ld.so.preload.
     region = new_region()
     os.makedirs("/usr/local/vgpu", exist_ok=True)
-    shutil.copy(LIB, "/usr/local/vgpu/libvgpu.so")
+    install_lib("/usr/local/vgpu/libvgpu.so")
     lim = {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}
     holder = spawn([PY, PROBE, "hold", "1.5", "60"], make_env(True, lim, region), "smi-holder")
     got = wait_line(holder, "holding")

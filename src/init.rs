@@ -253,8 +253,13 @@ fn hami_core_limits(config: &Config, e: &ShmError) -> Option<Config> {
     Some(kept)
 }
 
-/// The directory libvgpu.so was loaded from.
+/// The directory libvgpu.so was loaded from (the stub's, when it loaded
+/// us: our own file may be a memfd).
 fn own_directory() -> Option<PathBuf> {
+    if let Some(stub) = crate::interpose::stub::path() {
+        let file = stub.to_str().ok()?;
+        return Path::new(file).parent().map(Path::to_path_buf);
+    }
     let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),

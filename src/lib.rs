@@ -7,6 +7,11 @@
 //! container in one shared accounting region. It keeps HAMi-core's
 //! interface.
 //!
+//! This crate is the core, `libvgpu_core.so`. What is preloaded is the
+//! stub `libvgpu.so` (`preload/stub.c`), which exports the same hooks and
+//! loads this library `RTLD_LOCAL` on the first driver call, so processes
+//! that never use CUDA do not even load it (`interpose/stub.rs`).
+//!
 //! Data flow: the program calls the driver (linked, through `dlsym`, or
 //! through `cuGetProcAddress`) → our hook (`interpose`, `cuda`, `nvml`) →
 //! accounting (`quota`: `quota/grant.rs` decides whether an allocation is

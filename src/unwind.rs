@@ -5,7 +5,10 @@
 //! normally, that makes libgcc_s.so.1 a `DT_NEEDED` of libvgpu.so: every
 //! process that preloads us loads it (about 90 µs per exec, the larger part
 //! of what preloading cost, docs/benchmarks.md), and in an image without
-//! it *every* process fails to start.
+//! it *every* process fails to start. (The preloaded file is now the stub
+//! and this library, libvgpu_core.so, is loaded by CUDA processes only,
+//! but a `DT_NEEDED` libgcc_s would still make that load fail where it is
+//! missing.)
 //!
 //! Instead, the twelve names are defined here, hidden (never exported, so
 //! no other object's unwinding comes here), as trampolines that jump

@@ -70,7 +70,7 @@ pub(crate) extern "C" fn decide_versioned(
     catch_unwind(AssertUnwindSafe(|| {
         let found = real::dlvsym(handle, name, version);
         match hook.real.get() {
-            Some(ours) if !found.is_null() && ours.as_ptr() == found => hook.wrapper as *mut c_void,
+            Some(ours) if !found.is_null() && ours.as_ptr() == found => hook.exported(),
             _ => found,
         }
     }))
@@ -80,15 +80,15 @@ pub(crate) extern "C" fn decide_versioned(
 /// Whether the driver's definition of `hook` is in the global scope after
 /// this library. When it is not, a failed lookup has set `dlerror`.
 fn driver_behind_us(hook: &table::Hook) -> bool {
-    // From our own frame, RTLD_NEXT means "after libvgpu.so".
-    !real::dlsym(libc::RTLD_NEXT, hook.real.name()).is_null()
+    // Asked from libvgpu.so's frame, RTLD_NEXT means "after libvgpu.so".
+    !super::stub::next(hook.real.name()).is_null()
 }
 
 fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     let Some(hook) = table::by_name(name) else {
         return unhooked(handle, name);
     };
-    let ours = hook.wrapper as *mut c_void;
+    let ours = hook.exported();
     if handle == libc::RTLD_DEFAULT {
         return if driver_behind_us(hook) {
             PASS
@@ -99,7 +99,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     if handle == libc::RTLD_NEXT {
         if !real::loaded(hook.real.lib()) {
             // Fails the lookup glibc's way, dlerror included.
-            return real::dlsym(libc::RTLD_NEXT, hook.real.name());
+            return super::stub::next(hook.real.name());
         }
         return if crate::init::control_disabled() {
             PASS
@@ -111,9 +111,10 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     if found.is_null() {
         return found;
     }
-    if found == ours {
+    if found == ours || found == hook.wrapper as *mut c_void || super::stub::owns(found) {
         // The handle's scope finds our export first (the program itself,
-        // or libvgpu.so): the same rule as RTLD_DEFAULT.
+        // or libvgpu.so, whose exports jump to ours): the same rule as
+        // RTLD_DEFAULT.
         return if driver_behind_us(hook) {
             ours
         } else {
@@ -124,7 +125,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
         return found;
     }
     match hook.real.get() {
-        Some(ours) if ours.as_ptr() == found => hook.wrapper as *mut c_void,
+        Some(ours) if ours.as_ptr() == found => hook.exported(),
         _ => {
             crate::warn_once!(
                 "dlsym({}) came from a driver library instance vgpu does not track: not interposed",

@@ -20,6 +20,14 @@ pub struct Hook {
 // is a Sync slot of atomics.
 unsafe impl Sync for Hook {}
 
+impl Hook {
+    /// What a lookup of this hook answers: libvgpu.so's export of the name
+    /// (which jumps to `wrapper`) when the stub loaded us, else `wrapper`.
+    pub fn exported(&self) -> *mut std::ffi::c_void {
+        super::stub::export_of(self.real.name()).unwrap_or(self.wrapper as *mut std::ffi::c_void)
+    }
+}
+
 /// Declares a driver library's hooks. For each `fn name(args) -> R =>
 /// handler;`:
 /// - `name`: the exported C function (feature `interpose`), shaped

@@ -12,10 +12,15 @@
 //! (`elf.rs`). With oversubscription, functions without a hook reached
 //! through `cuGetProcAddress` get a trampoline that restores a suspended
 //! process first (`trampoline.rs`).
+//!
+//! The exports themselves live in `libvgpu.so`, a small C stub
+//! (`preload/stub.c`) that loads this library on first use and jumps to
+//! our functions of the same names; `stub.rs` is our side of that.
 
 mod dlsym;
 pub mod elf;
 pub mod macros;
 pub mod real;
+pub mod stub;
 pub mod table;
 pub mod trampoline;

@@ -31,5 +31,5 @@ pub fn wrapper_for(lib: Lib, real: *mut c_void) -> Option<*mut c_void> {
     families()
         .filter(|h| h.real.lib() == lib)
         .find(|h| h.real.get().is_some_and(|p| p.as_ptr() == real))
-        .map(|h| h.wrapper as *mut c_void)
+        .map(Hook::exported)
 }

@@ -31,6 +31,8 @@ impl Path3 {
 
 pub struct Artifacts {
     pub target: PathBuf,
+    /// The bundle (stub + core, [`bundle`]); `target/libvgpu.so` is the
+    /// stub alone, which finds `libvgpu_core.so` beside it.
     pub libvgpu: PathBuf,
     pub libsim: PathBuf,
     pub vgpuctl: PathBuf,
@@ -65,7 +67,16 @@ pub fn artifacts() -> &'static Artifacts {
             .expect("target dir")
             .to_path_buf();
         run_ok(Command::new(env!("CARGO")).current_dir(repo()).args([
-            "build", "--quiet", "-p", "vgpu", "-p", "sim-gpu", "-p", "vgpuctl",
+            "build",
+            "--quiet",
+            "-p",
+            "vgpu",
+            "-p",
+            "vgpu-preload",
+            "-p",
+            "sim-gpu",
+            "-p",
+            "vgpuctl",
         ]));
         let bin = target.join("vgpu-test-programs");
         std::fs::create_dir_all(&bin).unwrap();
@@ -102,8 +113,10 @@ pub fn artifacts() -> &'static Artifacts {
                     .args(["-ldl", "-lpthread"]),
             );
         }
+        let libvgpu = own.join("libvgpu.so");
+        bundle(&target, &libvgpu);
         Artifacts {
-            libvgpu: target.join("libvgpu.so"),
+            libvgpu,
             libsim,
             vgpuctl: target.join("vgpuctl"),
             bin: own,
@@ -111,6 +124,19 @@ pub fn artifacts() -> &'static Artifacts {
             target,
         }
     })
+}
+
+/// The single file a deployment installs (and HAMi's device plugin
+/// mounts): the stub `libvgpu.so` with the core appended, which the stub
+/// loads through a memfd (preload/stub.c). Built here as deploy/ builds it,
+/// so every test that preloads vgpu runs that path; a copy of it alone in
+/// another directory still works.
+pub fn bundle(target: &Path, out: &Path) {
+    let mut bytes = std::fs::read(target.join("libvgpu.so")).expect("the stub");
+    bytes.extend(std::fs::read(target.join("libvgpu_core.so")).expect("the core"));
+    let tmp = out.with_extension("so.tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, out).unwrap();
 }
 
 /// One simulated machine: its state file, its drivers, its region.

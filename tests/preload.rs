@@ -1,0 +1,170 @@
+//! The preloaded stub (`libvgpu.so`, preload/stub.c) stays what makes
+//! preloading cheap (issue 14, docs/benchmarks.md): small, with few
+//! relocations, no constructor and nothing beyond libc; it loads the core
+//! (`libvgpu_core.so`) only in processes that use CUDA or NVML, from the
+//! bundle or from beside itself, and fails closed without one.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+const GIB: u64 = 1 << 30;
+
+fn readelf(lib: &Path, flag: &str) -> String {
+    let out = Command::new("readelf").args([flag, "-W"]).arg(lib).output();
+    let out = out.expect("readelf (binutils) is needed for this test");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The defined dynamic symbols of `lib`.
+fn exports(lib: &Path) -> BTreeSet<String> {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .expect("nm (binutils) is needed for this test");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_stub_stays_within_its_budget() {
+    let a = artifacts();
+    let stub = a.target.join("libvgpu.so");
+    let relocs = readelf(&stub, "-r")
+        .lines()
+        .filter(|l| l.contains("R_X86_64_"))
+        .count();
+    assert!(
+        relocs <= 32,
+        "{relocs} relocations: each one is paid by every exec"
+    );
+    let dynamic = readelf(&stub, "-d");
+    for tag in ["(INIT)", "(INIT_ARRAY)", "(FINI_ARRAY)", "(TEXTREL)"] {
+        assert!(!dynamic.contains(tag), "{tag} in the stub:\n{dynamic}");
+    }
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter_map(|l| l.split_once("Shared library: [")?.1.strip_suffix(']'))
+        .collect();
+    assert_eq!(needed, ["libc.so.6"], "no libgcc_s, no libm, no libdl");
+    // What the loader maps: a few pages.
+    let mapped: u64 = readelf(&stub, "-l")
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|m| u64::from_str_radix(m.trim_start_matches("0x"), 16).unwrap())
+        .sum();
+    assert!(mapped <= 32 * 1024, "{mapped} bytes mapped");
+    assert!(!readelf(&stub, "-l").contains(" TLS "), "no TLS");
+}
+
+#[test]
+fn the_stub_exports_exactly_the_cores_hooks() {
+    let a = artifacts();
+    let stub = exports(&a.target.join("libvgpu.so"));
+    let core: BTreeSet<String> = exports(&a.target.join("libvgpu_core.so"))
+        .into_iter()
+        .filter(|s| s.starts_with("cu") || s.starts_with("nvml") || s.starts_with("dlsym"))
+        .chain(["dlvsym".to_string()])
+        .collect();
+    assert!(core.contains("cuMemAlloc_v2") && core.contains("nvmlDeviceGetMemoryInfo"));
+    assert_eq!(stub, core);
+}
+
+#[test]
+fn a_process_that_never_uses_cuda_does_not_load_the_core() {
+    let a = artifacts();
+    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+        let out = Command::new("cat")
+            .arg("/proc/self/maps")
+            .env("LD_PRELOAD", lib)
+            .output()
+            .unwrap();
+        let maps = String::from_utf8_lossy(&out.stdout);
+        assert!(maps.contains("libvgpu.so"), "preloaded: {maps}");
+        assert!(
+            !maps.contains("libvgpu_core") && !maps.contains("memfd:"),
+            "{}: {maps}",
+            lib.display()
+        );
+        assert!(out.stderr.is_empty());
+    }
+}
+
+#[test]
+fn the_bundle_and_the_stub_beside_the_core_both_enforce() {
+    let a = artifacts();
+    let mut sim = Sim::new(1, "8g");
+    sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+        for path in PATHS {
+            let r = Run::from(
+                sim.client_cmd(path, false, &["info"])
+                    .env("LD_PRELOAD", lib)
+                    .output()
+                    .unwrap(),
+            )
+            .ok();
+            assert_eq!(r.u64("ctx_total"), GIB, "{} {path:?}", lib.display());
+        }
+    }
+}
+
+#[test]
+fn without_a_core_every_hook_fails_closed_and_other_programs_run() {
+    let a = artifacts();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvgpu.so");
+    std::fs::copy(a.target.join("libvgpu.so"), &lib).unwrap();
+    let sim = Sim::new(1, "8g");
+    let r = Run::from(
+        sim.client_cmd(Path3::Link, false, &["info"])
+            .env("LD_PRELOAD", &lib)
+            .output()
+            .unwrap(),
+    );
+    assert!(!r.status.success());
+    assert!(r.stderr.contains("cannot load the core"), "{}", r.stderr);
+    let out = Command::new("/bin/sh")
+        .args(["-c", "echo hi"])
+        .env("LD_PRELOAD", &lib)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn every_lookup_answers_the_address_a_linked_program_calls() {
+    let a = artifacts();
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("identity");
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&prog)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/programs/identity.c"
+        ))
+        .arg("-L")
+        .arg(&a.link_dir)
+        .args(["-l:libcuda.so.1", "-ldl"])
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    let sim = Sim::new(1, "8g");
+    let r = Run::from(sim.cmd(&prog, true).output().unwrap()).ok();
+    assert_eq!(r.i64("init_rc"), 0, "{}", r.stderr);
+    assert_eq!(r.i64("proc_rc"), 0);
+    for k in ["default_same", "handle_same", "next_same", "proc_same"] {
+        assert_eq!(r.u64(k), 1, "{k}\n{}", r.stdout);
+    }
+}
