@@ -53,10 +53,15 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
         wait.as_millis()
     );
     WAITING.fetch_add(1, Ordering::AcqRel);
+    if let Some(h) = here() {
+        // The bytes (reserved by the quota already) on the board first,
+        // then the want: a suspension's estimate takes bytes less wants
+        // as what is on the card, and must not count the reservation as
+        // held (run 26).
+        super::suspend::publish_card(h, &card);
+        h.entry().add_want(&card, bytes);
+    }
     let rc = loop {
-        if let Some(h) = here() {
-            h.entry().set_want(&card, bytes);
-        }
         std::thread::sleep(RETRY.min(wait.saturating_sub(start.elapsed())));
         moves_done();
         let rc = alloc();
@@ -77,19 +82,11 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
             break rc;
         }
     };
+    // Granted, the reservation already on the board is held for real;
+    // refused, the quota gives it back and the next tick publishes that.
     if let Some(h) = here() {
-        let e = h.entry();
-        if rc.is_ok() {
-            // On the board before the want goes: a suspended process that
-            // judges room from the board must not see this room as free in
-            // the 100 ms until the watcher publishes the slot's total.
-            e.set_bytes_on(&card, e.bytes_on(&card).saturating_add(bytes));
-        }
-        if WAITING.fetch_sub(1, Ordering::AcqRel) == 1 {
-            e.set_want(&card, 0);
-        }
-    } else {
-        WAITING.fetch_sub(1, Ordering::AcqRel);
+        h.entry().take_want(bytes);
     }
+    WAITING.fetch_sub(1, Ordering::AcqRel);
     rc
 }

@@ -207,9 +207,14 @@ fn room_from_figure(h: &Here, card: &[u8; 16], own: Option<(u64, u64)>) -> Optio
 /// wait for it (admission.rs), since a restore the driver refuses loses
 /// the process.
 pub(super) fn restore_moving_on(h: &Here, card: &[u8; 16]) -> bool {
-    h.board
-        .others(Some(h.entry))
-        .any(|(_, e)| e.state() == ProcState::Restoring && e.bytes_on(card) > 0)
+    // On every allocation: the entry's words first, the liveness lock
+    // (a syscall) only for a candidate.
+    (0..vgpu_shm::board::BOARD_ENTRIES)
+        .filter(|&i| i != h.entry)
+        .any(|i| {
+            let e = h.board.entry(i);
+            e.state() == ProcState::Restoring && e.bytes_on(card) > 0 && h.board.held_by_other(i)
+        })
 }
 
 /// What a restore leaves free beyond the bytes it moves: the driver's own
@@ -342,6 +347,24 @@ pub fn tick(attach: &Attach) -> bool {
             true
         }
         _ => true,
+    }
+}
+
+/// This process's bytes on `card` from its region slot, now (the
+/// watcher publishes them every tick).
+pub(super) fn publish_card(h: &Here, card: &[u8; 16]) {
+    let Some(attach) = crate::init::attach() else {
+        return;
+    };
+    let Some(slot) = attach.slot() else { return };
+    for dev in process::devices_in_use() {
+        if !attach.intact() {
+            return;
+        }
+        if attach.region.device(dev).uuid() == *card {
+            h.entry()
+                .set_bytes_on(card, attach.region.slot_total(slot, dev));
+        }
     }
 }
 

@@ -291,6 +291,27 @@ impl BoardEntry {
         self.want_bytes.store(bytes, Ordering::Release);
     }
 
+    /// Adds `bytes` to what it waits for, on `card` (allocations of
+    /// several threads may wait at once; the card published is the first
+    /// one's).
+    pub fn add_want(&self, card: &[u8; 16], bytes: u64) {
+        if self.want_bytes.load(Ordering::Acquire) == 0 {
+            let w = uuid_words(card);
+            self.want_card[0].store(w[0], Ordering::Release);
+            self.want_card[1].store(w[1], Ordering::Release);
+        }
+        self.want_bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Takes `bytes` off what it waits for.
+    pub fn take_want(&self, bytes: u64) {
+        let _ = self
+            .want_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                Some(b.saturating_sub(bytes))
+            });
+    }
+
     fn clear(&self, pid: u32, now: u64) {
         for c in &self.cards {
             c[0].store(0, Ordering::Relaxed);
@@ -632,6 +653,19 @@ mod tests {
         assert_eq!(e.restoring_total_ns.load(Ordering::Relaxed), 1000);
         e.set_want(&card, 9);
         assert_eq!(e.wants(), Some((card, 9)));
+        e.set_want(&card, 0);
+        // Allocations of two threads wait at once: the want is their sum,
+        // and goes only when both are answered.
+        e.add_want(&card, 3);
+        e.add_want(&card, 4);
+        assert_eq!(e.wants(), Some((card, 7)));
+        e.take_want(3);
+        assert_eq!(e.wants(), Some((card, 4)));
+        e.take_want(4);
+        assert_eq!(e.wants(), None);
+        e.set_free_seen(&card, 11, 77);
+        assert_eq!(e.free_seen(&card), Some((11, 77)));
+        assert_eq!(e.free_seen(&[1u8; 16]), None);
         // Our own entry is not another process's.
         assert_eq!(b.others(None).count(), 0);
     }
