@@ -23,7 +23,8 @@
  *  2. libvgpu_core.so in this file's directory (what `cargo build` leaves).
  * Without a core, every export answers 999 (CUDA_ERROR_UNKNOWN,
  * NVML_ERROR_UNKNOWN: quotas are never silently dropped) and says why once
- * on stderr; dlsym passes through.
+ * on stderr; dlsym and dlvsym hand out those exports for hooked names
+ * (so cudart's paths fail too) and pass every other name through.
  *
  * dlsym/dlvsym keep the caller's return address for every name vgpu does
  * not hook: they tail-jump to glibc's, so RTLD_NEXT keeps its meaning. The
@@ -337,7 +338,7 @@ static void say(const char *what, const char *detail) {
 /* A file of our own holding the core: a memfd, else an unnamed
  * O_TMPFILE (memfd_create blocked, or vm.memfd_noexec set); -1 if none. */
 static int private_file(void) {
-    int fd = (int)syscall(SYS_memfd_create, "libvgpu_core.so", 1u /* MFD_CLOEXEC */);
+    int fd = (int)syscall(SYS_memfd_create, "libvgpu_core.so", 3u /* MFD_CLOEXEC | MFD_ALLOW_SEALING */);
     if (fd >= 0) return fd;
     int why = errno;
     const char *dirs[] = {"/tmp", "/dev/shm", "/var/tmp"};
@@ -375,6 +376,16 @@ static int appended_core(void) {
             goto out;
         }
         left -= (size_t)n;
+    }
+    /* Sealed (a memfd; an O_TMPFILE refuses, harmlessly): a stray write
+     * of the program to a reused descriptor number cannot change the
+     * core's pages. Kept above the low numbers a program that closed its
+     * standard streams would hand out again. */
+    (void)fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    int high = fcntl(mfd, F_DUPFD_CLOEXEC, 100);
+    if (high >= 0) {
+        close(mfd);
+        mfd = high;
     }
 out:
     close(fd);
@@ -452,14 +463,36 @@ static int for_core(const char *name) {
     return 1;
 }
 
+/* A global lookup of a hooked name in a process where no driver is in
+ * the global scope (a program probing for CUDA): the answer is NULL, as
+ * without vgpu (glibc's lookup past this file found nothing and set
+ * dlerror), and the core stays unloaded (milliseconds and a private copy
+ * of it saved). */
+static int probe_without_driver(void *handle, const char *name) {
+    return !__atomic_load_n(&core_loaded, __ATOMIC_ACQUIRE) && (handle == RTLD_DEFAULT || handle == RTLD_NEXT) &&
+           index_of(name) >= 0 && !next(name);
+}
+
+/* Without a usable core a hooked name gets this file's export, which
+ * answers 999: cudart's dlsym and cuGetProcAddress paths fail as the
+ * linked one does, never reaching the driver unlimited. */
+static void *without_core(const char *name) {
+    void *f = export_of(name);
+    return f ? f : PASS;
+}
+
 HIDDEN void *vgpu_decide(void *handle, const char *name) {
     resolve_libc();
-    if (!for_core(name) || !core_decide) return PASS;
+    if (probe_without_driver(handle, name)) return NULL;
+    if (!for_core(name)) return PASS;
+    if (!core_decide) return without_core(name);
     return core_decide(handle, name);
 }
 
 HIDDEN void *vgpu_decide_versioned(void *handle, const char *name, const char *version) {
     resolve_libc();
-    if (!for_core(name) || !core_decide_versioned) return PASS;
+    if (probe_without_driver(handle, name)) return NULL;
+    if (!for_core(name)) return PASS;
+    if (!core_decide_versioned) return without_core(name);
     return core_decide_versioned(handle, name, version);
 }

@@ -100,6 +100,61 @@ fn a_process_that_never_uses_cuda_does_not_load_the_core() {
 }
 
 #[test]
+fn a_global_probe_for_a_hooked_name_without_a_driver_does_not_load_the_core() {
+    // Libraries probe for CUDA with dlsym(RTLD_DEFAULT, ...): without a
+    // driver in the process that must cost nothing (no core, no memfd).
+    let a = artifacts();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("probe.c");
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    void *f = dlsym(RTLD_DEFAULT, "cuInit");
+    FILE *m = fopen("/proc/self/maps", "r");
+    char l[1024];
+    int core = 0;
+    while (m && fgets(l, sizeof l, m)) core |= strstr(l, "libvgpu_core") || strstr(l, "memfd:");
+    printf("found=%d core=%d\n", f != NULL, core);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let prog = dir.path().join("probe");
+    let cc = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+        let out = Command::new(&prog).env("LD_PRELOAD", lib).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Not found, as without vgpu, and nothing loaded for the asking.
+        assert!(
+            stdout.contains("found=0 core=0"),
+            "{}: {stdout}",
+            lib.display()
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn the_bundle_and_the_stub_beside_the_core_both_enforce() {
     let a = artifacts();
     let mut sim = Sim::new(1, "8g");
@@ -125,14 +180,23 @@ fn without_a_core_every_hook_fails_closed_and_other_programs_run() {
     let lib = dir.path().join("libvgpu.so");
     std::fs::copy(a.target.join("libvgpu.so"), &lib).unwrap();
     let sim = Sim::new(1, "8g");
-    let r = Run::from(
-        sim.client_cmd(Path3::Link, false, &["info"])
-            .env("LD_PRELOAD", &lib)
-            .output()
-            .unwrap(),
-    );
-    assert!(!r.status.success());
-    assert!(r.stderr.contains("cannot load the core"), "{}", r.stderr);
+    // Every entry path: dlsym and cuGetProcAddress too hand out the
+    // failing exports, never the driver's functions unlimited.
+    for path in PATHS {
+        let r = Run::from(
+            sim.client_cmd(path, false, &["alloc", "buffer", "1048576"])
+                .env("LD_PRELOAD", &lib)
+                .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+                .output()
+                .unwrap(),
+        );
+        assert!(
+            r.stderr.contains("cannot load the core"),
+            "{path:?}: {}",
+            r.stderr
+        );
+        assert!(!r.stdout.contains("alloc_rc=0"), "{path:?}: {}", r.stdout);
+    }
     let out = Command::new("/bin/sh")
         .args(["-c", "echo hi"])
         .env("LD_PRELOAD", &lib)
