@@ -133,7 +133,18 @@ pub fn artifacts() -> &'static Artifacts {
 /// another directory still works.
 pub fn bundle(target: &Path, out: &Path) {
     let mut bytes = std::fs::read(target.join("libvgpu.so")).expect("the stub");
-    bytes.extend(std::fs::read(target.join("libvgpu_core.so")).expect("the core"));
+    // As deploy/image/Dockerfile builds it: the core without its debug
+    // sections (binutils' objcopy, which .ci/run installs).
+    let core = out.with_extension(format!("core.{}.tmp", std::process::id()));
+    let stripped = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(target.join("libvgpu_core.so"))
+        .arg(&core)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(stripped.success(), "objcopy --strip-debug of the core");
+    bytes.extend(std::fs::read(&core).expect("the core"));
+    let _ = std::fs::remove_file(&core);
     let tmp = out.with_extension("so.tmp");
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, out).unwrap();
