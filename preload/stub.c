@@ -393,27 +393,35 @@ out:
 }
 
 static void *open_core(void) {
+    char why[256] = "";
     int mfd = appended_core();
     if (mfd >= 0) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", mfd);
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!h) {
-            say("dlopen of the appended core", dlerror());
-            close(mfd);
-        }
         /* On success the descriptor stays open (close-on-exec): the loader
          * knows the core by this path, and a later dlopen of the same
          * string by someone else, were the number reused, would get the
          * core back instead of their file. */
-        return h;
+        if (h) return h;
+        /* Refused (an LSM that forbids mapping a memfd executable, no
+         * /proc): the core beside this file, if there is one; said only
+         * if that fails too. */
+        const char *e = dlerror();
+        snprintf(why, sizeof why, "%s", e ? e : "?");
+        close(mfd);
     }
     char path[sizeof own_path + 32];
     const char *slash = strrchr(own_path, '/');
     int dir = slash ? (int)(slash - own_path + 1) : 0;
     snprintf(path, sizeof path, "%.*slibvgpu_core.so", dir, own_path);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) say("no core appended, and dlopen of libvgpu_core.so beside it", dlerror());
+    if (!h) {
+        if (why[0])
+            say("dlopen of the appended core", why);
+        else
+            say("no core appended, and dlopen of libvgpu_core.so beside it", dlerror());
+    }
     return h;
 }
 

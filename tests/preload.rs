@@ -174,6 +174,38 @@ fn the_bundle_and_the_stub_beside_the_core_both_enforce() {
 }
 
 #[test]
+fn an_appended_core_that_will_not_load_falls_back_to_the_one_beside_the_stub() {
+    // An appended image that dlopen refuses (here: an ELF magic and
+    // garbage; on a node, an LSM forbidding executable memfds) must not
+    // stop the core beside the stub from being used, silently.
+    let a = artifacts();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvgpu.so");
+    let mut bytes = std::fs::read(a.target.join("libvgpu.so")).unwrap();
+    bytes.extend(b"\x7fELF");
+    bytes.extend(std::iter::repeat_n(0x5au8, 4096));
+    std::fs::write(&lib, bytes).unwrap();
+    std::fs::copy(
+        a.target.join("libvgpu_core.so"),
+        dir.path().join("libvgpu_core.so"),
+    )
+    .unwrap();
+    let mut sim = Sim::new(1, "8g");
+    sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    for path in PATHS {
+        let r = Run::from(
+            sim.client_cmd(path, false, &["info"])
+                .env("LD_PRELOAD", &lib)
+                .output()
+                .unwrap(),
+        )
+        .ok();
+        assert_eq!(r.u64("ctx_total"), GIB, "{path:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("cannot load the core"), "{}", r.stderr);
+    }
+}
+
+#[test]
 fn without_a_core_every_hook_fails_closed_and_other_programs_run() {
     let a = artifacts();
     let dir = tempfile::tempdir().unwrap();
