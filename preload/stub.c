@@ -430,7 +430,12 @@ static void load(void) {
     Dl_info info;
     if (dladdr((void *)vgpu_table, &info) && info.dli_fname)
         snprintf(own_path, sizeof own_path, "%s", info.dli_fname);
-    void *core = open_core();
+    /* glibc runs a once again in a child forked while it was running: a
+     * core the parent had already loaded is the child's too, not loaded
+     * a second time. */
+    static void *opened;
+    if (!opened) opened = open_core();
+    void *core = opened;
     static struct vgpu_stub stub;
     stub.abi = VGPU_STUB_ABI;
     stub.path = own_path;
