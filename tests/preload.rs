@@ -125,18 +125,7 @@ int main(void) {
     )
     .unwrap();
     let prog = dir.path().join("probe");
-    let cc = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(&src, &prog, &["-ldl".as_ref()]);
     for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
         let out = Command::new(&prog).env("LD_PRELOAD", lib).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -243,19 +232,19 @@ fn every_lookup_answers_the_address_a_linked_program_calls() {
     let a = artifacts();
     let dir = tempfile::tempdir().unwrap();
     let prog = dir.path().join("identity");
-    let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&prog)
-        .arg(concat!(
+    compile_c(
+        Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/programs/identity.c"
-        ))
-        .arg("-L")
-        .arg(&a.link_dir)
-        .args(["-l:libcuda.so.1", "-ldl"])
-        .status()
-        .unwrap();
-    assert!(cc.success());
+        )),
+        &prog,
+        &[
+            "-L".as_ref(),
+            a.link_dir.as_os_str(),
+            "-l:libcuda.so.1".as_ref(),
+            "-ldl".as_ref(),
+        ],
+    );
     let sim = Sim::new(1, "8g");
     let r = Run::from(sim.cmd(&prog, true).output().unwrap()).ok();
     assert_eq!(r.i64("init_rc"), 0, "{}", r.stderr);

@@ -46,6 +46,18 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Builds the C program `src` into `out` with `cc -O1 -Wall`, `args`
+/// after the source (libraries); fails the test with the compiler's words.
+pub fn compile_c(src: &Path, out: &Path, args: &[&std::ffi::OsStr]) {
+    run_ok(
+        Command::new("cc")
+            .args(["-O1", "-Wall", "-o"])
+            .arg(out)
+            .arg(src)
+            .args(args),
+    );
+}
+
 fn run_ok(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
