@@ -31,18 +31,20 @@ pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `alloc`, on `card` (None: not counted, nothing to wait for).
 pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUresult) -> CUresult {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        // Without oversubscription: the driver's answer, nothing more.
+        return alloc();
+    }
     let wait = Duration::from_millis(settings().wait_ms);
     let start = std::time::Instant::now();
     let moves_done = || {
-        if ACTIVE.load(Ordering::Relaxed)
-            && let (Some(card), Some(h)) = (card, here())
-        {
+        if let (Some(card), Some(h)) = (card, here()) {
             wait_for_moves(h, &card, start + wait);
         }
     };
     moves_done();
     let rc = alloc();
-    if rc != CUresult::ERROR_OUT_OF_MEMORY || !ACTIVE.load(Ordering::Relaxed) {
+    if rc != CUresult::ERROR_OUT_OF_MEMORY {
         return rc;
     }
     let Some(card) = card else { return rc };
