@@ -353,31 +353,28 @@ pub fn tick(attach: &Attach) -> bool {
 /// This process's bytes on `card` from its region slot, now (the
 /// watcher publishes them every tick).
 pub(super) fn publish_card(h: &Here, card: &[u8; 16]) {
-    let Some(attach) = crate::init::attach() else {
-        return;
-    };
-    let Some(slot) = attach.slot() else { return };
-    for dev in process::devices_in_use() {
-        if !attach.intact() {
-            return;
-        }
-        if attach.region.device(dev).uuid() == *card {
-            h.entry()
-                .set_bytes_on(card, attach.region.slot_total(slot, dev));
-        }
+    if let Some(attach) = crate::init::attach() {
+        publish_slot(attach, h, Some(card));
     }
 }
 
 /// What this process holds on each card it uses, from its slot.
 fn publish_cards(attach: &Attach, h: &Here) {
+    publish_slot(attach, h, None);
+}
+
+/// The slot's total on each card in use (`only`: that card alone).
+fn publish_slot(attach: &Attach, h: &Here, only: Option<&[u8; 16]>) {
     let Some(slot) = attach.slot() else { return };
     for dev in process::devices_in_use() {
         if !attach.intact() {
             return;
         }
         let uuid = attach.region.device(dev).uuid();
-        h.entry()
-            .set_bytes_on(&uuid, attach.region.slot_total(slot, dev));
+        if only.is_none_or(|c| *c == uuid) {
+            h.entry()
+                .set_bytes_on(&uuid, attach.region.slot_total(slot, dev));
+        }
     }
 }
 
