@@ -16,7 +16,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 2u
-#define VGPU_SHM_VERSION_MINOR 0u
+#define VGPU_SHM_VERSION_MINOR 1u
 #define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
@@ -54,7 +54,10 @@ typedef struct vgpu_shm_device {
     uint64_t hami_sm_seen;      /* sm_limit vgpu last wrote there (2.0) */
     uint64_t oom_denials;       /* requests refused with CUDA_ERROR_OUT_OF_MEMORY (2.0) */
     uint64_t wait_ns;           /* ns launches waited for the bucket (2.0) */
-    uint64_t reserved[16];
+    uint64_t turn_anchor_ns;    /* CLOCK_MONOTONIC start of the turns, 0 none (2.1) */
+    uint64_t turn_moved_ns;     /* when the turns last moved (2.1) */
+    uint64_t turn_cut_ns;       /* ns of each period's share left unspent (2.1) */
+    uint64_t reserved[13];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -20,7 +20,7 @@ use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::attach::Attach;
-use crate::cuda::events;
+use crate::cuda::{events, probes};
 use crate::lock::{ForkLock, Held};
 use crate::nvml::client;
 use crate::quota::tracker;
@@ -84,6 +84,7 @@ fn each_lock(mut f: impl FnMut(&'static str, &'static dyn ForkLock)) {
     }
     f("events.pending", &events::PENDING);
     f("events.pool", &events::POOL);
+    f("probes", &probes::PROBES);
     f("nvml.devices", &client::DEVICES);
     f("hostpid.before", &hostpid::BEFORE);
     f("watcher.thread", &watcher::THREAD);

@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use super::real;
 use super::sys::*;
-use super::{device, driver, events, launch};
+use super::{device, driver, events, launch, probes};
 use crate::ffi::get;
 use crate::process::{CONTEXTS, LiveContext};
 use crate::quota::{self, Freeing, overhead};
@@ -76,6 +76,7 @@ fn forget(ctx: usize) {
     };
     quota::context::gone(init::attach(), ctx, live.dev, live.primary);
     events::forget_context(ctx);
+    probes::forget_context(ctx);
     launch::context_gone(ctx);
 }
 

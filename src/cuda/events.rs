@@ -54,7 +54,7 @@ pub static POOL: Lock<Vec<(usize, usize)>> = Lock::new(Vec::new(), |pool| pool.c
 
 const EVENT_DEFAULT: c_int = 0;
 
-fn take_event(ctx: usize) -> Option<CUevent> {
+pub(super) fn take_event(ctx: usize) -> Option<CUevent> {
     let pooled = {
         let mut pool = POOL.lock();
         pool.iter()
@@ -70,7 +70,7 @@ fn take_event(ctx: usize) -> Option<CUevent> {
         .then_some(e)
 }
 
-fn give_back(ctx: usize, events: &[usize]) {
+pub(super) fn give_back(ctx: usize, events: &[usize]) {
     POOL.lock().extend(events.iter().map(|&e| (ctx, e)));
 }
 

@@ -9,7 +9,7 @@ use vgpu_shm::EntryIndex;
 
 use super::real;
 use super::sys::*;
-use super::{device, driver, events};
+use super::{device, driver, events, probes};
 use crate::attach::Attach;
 use crate::ffi::get;
 use crate::limiter::{self, estimate};
@@ -87,14 +87,20 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
         events::wait_for(shape);
     }
     limiter::admit(attach, dev, shape);
-    let sample = if capture {
-        None
+    let (sample, probe) = if capture {
+        (None, None)
     } else {
-        events::begin(shape, l.stream, crate::clock::coarse_ns())
+        (
+            events::begin(shape, l.stream, crate::clock::coarse_ns()),
+            probes::before(attach, dev, l.stream, limiter::cost_ns(shape)),
+        )
     };
     let rc = go();
     if let Some(s) = sample {
         events::end(s, rc);
+    }
+    if let Some(p) = probe {
+        probes::after(p, rc);
     }
     rc
 }

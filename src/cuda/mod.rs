@@ -11,7 +11,8 @@
 //!
 //! and the helpers they share: `sys` (types), `real` (the driver's own
 //! functions, typed), `driver` (questions vgpu asks the driver), `device`
-//! (ordinal to device entry), `events` (launch timing for the limiter).
+//! (ordinal to device entry), `events` (launch timing for the limiter),
+//! `probes` (window timing for the limiter's turns).
 
 pub mod context;
 pub mod device;
@@ -22,6 +23,7 @@ pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
+pub mod probes;
 pub mod proc_address;
 pub mod real;
 pub mod sys;

@@ -8,9 +8,18 @@
 //! ahead of now: one CAS when tokens are there, a sleep otherwise. Refill
 //! is implicit in the clock, so the bucket never stops refilling when a
 //! process dies, and an idle container cannot save up more than the burst.
+//!
+//! Once the container's turns have an anchor (`turns.rs`), the schedule
+//! may instead run ahead to the end of the current period, from no
+//! earlier than its start (a share not spent in its period is gone): the
+//! container spends each period's share at once, from the start of its
+//! window, and its launches wait for the next period after that (less
+//! what the turns leave unspent: `turns::next_cut`).
 #![forbid(unsafe_code)]
 
 use vgpu_shm::layout::DeviceEntry;
+
+use super::turns;
 
 /// How far ahead of its schedule the container may run: absorbs sleep
 /// overshoot (Linux timer slack is 50 µs) without allowing a burst that
@@ -46,7 +55,12 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     if percent == 0 {
         return Admit::Now;
     }
-    let step = schedule_ns(cost_ns, percent, entry.rate_scale_milli());
+    let scale = entry.rate_scale_milli();
+    let step = schedule_ns(cost_ns, percent, scale);
+    let anchor = entry.turn_anchor();
+    if anchor != 0 {
+        return admit_in_turns(entry, anchor, percent, scale, step, now);
+    }
     let mut tat = entry.schedule_ns();
     let ceiling = now.saturating_add(MAX_AHEAD_NS);
     loop {
@@ -62,6 +76,39 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
         }
         let next = tat.max(now) + step;
         match entry.move_schedule(tat, next) {
+            Ok(_) => return Admit::Now,
+            Err(seen) => tat = seen,
+        }
+    }
+}
+
+/// [`admit`] for a container in turns: a schedule step of `step` ns.
+fn admit_in_turns(
+    entry: &DeviceEntry,
+    anchor: u64,
+    percent: u32,
+    scale: u32,
+    step: u64,
+    now: u64,
+) -> Admit {
+    let start = turns::period_start(anchor, now);
+    let end = start + turns::PERIOD_NS - schedule_ns(entry.turn_cut_ns(), percent, scale);
+    let ceiling = start + turns::PERIOD_NS + MAX_AHEAD_NS;
+    let mut tat = entry.schedule_ns();
+    loop {
+        if tat > ceiling {
+            tat = match entry.move_schedule(tat, ceiling) {
+                Ok(_) => ceiling,
+                Err(seen) => seen,
+            };
+            continue;
+        }
+        let from = tat.max(start);
+        if from >= end {
+            let open = turns::next_open(anchor, from);
+            return Admit::Wait(open.saturating_sub(now).max(1));
+        }
+        match entry.move_schedule(tat, from + step) {
             Ok(_) => return Admit::Now,
             Err(seen) => tat = seen,
         }
@@ -95,20 +142,55 @@ mod tests {
         (r, i)
     }
 
-    /// Launches 1 ms kernels back to back for `secs` of simulated time,
-    /// sleeping exactly as asked; returns the GPU time admitted.
-    fn run(percent: u32, cost: u64, secs: u64) -> f64 {
+    /// Launches kernels of `cost` back to back for `secs` of simulated
+    /// time, sleeping exactly as asked, the GPU running each at once;
+    /// returns the GPU time admitted and when each launch went.
+    fn run_with(percent: u32, cost: u64, secs: u64, anchor: u64) -> (f64, Vec<u64>) {
         let (r, i) = entry(percent);
         let d = r.device(i);
+        d.choose_turn_anchor(anchor);
         let (mut now, end, mut gpu) =
             (1_000_000_000u64, 1_000_000_000 + secs * 1_000_000_000, 0u64);
+        let mut went = Vec::new();
         while now < end {
             match admit(d, cost, now) {
-                Admit::Now => gpu += cost,
+                Admit::Now => {
+                    gpu += cost;
+                    went.push(now);
+                    if anchor != 0 {
+                        now += cost; // one stream: the next launch follows it
+                    }
+                }
                 Admit::Wait(ns) => now += ns,
             }
         }
-        gpu as f64 / (secs * 1_000_000_000) as f64
+        (gpu as f64 / (secs * 1_000_000_000) as f64, went)
+    }
+
+    fn run(percent: u32, cost: u64, secs: u64) -> f64 {
+        run_with(percent, cost, secs, 0).0
+    }
+
+    #[test]
+    fn in_turns_each_period_s_share_runs_at_the_window_start() {
+        let anchor = 1_000_000_000 + 37_000_000;
+        for percent in [10, 30, 60, 90] {
+            for cost in [50_000, 1_000_000, 10_000_000] {
+                let (got, went) = run_with(percent, cost, 20, anchor);
+                let want = f64::from(percent) / 100.0;
+                assert!((got - want).abs() < 0.01, "{percent}% {cost}ns: {got}");
+                // Every launch after the first period starts within its
+                // period's share (plus one kernel) of the period start.
+                let share = turns::PERIOD_NS * u64::from(percent) / 100;
+                for &t in went.iter().filter(|&&t| t > anchor + turns::PERIOD_NS) {
+                    let into = t - turns::period_start(anchor, t);
+                    assert!(
+                        into <= share + cost,
+                        "{percent}% {cost}ns: a launch {into} ns into its period"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

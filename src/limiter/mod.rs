@@ -13,6 +13,8 @@
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `neighbours`: whether other containers share a device (pure)
+//! - `turns`: windows on the shared clock, so that containers sharing a
+//!   GPU run in turns instead of time-slicing (pure)
 #![forbid(unsafe_code)]
 
 pub mod bucket;
@@ -21,6 +23,7 @@ pub mod credit;
 pub mod estimate;
 pub mod leader;
 pub mod neighbours;
+pub mod turns;
 
 use std::time::Duration;
 
@@ -68,10 +71,7 @@ pub fn shape(key: u64) -> &'static Slot {
 /// there): pays its cost from the credit this process bought, and buys
 /// more from the device's bucket when it has none, waiting for it.
 pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
-    let cost = match shape.cost_ns() {
-        0 => estimate::DEFAULT_NS,
-        c => c,
-    };
+    let cost = cost_ns(shape);
     let credit = &process::device(dev).limiter;
     if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
@@ -98,10 +98,27 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     credit.add(i64::try_from(lease - cost).unwrap_or(0));
 }
 
+/// What a launch of `shape` is charged: its learned cost, or the guess
+/// for a shape not timed yet.
+pub fn cost_ns(shape: &Slot) -> u64 {
+    match shape.cost_ns() {
+        0 => estimate::DEFAULT_NS,
+        c => c,
+    }
+}
+
 /// Notes that this process uses device entry `dev`, and whether an SM
-/// limit is in force there.
+/// limit is in force there. A container with a limit runs in turns: the
+/// first of its processes to see one picks where they begin.
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
     let on = attach.region.enforces_sm_limit(dev);
+    let entry = attach.region.device(dev);
+    if on && entry.turn_anchor() == 0 {
+        let now = clock::monotonic_ns();
+        let random =
+            now.rotate_left(29) ^ u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        entry.choose_turn_anchor(turns::first_anchor(now, random));
+    }
     process::device(dev).limiter.set_enforced(on);
     if on && !duty::any(duty::LIMIT) {
         duty::set(duty::LIMIT);

@@ -31,6 +31,55 @@ impl DeviceEntry {
             .map(|_| ())
     }
 
+    /// Where the container's turns on the device begin (a CLOCK_MONOTONIC
+    /// time; its windows open at whole periods after it), 0 while none is
+    /// chosen.
+    pub fn turn_anchor(&self) -> u64 {
+        self.turn_anchor_ns.load(Ordering::Acquire)
+    }
+
+    /// Chooses `anchor` unless one is chosen already; the one in force.
+    pub fn choose_turn_anchor(&self, anchor: u64) -> u64 {
+        match self.turn_anchor_ns.compare_exchange(
+            0,
+            anchor.max(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => anchor.max(1),
+            Err(seen) => seen,
+        }
+    }
+
+    /// Moves the turns' anchor from `from` to `to` at `now`; false when
+    /// another process of the container moved it first.
+    pub fn move_turn(&self, from: u64, to: u64, now: u64) -> bool {
+        let moved = self
+            .turn_anchor_ns
+            .compare_exchange(from, to.max(1), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if moved {
+            self.turn_moved_ns.store(now, Ordering::Release);
+        }
+        moved
+    }
+
+    /// When the turns' anchor last moved (CLOCK_MONOTONIC ns, 0: never).
+    pub fn turn_moved_ns(&self) -> u64 {
+        self.turn_moved_ns.load(Ordering::Acquire)
+    }
+
+    /// GPU time the container leaves unspent of each period's share while
+    /// its windows run into the next one's (ns).
+    pub fn turn_cut_ns(&self) -> u64 {
+        self.turn_cut_ns.load(Ordering::Relaxed)
+    }
+
+    /// Sets what the container leaves unspent of each period's share.
+    pub fn set_turn_cut_ns(&self, ns: u64) {
+        self.turn_cut_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// The controller's multiplier on the refill rate, ×1000 (a stored 0
     /// reads as 1000).
     pub fn rate_scale_milli(&self) -> u32 {

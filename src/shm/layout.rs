@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 0;
+pub const VERSION_MINOR: u32 = 1;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -125,8 +125,17 @@ pub struct DeviceEntry {
     pub oom_denials: AtomicU64,
     /// Nanoseconds launches spent waiting for the bucket (2.0).
     pub wait_ns: AtomicU64,
+    /// Where the container's turns on the device begin: its windows open
+    /// at this CLOCK_MONOTONIC time plus whole periods (0: not chosen yet;
+    /// 2.1, `limiter/turns.rs`).
+    pub turn_anchor_ns: AtomicU64,
+    /// When the anchor last moved (CLOCK_MONOTONIC ns; 2.1).
+    pub turn_moved_ns: AtomicU64,
+    /// GPU time (ns) the container leaves unspent of each period's share
+    /// while its windows run into the next one's (2.1).
+    pub turn_cut_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 16],
+    pub _reserved: [AtomicU64; 13],
 }
 
 /// One process of the container.
@@ -246,6 +255,9 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, hami_sm_seen) == 104);
     assert!(offset_of!(DeviceEntry, oom_denials) == 112);
     assert!(offset_of!(DeviceEntry, wait_ns) == 120);
+    assert!(offset_of!(DeviceEntry, turn_anchor_ns) == 128);
+    assert!(offset_of!(DeviceEntry, turn_moved_ns) == 136);
+    assert!(offset_of!(DeviceEntry, turn_cut_ns) == 144);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

@@ -1,0 +1,298 @@
+//! Probes for the turns (`limiter/turns.rs`): consecutive launches of one
+//! stream in one window, timed with one pair of events, so that the
+//! container learns whether its window opened while another context
+//! still ran. A probe opens at a limited launch, takes in the launches
+//! after it on the same stream and context, and closes once they cost
+//! `turns::PROBE_NS`. A probe that the thread left (another stream or
+//! context, a later window, a pause of the host) is dropped: its timing
+//! would hold time that was not the GPU's.
+//!
+//! Finished probes are collected without blocking, at most every
+//! [`POLL_EVERY_NS`], and a window is judged once a later one has begun
+//! and all its probes are in. No lock is held across a driver call.
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use vgpu_shm::EntryIndex;
+
+use super::sys::*;
+use super::{driver, events, real};
+use crate::attach::Attach;
+use crate::clock;
+use crate::limiter::turns::{self, Probe};
+use crate::lock::Lock;
+
+/// A probe still taking in launches (one per thread).
+#[derive(Clone, Copy)]
+struct Open {
+    /// [`GENERATION`] when it opened: a forked child drops its parent's.
+    generation: u32,
+    dev: EntryIndex,
+    anchor: u64,
+    period: u64,
+    ctx: usize,
+    stream: usize,
+    start: usize,
+    end: usize,
+    /// When it opened and when its last launch returned (monotonic ns).
+    opened_ns: u64,
+    last_ns: u64,
+    cost_ns: u64,
+}
+
+/// A closed probe waiting for its end event.
+pub struct Pending {
+    open: Open,
+}
+
+/// A finished probe.
+pub struct Done {
+    dev: EntryIndex,
+    anchor: u64,
+    period: u64,
+    opened_ns: u64,
+    probe: Probe,
+}
+
+/// After a pause of the host this long between two launches of a probe,
+/// the stream is asked whether it still had work: if it ran dry, the GPU
+/// idled in the probe, and the probe would count that as another's time.
+const GAP_NS: u64 = 200_000;
+/// Finished probes are collected at most this often.
+const POLL_EVERY_NS: u64 = 2_000_000;
+/// A window whose probes are not all in by then is judged without them.
+const STALE_NS: u64 = 4 * turns::PERIOD_NS;
+
+thread_local! {
+    static OPEN: Cell<Option<Open>> = const { Cell::new(None) };
+}
+
+/// Bumped in a forked child: probes opened before it are its parent's.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
+/// Windows judged in a row whose probes all ran beside another context.
+static COVERED: AtomicU32 = AtomicU32::new(0);
+
+/// Closed probes in flight, and finished ones of windows not yet judged.
+/// In a forked child there are none (their events were the parent's).
+pub static PROBES: Lock<(Vec<Pending>, Vec<Done>)> = Lock::new((Vec::new(), Vec::new()), |p| {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+    p.0.clear();
+    p.1.clear();
+});
+
+/// A launch that a probe takes in: what [`after`] needs.
+pub struct Token {
+    open: Open,
+}
+
+/// Before a limited launch of `cost_ns` on `stream`, on device entry
+/// `dev`: the probe that takes it in, if the container runs in turns.
+pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
+    let anchor = attach.region.device(dev).turn_anchor();
+    if anchor == 0 {
+        return None;
+    }
+    let now = clock::monotonic_ns();
+    if now.saturating_sub(LAST_POLL_NS.load(Ordering::Relaxed)) >= POLL_EVERY_NS {
+        LAST_POLL_NS.store(now, Ordering::Relaxed);
+        poll(attach, now);
+    }
+    let period = turns::period_start(anchor, now);
+    let ctx = driver::current_context()? as usize;
+    let generation = GENERATION.load(Ordering::Relaxed);
+    if let Some(open) = OPEN.with(Cell::take) {
+        let same = open.generation == generation
+            && open.dev == dev
+            && open.anchor == anchor
+            && open.period == period
+            && open.ctx == ctx
+            && open.stream == stream as usize
+            && (now.saturating_sub(open.last_ns) <= GAP_NS
+                || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
+        if same {
+            return Some(Token {
+                open: Open {
+                    cost_ns: open.cost_ns + cost_ns,
+                    ..open
+                },
+            });
+        }
+        drop_open(open, generation);
+    }
+    let start = events::take_event(ctx)?;
+    let Some(end) = events::take_event(ctx) else {
+        events::give_back(ctx, &[start as usize]);
+        return None;
+    };
+    if !real::cuEventRecord(start, stream).is_ok() {
+        events::give_back(ctx, &[start as usize, end as usize]);
+        return None;
+    }
+    Some(Token {
+        open: Open {
+            generation,
+            dev,
+            anchor,
+            period,
+            ctx,
+            stream: stream as usize,
+            start: start as usize,
+            end: end as usize,
+            opened_ns: now,
+            last_ns: now,
+            cost_ns,
+        },
+    })
+}
+
+/// After the launch returned `rc`: closes the probe once it holds enough,
+/// keeps it open otherwise.
+pub fn after(token: Token, rc: CUresult) {
+    let mut open = token.open;
+    if !rc.is_ok() {
+        drop_open(open, GENERATION.load(Ordering::Relaxed));
+        return;
+    }
+    open.last_ns = clock::monotonic_ns();
+    if open.cost_ns < turns::PROBE_NS {
+        OPEN.with(|o| o.set(Some(open)));
+        return;
+    }
+    if real::cuEventRecord(open.end as CUevent, open.stream as CUstream).is_ok() {
+        PROBES.lock().0.push(Pending { open });
+    } else {
+        events::give_back(open.ctx, &[open.start, open.end]);
+    }
+}
+
+fn drop_open(open: Open, generation: u32) {
+    if open.generation == generation {
+        events::give_back(open.ctx, &[open.start, open.end]);
+    }
+}
+
+/// Collects finished probes and judges the windows that are complete.
+fn poll(attach: &Attach, now: u64) {
+    let mut pending = std::mem::take(&mut PROBES.lock().0);
+    let mut done = Vec::new();
+    pending.retain(|p| {
+        let o = &p.open;
+        let rc = real::cuEventQuery(o.end as CUevent);
+        if rc == CUresult::ERROR_NOT_READY {
+            return true;
+        }
+        let mut ms = 0f32;
+        if rc.is_ok()
+            && real::cuEventElapsedTime(&mut ms, o.start as CUevent, o.end as CUevent).is_ok()
+        {
+            done.push(Done {
+                dev: o.dev,
+                anchor: o.anchor,
+                period: o.period,
+                opened_ns: o.opened_ns,
+                probe: Probe {
+                    cost_ns: o.cost_ns,
+                    elapsed_ns: (f64::from(ms) * 1e6) as u64,
+                },
+            });
+        }
+        events::give_back(o.ctx, &[o.start, o.end]);
+        false
+    });
+    let windows = {
+        let mut probes = PROBES.lock();
+        probes.0.extend(pending);
+        probes.1.extend(done);
+        ready_windows(&mut probes, now)
+    };
+    for (dev, anchor, period, timings) in windows {
+        judge(attach, dev, anchor, period, &timings, now);
+    }
+}
+
+/// Takes out the windows that can be judged: a later window of the same
+/// device has begun and none of their probes is still in flight (or they
+/// are stale). Each comes with its probes in the order they opened.
+fn ready_windows(
+    probes: &mut (Vec<Pending>, Vec<Done>),
+    now: u64,
+) -> Vec<(EntryIndex, u64, u64, Vec<Probe>)> {
+    let (pending, done) = probes;
+    let mut windows: Vec<(EntryIndex, u64, u64)> = done
+        .iter()
+        .map(|d| (d.dev, d.anchor, d.period))
+        .filter(|&(dev, anchor, period)| {
+            let later = turns::period_start(anchor, now) > period;
+            let in_flight = pending
+                .iter()
+                .any(|p| p.open.dev == dev && p.open.period == period);
+            later && (!in_flight || now.saturating_sub(period) > STALE_NS)
+        })
+        .collect();
+    windows.sort_unstable();
+    windows.dedup();
+    windows
+        .into_iter()
+        .map(|(dev, anchor, period)| {
+            let mut mine: Vec<&Done> = done
+                .iter()
+                .filter(|d| d.dev == dev && d.period == period)
+                .collect();
+            mine.sort_by_key(|d| d.opened_ns);
+            let timings = mine.iter().map(|d| d.probe).collect();
+            done.retain(|d| !(d.dev == dev && d.period == period));
+            (dev, anchor, period, timings)
+        })
+        .collect()
+}
+
+/// Moves the container's turns later if the window that began at
+/// `period` opened beside another context, unless the turns moved since
+/// that window began (its probes describe the old place).
+fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[Probe], now: u64) {
+    let entry = attach.region.device(dev);
+    let share = turns::share_ns(entry.sm_limit(), entry.rate_scale_milli());
+    let streak = if turns::covered(timings) {
+        COVERED.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        COVERED.store(0, Ordering::Relaxed);
+        0
+    };
+    let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak);
+    if cut != entry.turn_cut_ns() {
+        log::debug!(
+            "turns: leaving {:.1} ms of each share unspent",
+            cut as f64 / 1e6
+        );
+        entry.set_turn_cut_ns(cut);
+    }
+    if entry.turn_anchor() != anchor || entry.turn_moved_ns() >= period {
+        return;
+    }
+    let random = now ^ u64::from(std::process::id()).rotate_left(17);
+    let Some(step) = turns::verdict(timings, random) else {
+        log::trace!("turns: window at {period} stays ({timings:?})");
+        return;
+    };
+    if entry.move_turn(anchor, anchor + step, now) {
+        log::debug!(
+            "turns: the window opened beside another context ({} of {} probes); moved {:.1} ms later",
+            timings.iter().filter(|p| p.beside_another()).count(),
+            timings.len(),
+            step as f64 / 1e6
+        );
+    }
+}
+
+/// Context `ctx` was destroyed: its probes went with it.
+pub fn forget_context(ctx: usize) {
+    PROBES.lock().0.retain(|p| p.open.ctx != ctx);
+    OPEN.with(|o| {
+        if o.get().is_some_and(|open| open.ctx == ctx) {
+            o.set(None);
+        }
+    });
+}

@@ -1,0 +1,303 @@
+//! Turns on the shared clock: containers that share a GPU run their
+//! compute in windows that do not overlap (pure: no clock, no driver).
+//!
+//! Contexts of different processes time-slice, and whenever two have
+//! work at once the switches cost about 9 % of the device: two busy
+//! contexts get 0.90 of it between them, so no split of the time gives
+//! two 50 % containers 0.47 each (docs/benchmarks.md, runs 13 and 38).
+//! Run in turns, 50 ms each in every 100 ms, the same two got 0.987
+//! (run 38). So a container with an SM limit spends its share of each
+//! period at once, from the start of its window, and then waits for the
+//! next period: the bucket's schedule may run ahead only to the end of
+//! the current period, and a share not spent in its period is gone.
+//!
+//! Containers share nothing, but all of them read the same
+//! `CLOCK_MONOTONIC`. Each one's windows open at its anchor plus whole
+//! periods; a new container picks its anchor at random, and moves it
+//! later when its window opened while another context still ran: its
+//! first probe (about 3 ms of its own launches, timed with events) took
+//! longer than the launches cost, because the other context's slices ran
+//! in between. It moves by what the leading probes lost ([`verdict`]), so
+//! it lands where the other's window ends. A container whose window
+//! opened on an idle GPU stays: the one that came second moves.
+//!
+//! Windows of shares that sum to the whole period leave no room: when one
+//! runs into the next, the two time-slice, each loses time, and each then
+//! runs into the next one in turn. So a container whose window ran into
+//! another's leaves that much of its share unspent for a while
+//! ([`next_cut`]) until its windows end clear.
+#![forbid(unsafe_code)]
+
+/// The period of the turns: every container gets its share of each one.
+/// Long enough for a 10 % container to run several 1 ms kernels in its
+/// window, short enough that every second holds ten.
+pub const PERIOD_NS: u64 = 100_000_000;
+/// A probe closes once its launches cost this much GPU time: more than
+/// a time slice (about 2.5 ms on an H200), so another context that has
+/// work shows in it whatever the kernels' length.
+pub const PROBE_NS: u64 = 3_000_000;
+/// A probe ran beside another context when its timing exceeds its
+/// launches' cost by more than this, and by more than [`SHARE_PCT`] of
+/// the cost: a host that feeds the GPU a little late (9 % idle for a
+/// host-bound stream of 0.05 ms kernels) or a neighbour's last kernel
+/// finishing as the window opens is not a reason to move.
+pub const SLACK_NS: u64 = 1_000_000;
+pub const SHARE_PCT: u64 = 30;
+/// The most a window moves at once.
+pub const MAX_MOVE_NS: u64 = PERIOD_NS / 2;
+/// The least: also what is added to what the probes lost, so that the
+/// window lands just clear of the other one.
+pub const MIN_MOVE_NS: u64 = 500_000;
+
+/// The start of the period that holds `now`, for turns anchored at
+/// `anchor`.
+pub fn period_start(anchor: u64, now: u64) -> u64 {
+    if now >= anchor {
+        now - (now - anchor) % PERIOD_NS
+    } else {
+        let back = (anchor - now).div_ceil(PERIOD_NS).saturating_mul(PERIOD_NS);
+        anchor.saturating_sub(back)
+    }
+}
+
+/// The first period start at which a schedule standing at `from` may
+/// spend again: the period that `from` falls in (a schedule at the end
+/// of one period is at the start of the next).
+pub fn next_open(anchor: u64, from: u64) -> u64 {
+    period_start(anchor, from.saturating_sub(PERIOD_NS)) + PERIOD_NS
+}
+
+/// The GPU time a container at `percent` (and the controller's
+/// `scale_milli`) may spend in each period.
+pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
+    PERIOD_NS * u64::from(percent) * u64::from(scale_milli) / 100_000
+}
+
+/// The most a container leaves unspent of each period's share while its
+/// windows run into the next one's: a quarter.
+pub const MAX_CUT_PCT: u64 = 25;
+
+/// Covered windows in a row (every probe beside another context) after
+/// which the container stops leaving time unspent for them: whatever
+/// covers its windows takes no turns (a container without a limit), and
+/// unspent time would only go to it.
+pub const COVERED_STREAK: u32 = 6;
+
+/// What a container leaves unspent of each period's share after a window
+/// was judged (`streak`: covered windows in a row, this one included).
+/// Two containers that always have work never find their turns, as
+/// neither window ever opens on an idle GPU; so:
+/// - a window that ran on into another's (its trailing probes lost time)
+///   adds half what they lost (the other one leaves some too);
+/// - a covered window adds an eighth of the share, until the streak
+///   says nothing that takes turns covers it: then nothing is cut;
+/// - a window that ended clear halves the cut.
+///
+/// At most [`MAX_CUT_PCT`] of `share_ns`.
+pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32) -> u64 {
+    let cut = if covered(probes) {
+        if streak > COVERED_STREAK {
+            0
+        } else {
+            cut + share_ns / 8
+        }
+    } else {
+        match trailing_lost_ns(probes) {
+            0 => cut / 2,
+            lost => cut + lost / 2,
+        }
+    };
+    cut.min(share_ns * MAX_CUT_PCT / 100)
+}
+
+/// Whether the window's probes all ran beside another context (two at
+/// least: one alone may have met the other's last kernel).
+pub fn covered(probes: &[Probe]) -> bool {
+    probes.len() >= 2 && probes.iter().all(Probe::beside_another)
+}
+
+/// What the probes after the window's last clean one lost (0 when the
+/// window ended clear, or when no probe was clean: something that takes
+/// no turns covers the window, and leaving time unspent would not give
+/// it back to anyone).
+fn trailing_lost_ns(probes: &[Probe]) -> u64 {
+    let Some(last_clean) = probes.iter().rposition(|p| !p.beside_another()) else {
+        return 0;
+    };
+    probes[last_clean + 1..].iter().map(Probe::lost_ns).sum()
+}
+
+/// A first anchor for a container: somewhere in the period after `now`,
+/// picked by `random`.
+pub fn first_anchor(now: u64, random: u64) -> u64 {
+    now + random % PERIOD_NS
+}
+
+/// One probe: consecutive launches of one stream in one window, what
+/// they cost and how long the GPU took over them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub cost_ns: u64,
+    pub elapsed_ns: u64,
+}
+
+impl Probe {
+    /// The GPU time in the probe that went to something else.
+    pub fn lost_ns(&self) -> u64 {
+        self.elapsed_ns.saturating_sub(self.cost_ns)
+    }
+
+    /// Whether another context ran in the middle of the probe.
+    pub fn beside_another(&self) -> bool {
+        let lost = self.lost_ns();
+        lost > SLACK_NS && lost * 100 > self.cost_ns * SHARE_PCT
+    }
+}
+
+/// What one window's probes, in the order they ran, say: how much later
+/// the window should open, if at all. It moves only when its first probe
+/// ran beside another context (the window opened on a busy GPU), by what
+/// the leading such probes lost, times a factor from 0.6 to 1 picked by
+/// `random`. A window covered from end to end moves, with odds of one in
+/// two, to a random place: two containers whose windows open together
+/// then part.
+pub fn verdict(probes: &[Probe], random: u64) -> Option<u64> {
+    if !probes.first()?.beside_another() {
+        return None;
+    }
+    if covered(probes) {
+        // Both windows may be covered by each other: one in two moves, to
+        // anywhere in the period, so that they land apart.
+        return (random & 1 == 0).then(|| MIN_MOVE_NS + (random >> 1) % (PERIOD_NS - MIN_MOVE_NS));
+    }
+    let lost: u64 = probes
+        .iter()
+        .take_while(|p| p.beside_another())
+        .map(Probe::lost_ns)
+        .sum();
+    let factor_milli = 600 + random % 401;
+    let step = lost.saturating_mul(factor_milli) / 1000 + MIN_MOVE_NS;
+    Some(step.clamp(MIN_MOVE_NS, MAX_MOVE_NS))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn clean(ms: u64) -> Probe {
+        Probe {
+            cost_ns: ms * MS,
+            elapsed_ns: ms * MS + 100_000,
+        }
+    }
+
+    fn shared(ms: u64, lost_ms: u64) -> Probe {
+        Probe {
+            cost_ns: ms * MS,
+            elapsed_ns: (ms + lost_ms) * MS,
+        }
+    }
+
+    #[test]
+    fn periods_are_whole_steps_from_the_anchor_either_side_of_it() {
+        let a = 10 * PERIOD_NS + 7;
+        assert_eq!(period_start(a, a), a);
+        assert_eq!(period_start(a, a + PERIOD_NS - 1), a);
+        assert_eq!(period_start(a, a + PERIOD_NS), a + PERIOD_NS);
+        assert_eq!(period_start(a, a - 1), a - PERIOD_NS);
+        assert_eq!(period_start(a, a - PERIOD_NS), a - PERIOD_NS);
+        assert_eq!(period_start(a, a - PERIOD_NS - 1), a - 2 * PERIOD_NS);
+        // An anchor far ahead of a clock near zero does not wrap.
+        assert_eq!(period_start(u64::MAX, 5), 0);
+    }
+
+    #[test]
+    fn a_schedule_spent_to_the_period_end_opens_at_the_next_period() {
+        let a = 1_000 * MS;
+        assert_eq!(next_open(a, a + 4 * PERIOD_NS), a + 4 * PERIOD_NS);
+        assert_eq!(next_open(a, a + 4 * PERIOD_NS + 1), a + 4 * PERIOD_NS);
+        assert_eq!(next_open(a, a + 5 * PERIOD_NS - 1), a + 4 * PERIOD_NS);
+        assert_eq!(next_open(a, a + 5 * PERIOD_NS + 30 * MS), a + 5 * PERIOD_NS);
+    }
+
+    #[test]
+    fn a_window_that_ran_into_another_leaves_some_of_its_share() {
+        let share = 50 * MS;
+        let ran_on = [clean(3), clean(3), shared(3, 2), shared(3, 3)];
+        let cut = next_cut(0, share, &ran_on, 0);
+        assert_eq!(cut, 5 * MS / 2);
+        assert_eq!(next_cut(cut, share, &ran_on, 0), 5 * MS);
+        // Bounded, and halved after a window that ended clear.
+        let mut big = 0;
+        for _ in 0..10 {
+            big = next_cut(big, share, &ran_on, 0);
+        }
+        assert_eq!(big, share / 4);
+        assert_eq!(
+            next_cut(big, share, &[shared(3, 3), clean(3)], 0),
+            share / 8
+        );
+    }
+
+    #[test]
+    fn covered_windows_leave_time_until_a_streak_says_no_one_takes_turns() {
+        let share = 30 * MS;
+        let all = [shared(3, 3), shared(3, 3)];
+        let mut cut = 0;
+        for streak in 1..=COVERED_STREAK {
+            cut = next_cut(cut, share, &all, streak);
+        }
+        assert_eq!(cut, share / 4);
+        assert_eq!(next_cut(cut, share, &all, COVERED_STREAK + 1), 0);
+        assert!(covered(&all));
+        assert!(!covered(&[shared(3, 3)]));
+        assert!(!covered(&[shared(3, 3), clean(3)]));
+    }
+
+    #[test]
+    fn a_window_that_opened_on_an_idle_gpu_stays() {
+        assert_eq!(verdict(&[clean(3), shared(3, 3), shared(3, 3)], 0), None);
+        assert_eq!(verdict(&[clean(3), clean(3)], 7), None);
+        assert_eq!(verdict(&[], 7), None);
+    }
+
+    #[test]
+    fn a_window_that_opened_beside_another_moves_past_it() {
+        let probes = [shared(3, 3), shared(3, 2), clean(3), shared(3, 3)];
+        let least = verdict(&probes, 0).unwrap();
+        let most = verdict(&probes, 400).unwrap();
+        assert_eq!(least, 5 * MS * 6 / 10 + MIN_MOVE_NS);
+        assert_eq!(most, 5 * MS + MIN_MOVE_NS);
+        // Two windows that opened together part: different factors.
+        assert_ne!(verdict(&probes, 100), verdict(&probes, 300));
+    }
+
+    #[test]
+    fn small_losses_and_long_covers_are_bounded() {
+        // A host that fed the GPU 0.9 ms late over 3 ms is not a neighbour.
+        assert_eq!(verdict(&[shared(3, 0), clean(3)], 0), None);
+        let late = Probe {
+            cost_ns: 3 * MS,
+            elapsed_ns: 3 * MS + 900_000,
+        };
+        assert!(!late.beside_another());
+        // 2 ms lost over 20 ms of one long kernel is 10 %: not a neighbour.
+        assert!(!shared(20, 2).beside_another());
+        let mut all: Vec<Probe> = (0..40).map(|_| shared(3, 3)).collect();
+        all.push(clean(3));
+        assert_eq!(verdict(&all, 400), Some(MAX_MOVE_NS));
+        // Covered from end to end: one draw in two moves, anywhere.
+        all.pop();
+        assert_eq!(verdict(&all, 1), None);
+        let moved: Vec<u64> = (0..50)
+            .filter_map(|r| verdict(&all, r * 2 * 7_919_993))
+            .collect();
+        assert_eq!(moved.len(), 50);
+        assert!(moved.iter().all(|&m| (MIN_MOVE_NS..PERIOD_NS).contains(&m)));
+        assert!(
+            moved.iter().any(|&m| m > PERIOD_NS / 2) && moved.iter().any(|&m| m < PERIOD_NS / 2)
+        );
+    }
+}
