@@ -83,6 +83,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     while attach.intact() {
         let entry = attach.region.device(dev);
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
+            entry.add_admitted_ns(lease);
             if waited {
                 entry.add_wait_ns(now - start);
             }

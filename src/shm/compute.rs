@@ -94,6 +94,16 @@ impl DeviceEntry {
         self.rate_scale_milli.store(scale_milli, Ordering::Relaxed);
     }
 
+    /// Adds `ns` of GPU time the bucket admitted.
+    pub fn add_admitted_ns(&self, ns: u64) {
+        self.admitted_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// GPU time the bucket admitted, ever (ns).
+    pub fn admitted_ns(&self) -> u64 {
+        self.admitted_ns.load(Ordering::Relaxed)
+    }
+
     /// Counts a launch that had to wait for the bucket.
     pub fn count_wait(&self) {
         self.waits.fetch_add(1, Ordering::Relaxed);

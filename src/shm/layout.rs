@@ -134,8 +134,11 @@ pub struct DeviceEntry {
     /// GPU time (ns) the container leaves unspent of each period's share
     /// while its windows run into the next one's (2.1).
     pub turn_cut_ns: AtomicU64,
+    /// GPU time (ns) the bucket has admitted, ever (2.1): what the
+    /// container can have used, against which NVML's figure is checked.
+    pub admitted_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 13],
+    pub _reserved: [AtomicU64; 12],
 }
 
 /// One process of the container.
@@ -258,6 +261,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_anchor_ns) == 128);
     assert!(offset_of!(DeviceEntry, turn_moved_ns) == 136);
     assert!(offset_of!(DeviceEntry, turn_cut_ns) == 144);
+    assert!(offset_of!(DeviceEntry, admitted_ns) == 152);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
