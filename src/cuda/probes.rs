@@ -91,7 +91,7 @@ pub struct Token {
 /// Before a limited launch of `cost_ns` on `stream`, on device entry
 /// `dev`: the probe that takes it in, if the container runs in turns.
 pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
-    let anchor = attach.region.device(dev).turn_anchor();
+    let anchor = attach.region.device(dev).turns_in_force();
     if anchor == 0 {
         return None;
     }

@@ -57,7 +57,7 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     }
     let scale = entry.rate_scale_milli();
     let step = schedule_ns(cost_ns, percent, scale);
-    let anchor = entry.turn_anchor();
+    let anchor = entry.turns_in_force();
     if anchor != 0 {
         return admit_in_turns(entry, anchor, percent, scale, step, now);
     }

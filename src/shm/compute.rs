@@ -38,6 +38,22 @@ impl DeviceEntry {
         self.turn_anchor_ns.load(Ordering::Acquire)
     }
 
+    /// The turns' anchor while they are in force: 0 when none is chosen
+    /// or while they are paused ([`DeviceEntry::set_turns_paused`]).
+    pub fn turns_in_force(&self) -> u64 {
+        match self.turns_paused.load(Ordering::Relaxed) {
+            0 => self.turn_anchor(),
+            _ => 0,
+        }
+    }
+
+    /// Pauses the turns (several processes of the container use the
+    /// device) or resumes them.
+    pub fn set_turns_paused(&self, paused: bool) {
+        self.turns_paused
+            .store(u64::from(paused), Ordering::Relaxed);
+    }
+
     /// Chooses `anchor` unless one is chosen already; the one in force.
     pub fn choose_turn_anchor(&self, anchor: u64) -> u64 {
         match self.turn_anchor_ns.compare_exchange(
