@@ -41,15 +41,22 @@ fn container_for(sim: &Sim, name: &str, limit: Option<u32>, secs: u32) -> Child 
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
         sim.dir.path().join(format!("{name}.cache")),
     );
-    if std::env::var_os("DEBUG_TURNS").is_some() {
-        c.env("LIBCUDA_LOG_LEVEL", "5");
-    }
     match limit {
         Some(l) => c.env("CUDA_DEVICE_SM_LIMIT", l.to_string()),
         None => c.env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
     };
+    let stderr = match std::env::var_os("NEIGHBOURS_LOG_DIR") {
+        // Debug logs go to files: a pipe nobody reads until the first
+        // container exits would stall the others.
+        Some(dir) => {
+            c.env("LIBCUDA_LOG_LEVEL", "4");
+            let path = std::path::Path::new(&dir).join(format!("{name}.log"));
+            std::process::Stdio::from(std::fs::File::create(path).expect("log file"))
+        }
+        None => std::process::Stdio::piped(),
+    };
     c.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .expect("spawn cuclient")
 }
@@ -79,19 +86,6 @@ fn share_for(limits: &[Option<u32>], secs: u32) -> Vec<(Option<u32>, f64, Vec<f6
         .map(|(i, &l)| container_for(&sim, &format!("c{i}"), l, secs))
         .collect();
     let runs: Vec<Run> = children.into_iter().map(|c| finish(c).ok()).collect();
-    if std::env::var_os("DEBUG_TURNS").is_some() {
-        for r in &runs {
-            eprintln!(
-                "---\n{}",
-                r.stderr
-                    .lines()
-                    .filter(|l| l.contains("turns"))
-                    .take(40)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
-    }
     let out: Vec<_> = limits
         .iter()
         .zip(&runs)

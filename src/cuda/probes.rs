@@ -13,9 +13,10 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vgpu_shm::EntryIndex;
+use vgpu_shm::layout::TURNS_UNCAPPED;
 
 use super::sys::*;
 use super::{driver, events, real};
@@ -72,6 +73,10 @@ thread_local! {
 /// Bumped in a forked child: probes opened before it are its parent's.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
+/// When a probe last ran beside another context (monotonic ns, 0: never).
+static LAST_SHARED_NS: AtomicU64 = AtomicU64::new(0);
+/// Whether the last window judged opened beside another context.
+static LATE: AtomicBool = AtomicBool::new(false);
 /// Windows judged in a row whose probes all ran beside another context.
 static COVERED: AtomicU32 = AtomicU32::new(0);
 
@@ -261,7 +266,17 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         COVERED.store(0, Ordering::Relaxed);
         0
     };
-    let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak);
+    if timings.iter().any(Probe::beside_another) {
+        LAST_SHARED_NS.store(now, Ordering::Relaxed);
+    }
+    let shared = now.saturating_sub(LAST_SHARED_NS.load(Ordering::Relaxed)) < turns::SHARED_NS
+        && LAST_SHARED_NS.load(Ordering::Relaxed) != 0;
+    let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
+    let uncapped = streak > turns::COVERED_STREAK;
+    if uncapped != entry.turn_flag(TURNS_UNCAPPED) && (uncapped || !turns::covered(timings)) {
+        log::debug!("turns: something that takes no turns covers the windows: {uncapped}");
+        entry.set_turn_flag(TURNS_UNCAPPED, uncapped);
+    }
     if cut != entry.turn_cut_ns() {
         log::debug!(
             "turns: leaving {:.1} ms of each share unspent",
@@ -273,7 +288,9 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         return;
     }
     let random = now ^ u64::from(std::process::id()).rotate_left(17);
-    let Some(step) = turns::verdict(timings, random) else {
+    let late = timings.first().is_some_and(Probe::beside_another);
+    let late_before = LATE.swap(late, Ordering::Relaxed);
+    let Some(step) = turns::verdict(timings, random, late_before) else {
         log::trace!("turns: window at {period} stays ({timings:?})");
         return;
     };

@@ -161,7 +161,7 @@ impl Leader {
             .occupied_slots()
             .filter(|&s| attach.region.slot_total(s, dev) > 0)
             .count();
-        entry.set_turns_paused(users > 1);
+        entry.set_turn_flag(vgpu_shm::layout::TURNS_PAUSED, users > 1);
         let now = clock::monotonic_ns();
         if !state.leading {
             *state = Device {

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::layout::DeviceEntry;
+use crate::layout::{DeviceEntry, TURNS_PAUSED};
 
 use crate::lease;
 
@@ -39,19 +39,28 @@ impl DeviceEntry {
     }
 
     /// The turns' anchor while they are in force: 0 when none is chosen
-    /// or while they are paused ([`DeviceEntry::set_turns_paused`]).
+    /// or while they are paused ([`TURNS_PAUSED`]).
     pub fn turns_in_force(&self) -> u64 {
-        match self.turns_paused.load(Ordering::Relaxed) {
-            0 => self.turn_anchor(),
-            _ => 0,
+        match self.turn_flag(TURNS_PAUSED) {
+            false => self.turn_anchor(),
+            true => 0,
         }
     }
 
-    /// Pauses the turns (several processes of the container use the
-    /// device) or resumes them.
-    pub fn set_turns_paused(&self, paused: bool) {
-        self.turns_paused
-            .store(u64::from(paused), Ordering::Relaxed);
+    /// Whether `flag` ([`TURNS_PAUSED`], [`crate::layout::TURNS_UNCAPPED`]) is set.
+    pub fn turn_flag(&self, flag: u64) -> bool {
+        self.turn_flags.load(Ordering::Relaxed) & flag != 0
+    }
+
+    /// Sets or clears `flag`.
+    pub fn set_turn_flag(&self, flag: u64, on: bool) {
+        if self.turn_flag(flag) != on {
+            if on {
+                self.turn_flags.fetch_or(flag, Ordering::Relaxed);
+            } else {
+                self.turn_flags.fetch_and(!flag, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Chooses `anchor` unless one is chosen already; the one in force.

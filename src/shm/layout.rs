@@ -137,13 +137,22 @@ pub struct DeviceEntry {
     /// GPU time (ns) the bucket has admitted, ever (2.1): what the
     /// container can have used, against which NVML's figure is checked.
     pub admitted_ns: AtomicU64,
-    /// Non-zero while more than one process of the container uses the
-    /// device: they would share each window and time-slice within it,
-    /// so the bucket paces them as before turns (2.1).
-    pub turns_paused: AtomicU64,
+    /// `TURNS_PAUSED` while more than one process of the container uses
+    /// the device (they would share each window and time-slice within it,
+    /// so the bucket paces them as before turns); `TURNS_UNCAPPED` while
+    /// something that takes no turns covers every window (launches may
+    /// then go on past the window's length) (2.1).
+    pub turn_flags: AtomicU64,
     /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 11],
 }
+
+/// [`DeviceEntry::turn_flags`]: several processes of the container use the
+/// device, so its turns are paused.
+pub const TURNS_PAUSED: u64 = 1;
+/// [`DeviceEntry::turn_flags`]: something that takes no turns covers every
+/// window, so launches may go on past the window's length.
+pub const TURNS_UNCAPPED: u64 = 2;
 
 /// One process of the container.
 #[repr(C)]
@@ -266,7 +275,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_moved_ns) == 136);
     assert!(offset_of!(DeviceEntry, turn_cut_ns) == 144);
     assert!(offset_of!(DeviceEntry, admitted_ns) == 152);
-    assert!(offset_of!(DeviceEntry, turns_paused) == 160);
+    assert!(offset_of!(DeviceEntry, turn_flags) == 160);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
