@@ -58,7 +58,7 @@ typedef struct vgpu_shm_device {
     uint64_t turn_moved_ns;     /* when the turns last moved (2.1) */
     uint64_t turn_cut_ns;       /* ns of each period's share left unspent (2.1) */
     uint64_t admitted_ns;       /* GPU ns the bucket admitted, ever (2.1) */
-    uint64_t turn_flags;        /* 1: turns paused (several processes), 2: uncapped (2.1) */
+    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1) */
     uint64_t reserved[11];
 } vgpu_shm_device;
 

@@ -16,7 +16,6 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vgpu_shm::EntryIndex;
-use vgpu_shm::layout::TURNS_UNCAPPED;
 
 use super::sys::*;
 use super::{driver, events, real};
@@ -272,11 +271,6 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     let shared = now.saturating_sub(LAST_SHARED_NS.load(Ordering::Relaxed)) < turns::SHARED_NS
         && LAST_SHARED_NS.load(Ordering::Relaxed) != 0;
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
-    let uncapped = streak > turns::COVERED_STREAK;
-    if uncapped != entry.turn_flag(TURNS_UNCAPPED) && (uncapped || !turns::covered(timings)) {
-        log::debug!("turns: something that takes no turns covers the windows: {uncapped}");
-        entry.set_turn_flag(TURNS_UNCAPPED, uncapped);
-    }
     if cut != entry.turn_cut_ns() {
         log::debug!(
             "turns: leaving {:.1} ms of each share unspent",

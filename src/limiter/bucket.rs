@@ -17,7 +17,7 @@
 //! what the turns leave unspent: `turns::next_cut`).
 #![forbid(unsafe_code)]
 
-use vgpu_shm::layout::{DeviceEntry, TURNS_UNCAPPED};
+use vgpu_shm::layout::DeviceEntry;
 
 use super::turns;
 
@@ -92,15 +92,7 @@ fn admit_in_turns(
     now: u64,
 ) -> Admit {
     let start = turns::period_start(anchor, now);
-    let cut = entry.turn_cut_ns();
-    // No launch after the window's length in wall time: a host-bound
-    // loop (0.05 ms kernels keep the GPU 91 % busy) would otherwise take
-    // longer than its share's GPU time, and run into the next window.
-    let length = turns::share_ns(percent, 1000).saturating_sub(cut);
-    if now >= start + length && !entry.turn_flag(TURNS_UNCAPPED) {
-        return Admit::Wait(start + turns::PERIOD_NS - now);
-    }
-    let end = start + turns::PERIOD_NS - schedule_ns(cut, percent, scale);
+    let end = start + turns::PERIOD_NS - schedule_ns(entry.turn_cut_ns(), percent, scale);
     let ceiling = start + turns::PERIOD_NS + MAX_AHEAD_NS;
     let mut tat = entry.schedule_ns();
     loop {

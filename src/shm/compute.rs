@@ -47,7 +47,7 @@ impl DeviceEntry {
         }
     }
 
-    /// Whether `flag` ([`TURNS_PAUSED`], [`crate::layout::TURNS_UNCAPPED`]) is set.
+    /// Whether `flag` ([`TURNS_PAUSED`]) is set.
     pub fn turn_flag(&self, flag: u64) -> bool {
         self.turn_flags.load(Ordering::Relaxed) & flag != 0
     }

@@ -138,10 +138,8 @@ pub struct DeviceEntry {
     /// container can have used, against which NVML's figure is checked.
     pub admitted_ns: AtomicU64,
     /// `TURNS_PAUSED` while more than one process of the container uses
-    /// the device (they would share each window and time-slice within it,
-    /// so the bucket paces them as before turns); `TURNS_UNCAPPED` while
-    /// something that takes no turns covers every window (launches may
-    /// then go on past the window's length) (2.1).
+    /// the device: they would share each window and time-slice within it,
+    /// so the bucket paces them as before turns (2.1).
     pub turn_flags: AtomicU64,
     /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 11],
@@ -150,9 +148,6 @@ pub struct DeviceEntry {
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
-/// [`DeviceEntry::turn_flags`]: something that takes no turns covers every
-/// window, so launches may go on past the window's length.
-pub const TURNS_UNCAPPED: u64 = 2;
 
 /// One process of the container.
 #[repr(C)]
