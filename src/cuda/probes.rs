@@ -15,7 +15,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use vgpu_shm::EntryIndex;
+use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
 use super::sys::*;
 use super::{driver, events, real};
@@ -29,6 +29,8 @@ use crate::lock::Lock;
 struct Open {
     /// [`GENERATION`] when it opened: a forked child drops its parent's.
     generation: u32,
+    /// [`EPOCH`] when it opened.
+    epoch: u64,
     dev: EntryIndex,
     anchor: u64,
     period: u64,
@@ -71,13 +73,22 @@ thread_local! {
 
 /// Bumped in a forked child: probes opened before it are its parent's.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
+/// Bumped when a context is destroyed: a probe opened before it may hold
+/// that context's events, which are gone (never queried or pooled again;
+/// at worst two events leak).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
-/// When a probe last ran beside another context (monotonic ns, 0: never).
-static LAST_SHARED_NS: AtomicU64 = AtomicU64::new(0);
-/// Whether the last window judged opened beside another context.
-static LATE: AtomicBool = AtomicBool::new(false);
-/// Windows judged in a row whose probes all ran beside another context.
-static COVERED: AtomicU32 = AtomicU32::new(0);
+/// Per device entry: when a probe last ran beside another context
+/// (monotonic ns, 0: never).
+static LAST_SHARED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device entry: whether the last window judged opened beside another.
+static LATE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// Per device entry: windows judged in a row whose probes all ran beside
+/// another context.
+static COVERED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// Per device entry: the last period judged. Probes of it or before that
+/// finish late are dropped: the window was judged without them.
+static JUDGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// Closed probes in flight, and finished ones of windows not yet judged.
 /// In a forked child there are none (their events were the parent's).
@@ -100,15 +111,21 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
         return None;
     }
     let now = clock::monotonic_ns();
-    if now.saturating_sub(LAST_POLL_NS.load(Ordering::Relaxed)) >= POLL_EVERY_NS {
-        LAST_POLL_NS.store(now, Ordering::Relaxed);
+    let last = LAST_POLL_NS.load(Ordering::Relaxed);
+    if now.saturating_sub(last) >= POLL_EVERY_NS
+        && LAST_POLL_NS
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    {
         poll(attach, now);
     }
     let period = turns::period_start(anchor, now);
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);
+    let epoch = EPOCH.load(Ordering::Acquire);
     if let Some(open) = OPEN.with(Cell::take) {
         let same = open.generation == generation
+            && open.epoch == epoch
             && open.dev == dev
             && open.anchor == anchor
             && open.period == period
@@ -138,6 +155,7 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
     Some(Token {
         open: Open {
             generation,
+            epoch,
             dev,
             anchor,
             period,
@@ -156,7 +174,7 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
 /// keeps it open otherwise.
 pub fn after(token: Token, rc: CUresult) {
     let mut open = token.open;
-    if !rc.is_ok() {
+    if !rc.is_ok() || open.epoch != EPOCH.load(Ordering::Acquire) {
         drop_open(open, GENERATION.load(Ordering::Relaxed));
         return;
     }
@@ -172,8 +190,10 @@ pub fn after(token: Token, rc: CUresult) {
     }
 }
 
+/// Gives a probe's events back, unless they may be gone (a fork, or a
+/// context destroyed since it opened).
 fn drop_open(open: Open, generation: u32) {
-    if open.generation == generation {
+    if open.generation == generation && open.epoch == EPOCH.load(Ordering::Acquire) {
         events::give_back(open.ctx, &[open.start, open.end]);
     }
 }
@@ -184,6 +204,9 @@ fn poll(attach: &Attach, now: u64) {
     let mut done = Vec::new();
     pending.retain(|p| {
         let o = &p.open;
+        if o.epoch != EPOCH.load(Ordering::Acquire) {
+            return false; // its context may be gone, and its events with it
+        }
         let rc = real::cuEventQuery(o.end as CUevent);
         if rc == CUresult::ERROR_NOT_READY {
             return true;
@@ -203,13 +226,16 @@ fn poll(attach: &Attach, now: u64) {
                 },
             });
         }
-        events::give_back(o.ctx, &[o.start, o.end]);
+        drop_open(*o, GENERATION.load(Ordering::Relaxed));
         false
     });
     let windows = {
         let mut probes = PROBES.lock();
         probes.0.extend(pending);
-        probes.1.extend(done);
+        probes.1.extend(
+            done.into_iter()
+                .filter(|d| d.period > JUDGED[d.dev.get()].load(Ordering::Relaxed)),
+        );
         ready_windows(&mut probes, now)
     };
     for (dev, anchor, period, timings) in windows {
@@ -258,18 +284,22 @@ fn ready_windows(
 /// that window began (its probes describe the old place).
 fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[Probe], now: u64) {
     let entry = attach.region.device(dev);
+    let d = dev.get();
+    if JUDGED[d].fetch_max(period, Ordering::Relaxed) >= period {
+        return; // judged already, or a later window was
+    }
     let share = turns::share_ns(entry.sm_limit(), entry.rate_scale_milli());
     let streak = if turns::covered(timings) {
-        COVERED.fetch_add(1, Ordering::Relaxed) + 1
+        COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
     } else {
-        COVERED.store(0, Ordering::Relaxed);
+        COVERED[d].store(0, Ordering::Relaxed);
         0
     };
     if timings.iter().any(Probe::beside_another) {
-        LAST_SHARED_NS.store(now, Ordering::Relaxed);
+        LAST_SHARED_NS[d].store(now, Ordering::Relaxed);
     }
-    let shared = now.saturating_sub(LAST_SHARED_NS.load(Ordering::Relaxed)) < turns::SHARED_NS
-        && LAST_SHARED_NS.load(Ordering::Relaxed) != 0;
+    let last_shared = LAST_SHARED_NS[d].load(Ordering::Relaxed);
+    let shared = last_shared != 0 && now.saturating_sub(last_shared) < turns::SHARED_NS;
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
     if cut != entry.turn_cut_ns() {
         log::debug!(
@@ -283,12 +313,12 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     }
     let random = now ^ u64::from(std::process::id()).rotate_left(17);
     let late = timings.first().is_some_and(Probe::beside_another);
-    let late_before = LATE.swap(late, Ordering::Relaxed);
+    let late_before = LATE[d].swap(late, Ordering::Relaxed);
     let Some(step) = turns::verdict(timings, random, late_before) else {
         log::trace!("turns: window at {period} stays ({timings:?})");
         return;
     };
-    if entry.move_turn(anchor, anchor + step, now) {
+    if entry.move_turn(anchor, anchor.saturating_add(step), now) {
         log::debug!(
             "turns: the window opened beside another context ({} of {} probes); moved {:.1} ms later",
             timings.iter().filter(|p| p.beside_another()).count(),
@@ -298,8 +328,10 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     }
 }
 
-/// Context `ctx` was destroyed: its probes went with it.
+/// Context `ctx` was destroyed: its probes went with it. (Those other
+/// threads hold open, or a poll holds, are dropped by [`EPOCH`].)
 pub fn forget_context(ctx: usize) {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
     PROBES.lock().0.retain(|p| p.open.ctx != ctx);
     OPEN.with(|o| {
         if o.get().is_some_and(|open| open.ctx == ctx) {

@@ -28,7 +28,8 @@ pub const BURST_NS: u64 = 4_000_000;
 
 /// The furthest ahead of now the shared schedule may stand: a `tat_ns`
 /// from before a reboot, another clock or a hand edit is clamped to it,
-/// so no launch ever waits more than one second of bucket depth.
+/// so no launch ever waits more than one second of bucket depth (in
+/// turns, one second past the end of the current period).
 pub const MAX_AHEAD_NS: u64 = 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,11 @@ fn admit_in_turns(
     now: u64,
 ) -> Admit {
     let start = turns::period_start(anchor, now);
-    let end = start + turns::PERIOD_NS - schedule_ns(entry.turn_cut_ns(), percent, scale);
+    // (Bounded whatever the region holds: a cut judged at a higher scale,
+    // or written by anyone, leaves at least three quarters of the period.)
+    let cut = schedule_ns(entry.turn_cut_ns(), percent, scale)
+        .min(turns::PERIOD_NS * turns::MAX_CUT_PCT / 100);
+    let end = start + turns::PERIOD_NS - cut;
     let ceiling = start + turns::PERIOD_NS + MAX_AHEAD_NS;
     let mut tat = entry.schedule_ns();
     loop {
@@ -105,7 +110,9 @@ fn admit_in_turns(
         }
         let from = tat.max(start);
         if from >= end {
-            let open = turns::next_open(anchor, from);
+            // Not before the next period: with a cut, `end` comes before
+            // the period's end, and the schedule may stand between them.
+            let open = turns::next_open(anchor, from).max(start + turns::PERIOD_NS);
             return Admit::Wait(open.saturating_sub(now).max(1));
         }
         match entry.move_schedule(tat, from + step) {
@@ -230,6 +237,34 @@ mod tests {
         assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + MAX_AHEAD_NS);
         d.tat_ns.store(u64::MAX, Ordering::Relaxed);
         assert!(matches!(admit(d, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
+    }
+
+    #[test]
+    fn a_cut_waits_for_the_next_period_and_any_cut_leaves_most_of_it() {
+        let anchor = 2_000_000_000u64;
+        for cut in [5_000_000, 100_000_000, u64::MAX] {
+            let (r, i) = entry(30);
+            let d = r.device(i);
+            d.choose_turn_anchor(anchor);
+            d.set_turn_cut_ns(cut);
+            let start = anchor + 10 * turns::PERIOD_NS;
+            let (mut now, mut gpu) = (start, 0u64);
+            while now < start + turns::PERIOD_NS {
+                match admit(d, 1_000_000, now) {
+                    Admit::Now => {
+                        gpu += 1_000_000;
+                        now += 1_000_000;
+                    }
+                    Admit::Wait(ns) => {
+                        // The wait runs to the next period, not 1 ns at a time.
+                        assert_eq!(now + ns, start + turns::PERIOD_NS, "cut {cut}");
+                        break;
+                    }
+                }
+            }
+            let least = turns::share_ns(30, 1000) * 3 / 4;
+            assert!(gpu >= least, "cut {cut}: {gpu} ns in the period");
+        }
     }
 
     #[test]

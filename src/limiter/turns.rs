@@ -73,7 +73,10 @@ pub fn next_open(anchor: u64, from: u64) -> u64 {
 /// The GPU time a container at `percent` (and the controller's
 /// `scale_milli`) may spend in each period.
 pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
-    PERIOD_NS * u64::from(percent) * u64::from(scale_milli) / 100_000
+    // (Clamped: the region's values may be anyone's.)
+    let percent = u64::from(percent.min(100));
+    let scale = u64::from(scale_milli.min(4000));
+    PERIOD_NS * percent * scale / 100_000
 }
 
 /// The most a container leaves unspent of each period's share while its
@@ -105,30 +108,29 @@ pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: 
     if covered(probes) && streak > COVERED_STREAK {
         return 0;
     }
+    let most = share_ns / 100 * MAX_CUT_PCT;
     let floor = if shared { guard_ns(share_ns) } else { 0 };
+    let cut = cut.min(most);
     let cut = if covered(probes) {
-        if streak > COVERED_STREAK {
-            0
-        } else {
-            cut + share_ns / 8
-        }
+        cut + share_ns / 8
     } else {
         match trailing_lost_ns(probes) {
             0 => cut / 2,
-            lost => cut + lost / 2,
+            lost => cut.saturating_add(lost / 2),
         }
     };
-    cut.max(floor).min(share_ns * MAX_CUT_PCT / 100)
+    cut.max(floor).min(most)
 }
 
 /// What a container leaves unspent of each share while it shares the
-/// GPU with others that take turns: 2 % of the share and 0.5 ms. Shares
+/// GPU with others that take turns: 2 % of the share and 0.5 ms (0.07 of
+/// a 10 % limit, 0.025 of a 40 % one). Shares
 /// that sum to the whole period leave no room between windows, so a
 /// window that opens a little late (a host waking up, a launch's
 /// latency) runs into the next, both lose time, and the next runs into
 /// the one after: four containers at 25 % chased each other round the
 /// period for 20 s on an H100 and got 0.225 each (run 41). The guard
-/// costs a container at most 0.025 of its limit.
+/// costs a container 2-7 % of its limit.
 pub fn guard_ns(share_ns: u64) -> u64 {
     share_ns / 50 + MIN_MOVE_NS
 }
@@ -147,7 +149,9 @@ fn trailing_lost_ns(probes: &[Probe]) -> u64 {
     let Some(last_clean) = probes.iter().rposition(|p| !p.beside_another()) else {
         return 0;
     };
-    probes[last_clean + 1..].iter().map(Probe::lost_ns).sum()
+    probes[last_clean + 1..]
+        .iter()
+        .fold(0, |sum, p| sum.saturating_add(p.lost_ns()))
 }
 
 /// A first anchor for a container: somewhere in the period after `now`,
@@ -173,7 +177,7 @@ impl Probe {
     /// Whether another context ran in the middle of the probe.
     pub fn beside_another(&self) -> bool {
         let lost = self.lost_ns();
-        lost > SLACK_NS && lost * 100 > self.cost_ns * SHARE_PCT
+        lost > SLACK_NS && lost.saturating_mul(100) > self.cost_ns.saturating_mul(SHARE_PCT)
     }
 }
 
@@ -194,11 +198,10 @@ pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> 
         // anywhere in the period, so that they land apart.
         return (random & 1 == 0).then(|| MIN_MOVE_NS + (random >> 1) % (PERIOD_NS - MIN_MOVE_NS));
     }
-    let lost: u64 = probes
+    let lost = probes
         .iter()
         .take_while(|p| p.beside_another())
-        .map(Probe::lost_ns)
-        .sum();
+        .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
     if lost < MIN_LEAD_NS {
         // A predecessor a little late once: it leaves some of its share
         // unspent (`next_cut`). Moving would only push this window into
@@ -252,6 +255,21 @@ mod tests {
         assert_eq!(next_open(a, a + 4 * PERIOD_NS + 1), a + 4 * PERIOD_NS);
         assert_eq!(next_open(a, a + 5 * PERIOD_NS - 1), a + 4 * PERIOD_NS);
         assert_eq!(next_open(a, a + 5 * PERIOD_NS + 30 * MS), a + 5 * PERIOD_NS);
+    }
+
+    #[test]
+    fn shares_and_cuts_stay_bounded_whatever_the_region_holds() {
+        assert_eq!(share_ns(30, 1000), 30 * MS);
+        assert_eq!(share_ns(50, 2000), PERIOD_NS);
+        assert_eq!(share_ns(u32::MAX, u32::MAX), 4 * PERIOD_NS);
+        let share = 30 * MS;
+        let late = [clean(3), shared(3, 3)];
+        assert_eq!(next_cut(u64::MAX, share, &late, 0, true), share / 4);
+        let huge = Probe {
+            cost_ns: u64::MAX,
+            elapsed_ns: u64::MAX,
+        };
+        assert!(!huge.beside_another());
     }
 
     #[test]
