@@ -185,18 +185,19 @@ impl Probe {
 /// the window should open, if at all. It moves only when its first probe
 /// ran beside another context (the window opened on a busy GPU), by what
 /// the leading such probes lost, times a factor from 0.6 to 1 picked by
-/// `random`. A window covered from end to end moves, with odds of one in
-/// two, to a random place: two containers whose windows open together
-/// then part. Less than [`MIN_LEAD_NS`] lost moves the window only when
+/// `random`. A window covered from end to end moves with odds of one in
+/// two: two containers whose windows open together then part. Less than [`MIN_LEAD_NS`] lost moves the window only when
 /// the window before it (`late_before`) also opened beside another.
 pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
     if !probes.first()?.beside_another() {
         return None;
     }
-    if covered(probes) {
-        // Both windows may be covered by each other: one in two moves, to
-        // anywhere in the period, so that they land apart.
-        return (random & 1 == 0).then(|| MIN_MOVE_NS + (random >> 1) % (PERIOD_NS - MIN_MOVE_NS));
+    if covered(probes) && random & 1 == 1 {
+        // Both windows may be covered by each other: one in two stays, so
+        // that they part. (A jump to anywhere in the period lands, in a
+        // full period, in a third one's window: four containers on an
+        // H200 then never settled, run 44.)
+        return None;
     }
     let lost = probes
         .iter()
@@ -344,16 +345,9 @@ mod tests {
         let mut all: Vec<Probe> = (0..40).map(|_| shared(3, 3)).collect();
         all.push(clean(3));
         assert_eq!(verdict(&all, 400, false), Some(MAX_MOVE_NS));
-        // Covered from end to end: one draw in two moves, anywhere.
+        // Covered from end to end: one draw in two moves, past the cover.
         all.pop();
         assert_eq!(verdict(&all, 1, false), None);
-        let moved: Vec<u64> = (0..50)
-            .filter_map(|r| verdict(&all, r * 2 * 7_919_993, false))
-            .collect();
-        assert_eq!(moved.len(), 50);
-        assert!(moved.iter().all(|&m| (MIN_MOVE_NS..PERIOD_NS).contains(&m)));
-        assert!(
-            moved.iter().any(|&m| m > PERIOD_NS / 2) && moved.iter().any(|&m| m < PERIOD_NS / 2)
-        );
+        assert_eq!(verdict(&all, 400, false), Some(MAX_MOVE_NS));
     }
 }
