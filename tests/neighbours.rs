@@ -61,6 +61,10 @@ fn container_for(sim: &Sim, name: &str, limit: Option<u32>, secs: u32) -> Child 
         .expect("spawn cuclient")
 }
 
+/// A container's limit, its fraction of the solo rate, and that fraction
+/// in each second.
+type Share = (Option<u32>, f64, Vec<f64>);
+
 /// The rate of one process alone and unlimited.
 fn solo_rate() -> f64 {
     let args = spin_args(3);
@@ -73,11 +77,18 @@ fn solo_rate() -> f64 {
 
 /// Runs the containers at once; (limit, fraction of solo, per-second
 /// fractions) of each.
-fn share(limits: &[Option<u32>]) -> Vec<(Option<u32>, f64, Vec<f64>)> {
+fn share(limits: &[Option<u32>]) -> Vec<Share> {
     share_for(limits, SECS)
 }
 
-fn share_for(limits: &[Option<u32>], secs: u32) -> Vec<(Option<u32>, f64, Vec<f64>)> {
+fn share_for(limits: &[Option<u32>], secs: u32) -> Vec<Share> {
+    share_and_turns(limits, secs).0
+}
+
+/// [`share_for`], and where each limited container's window opens in the
+/// period at the end (`vgpuctl status`'s `turns.phase_ms`; None for an
+/// unlimited one).
+fn share_and_turns(limits: &[Option<u32>], secs: u32) -> (Vec<Share>, Vec<Option<f64>>) {
     let solo = solo_rate();
     let sim = Sim::new(1, "8g");
     let children: Vec<Child> = limits
@@ -97,12 +108,22 @@ fn share_for(limits: &[Option<u32>], secs: u32) -> Vec<(Option<u32>, f64, Vec<f6
     for (l, f, secs) in &out {
         eprintln!("limit {l:?}: {f:.3} of solo ({solo:.0}/s); per second {secs:.3?}");
     }
-    out
+    let phases = limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            l.and_then(|_| {
+                let s = sim.status(&sim.dir.path().join(format!("c{i}.cache")));
+                s["devices"][0]["turns"]["phase_ms"].as_f64()
+            })
+        })
+        .collect();
+    (out, phases)
 }
 
 /// Each container got its limit within 0.03 over the run, and within
 /// 0.08 in every second after the first 3.
-fn assert_each_gets_its_limit(out: &[(Option<u32>, f64, Vec<f64>)]) {
+fn assert_each_gets_its_limit(out: &[Share]) {
     for (limit, fraction, secs) in out {
         let want = f64::from(limit.unwrap()) / 100.0;
         assert!(
@@ -130,7 +151,15 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
     // them (the test below), so these hold only if the containers take
     // turns instead.
     let _serial = serial();
-    let halves = share_for(&[Some(50), Some(50)], 20);
+    let (halves, phases) = share_and_turns(&[Some(50), Some(50)], 20);
+    // The two windows ended half a period apart (vgpuctl shows where).
+    let (a, b) = (
+        phases[0].expect("turns shown"),
+        phases[1].expect("turns shown"),
+    );
+    let apart = (a - b).abs().min(100.0 - (a - b).abs());
+    eprintln!("windows open at {a:.1} and {b:.1} ms of each 100 ms");
+    assert!(apart >= 40.0, "windows {apart:.1} ms apart");
     for (_, fraction, secs) in &halves {
         assert!(
             *fraction >= 0.47,

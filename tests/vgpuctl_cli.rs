@@ -68,6 +68,10 @@ fn status_json_follows_the_documented_schema() {
         Some(true)
     );
     assert!(pd["nvml_used_bytes"].is_u64());
+    // An SM limit chose the container's turns on the device.
+    assert_eq!(d["turns"]["period_ms"], 100.0);
+    assert_eq!(d["turns"]["paused"], false);
+    assert!((0.0..100.0).contains(&d["turns"]["phase_ms"].as_f64().unwrap()));
     // Every field is documented in docs/vgpuctl.md, and nothing else is
     // there: the schema and its documentation stay one.
     let doc =
@@ -92,6 +96,7 @@ fn status_json_follows_the_documented_schema() {
             "sm_limit_percent",
             "throttled_seconds",
             "total_memory_bytes",
+            "turns",
             "used_bytes",
             "utilization_percent",
             "uuid",

@@ -31,7 +31,7 @@
 /// The period of the turns: every container gets its share of each one.
 /// Long enough for a 10 % container to run several 1 ms kernels in its
 /// window, short enough that every second holds ten.
-pub const PERIOD_NS: u64 = 100_000_000;
+pub const PERIOD_NS: u64 = vgpu_shm::layout::TURN_PERIOD_NS;
 /// A probe closes once its launches cost this much GPU time: more than
 /// a time slice (about 2.5 ms on an H200), so another context that has
 /// work shows in it whatever the kernels' length.

@@ -145,6 +145,10 @@ pub struct DeviceEntry {
     pub _reserved: [AtomicU64; 11],
 }
 
+/// The period of a container's turns on a device (`turn_anchor_ns` plus
+/// whole periods opens each window; the library's `limiter/turns.rs`).
+pub const TURN_PERIOD_NS: u64 = 100_000_000;
+
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;

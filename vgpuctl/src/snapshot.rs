@@ -127,6 +127,25 @@ pub struct Device {
     pub oom_denials: Option<u64>,
     /// What a new context costs on this device, as last measured (vgpu).
     pub context_estimate_bytes: Option<u64>,
+    /// Where the container's turns on the device stand (vgpu 2.1, once
+    /// an SM limit chose them).
+    pub turns: Option<Turns>,
+}
+
+/// A container's turns on one device: its window opens `phase_ms` into
+/// every period of CLOCK_MONOTONIC (periods counted from 0).
+#[derive(Clone, Debug, Serialize)]
+pub struct Turns {
+    /// Where in each period its window opens, ms (0 to `period_ms`).
+    pub phase_ms: f64,
+    /// The period, ms.
+    pub period_ms: f64,
+    /// GPU time left unspent of each period's share, ms.
+    pub unspent_ms: f64,
+    /// Paused: several processes of the container use the device.
+    pub paused: bool,
+    /// Seconds of GPU time the bucket has admitted, ever.
+    pub admitted_gpu_seconds: f64,
 }
 
 /// Whether a slot's owner is alive, as far as this machine can tell.

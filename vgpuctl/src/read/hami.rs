@@ -48,6 +48,7 @@ pub fn snapshot(path: &Path, h: &hami::Snapshot) -> Snapshot {
                 throttled_seconds: None,
                 oom_denials: None,
                 context_estimate_bytes: None,
+                turns: None,
             }
         })
         .collect();

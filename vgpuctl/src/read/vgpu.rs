@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED};
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
-use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot};
+use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot, Turns};
 
 /// What `region` shows, judging its owners from `view`.
 pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
@@ -62,6 +63,13 @@ fn device(region: &Region, dev: EntryIndex) -> Device {
         throttled_seconds: Some(d.wait_ns() as f64 / 1e9),
         oom_denials: Some(d.oom_denials()),
         context_estimate_bytes: d.context_bytes(),
+        turns: (d.turn_anchor() != 0).then(|| Turns {
+            phase_ms: (d.turn_anchor() % TURN_PERIOD_NS) as f64 / 1e6,
+            period_ms: TURN_PERIOD_NS as f64 / 1e6,
+            unspent_ms: d.turn_cut_ns() as f64 / 1e6,
+            paused: d.turn_flag(TURNS_PAUSED),
+            admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
+        }),
     }
 }
 
