@@ -62,8 +62,24 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     if anchor != 0 {
         return admit_in_turns(entry, anchor, percent, scale, step, now);
     }
+    move_schedule(entry, now.saturating_add(MAX_AHEAD_NS), |tat| {
+        if tat > now + BURST_NS {
+            return Err(Admit::Wait(tat - BURST_NS - now));
+        }
+        Ok(tat.max(now) + step)
+    })
+}
+
+/// Moves the device's schedule where `decide` says (`Ok`), or leaves it
+/// and answers what `decide` says (`Err`); retried while other processes
+/// move it meanwhile. A schedule beyond `ceiling` (from before a reboot,
+/// another clock, a hand edit) is clamped to it first.
+fn move_schedule(
+    entry: &DeviceEntry,
+    ceiling: u64,
+    mut decide: impl FnMut(u64) -> Result<u64, Admit>,
+) -> Admit {
     let mut tat = entry.schedule_ns();
-    let ceiling = now.saturating_add(MAX_AHEAD_NS);
     loop {
         if tat > ceiling {
             tat = match entry.move_schedule(tat, ceiling) {
@@ -72,10 +88,10 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
             };
             continue;
         }
-        if tat > now + BURST_NS {
-            return Admit::Wait(tat - BURST_NS - now);
-        }
-        let next = tat.max(now) + step;
+        let next = match decide(tat) {
+            Ok(next) => next,
+            Err(answer) => return answer,
+        };
         match entry.move_schedule(tat, next) {
             Ok(_) => return Admit::Now,
             Err(seen) => tat = seen,
@@ -98,28 +114,16 @@ fn admit_in_turns(
     let cut = schedule_ns(entry.turn_cut_ns(), percent, scale)
         .min(turns::PERIOD_NS * turns::MAX_CUT_PCT / 100);
     let end = start + turns::PERIOD_NS - cut;
-    let ceiling = start + turns::PERIOD_NS + MAX_AHEAD_NS;
-    let mut tat = entry.schedule_ns();
-    loop {
-        if tat > ceiling {
-            tat = match entry.move_schedule(tat, ceiling) {
-                Ok(_) => ceiling,
-                Err(seen) => seen,
-            };
-            continue;
-        }
+    move_schedule(entry, start + turns::PERIOD_NS + MAX_AHEAD_NS, |tat| {
         let from = tat.max(start);
         if from >= end {
             // Not before the next period: with a cut, `end` comes before
             // the period's end, and the schedule may stand between them.
             let open = turns::next_open(anchor, from).max(start + turns::PERIOD_NS);
-            return Admit::Wait(open.saturating_sub(now).max(1));
+            return Err(Admit::Wait(open.saturating_sub(now).max(1)));
         }
-        match entry.move_schedule(tat, from + step) {
-            Ok(_) => return Admit::Now,
-            Err(seen) => tat = seen,
-        }
-    }
+        Ok(from + step)
+    })
 }
 
 #[cfg(test)]
