@@ -16,7 +16,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 2u
-#define VGPU_SHM_VERSION_MINOR 1u
+#define VGPU_SHM_VERSION_MINOR 2u
 #define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
@@ -58,8 +58,10 @@ typedef struct vgpu_shm_device {
     uint64_t turn_moved_ns;     /* when the turns last moved (2.1) */
     uint64_t turn_cut_ns;       /* ns of each period's share left unspent (2.1) */
     uint64_t admitted_ns;       /* GPU ns the bucket admitted, ever (2.1) */
-    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1) */
-    uint64_t reserved[11];
+    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1);
+                                   2: its windows met another context lately (2.2) */
+    uint64_t turn_fill_milli;   /* cost over span of its clean windows, x1000; 0 unknown (2.2) */
+    uint64_t reserved[10];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -15,6 +15,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use vgpu_shm::layout::TURNS_SHARED;
 use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
 use super::sys::*;
@@ -288,7 +289,11 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     if JUDGED[d].fetch_max(period, Ordering::Relaxed) >= period {
         return; // judged already, or a later window was
     }
-    let share = turns::share_ns(entry.sm_limit(), entry.rate_scale_milli());
+    if let Some(window) = turns::window_fill_milli(timings) {
+        entry.set_turn_fill_milli(turns::next_fill_milli(entry.turn_fill_milli(), window));
+    }
+    let scale = turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli());
+    let share = turns::share_ns(entry.sm_limit(), scale);
     let streak = if turns::covered(timings) {
         COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
     } else {
@@ -300,6 +305,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     }
     let last_shared = LAST_SHARED_NS[d].load(Ordering::Relaxed);
     let shared = last_shared != 0 && now.saturating_sub(last_shared) < turns::SHARED_NS;
+    entry.set_turn_flag(TURNS_SHARED, shared);
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
     if cut != entry.turn_cut_ns() {
         log::debug!(

@@ -14,7 +14,9 @@
 //! earlier than its start (a share not spent in its period is gone): the
 //! container spends each period's share at once, from the start of its
 //! window, and its launches wait for the next period after that (less
-//! what the turns leave unspent: `turns::next_cut`).
+//! what the turns leave unspent: `turns::next_cut`). In turns the share
+//! is converted by the fill of the container's windows, so that it spans
+//! its part of the period (`turns::turn_scale_milli`).
 #![forbid(unsafe_code)]
 
 use vgpu_shm::layout::DeviceEntry;
@@ -56,12 +58,13 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     if percent == 0 {
         return Admit::Now;
     }
-    let scale = entry.rate_scale_milli();
-    let step = schedule_ns(cost_ns, percent, scale);
     let anchor = entry.turns_in_force();
     if anchor != 0 {
+        let scale = turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli());
+        let step = schedule_ns(cost_ns, percent, scale);
         return admit_in_turns(entry, anchor, percent, scale, step, now);
     }
+    let step = schedule_ns(cost_ns, percent, entry.rate_scale_milli());
     move_schedule(entry, now.saturating_add(MAX_AHEAD_NS), |tat| {
         if tat > now + BURST_NS {
             return Err(Admit::Wait(tat - BURST_NS - now));

@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 
+use vgpu_shm::layout::TURNS_SHARED;
 use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
@@ -193,7 +194,6 @@ impl Leader {
             entry.set_rate_scale_milli(1000);
             return;
         };
-        state.show(&attach.region, dev, reading.per_slot);
         let waits = entry.waits();
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
@@ -210,6 +210,12 @@ impl Leader {
         }
         state.neighbours_present = present;
         let misread = misattributed(reading.ours, admitted_share);
+        let beside_others = present || misread || entry.turn_flag(TURNS_SHARED);
+        state.show(
+            &attach.region,
+            dev,
+            shown(reading.per_slot, beside_others.then_some(admitted_share)),
+        );
         if present || misread || now < state.settle_until_ns {
             log::debug!(
                 "control dev {dev}: scale held at {:.3} ({}; measured {:.3})",
@@ -238,6 +244,29 @@ impl Leader {
         entry.set_rate_scale_milli(scale_milli);
         state.remember(now, scale_milli);
     }
+}
+
+/// What the region shows of each process of the container this period:
+/// NVML's figures, or, beside other containers (`admitted`: the share of
+/// the period the bucket admitted), that share, split among the processes
+/// as NVML split it (evenly when NVML saw none of them). NVML hands each
+/// of its sample periods to one process, so beside others its figures
+/// are not shares: four containers at 0.24 each read 0.00, 0.00, 0.14
+/// and 0.83 on an H200 (docs/benchmarks.md, run 46).
+fn shown(per_slot: Vec<(SlotIndex, f64)>, admitted: Option<f64>) -> Vec<(SlotIndex, f64)> {
+    let Some(admitted) = admitted else {
+        return per_slot;
+    };
+    let admitted = admitted.clamp(0.0, 1.0);
+    let seen: f64 = per_slot.iter().map(|(_, u)| u).sum();
+    let n = per_slot.len() as f64;
+    per_slot
+        .into_iter()
+        .map(|(slot, u)| match seen > 0.0 {
+            true => (slot, admitted * u / seen),
+            false => (slot, admitted / n),
+        })
+        .collect()
 }
 
 /// Whether NVML's figure for the container (`ours`) is far more than
@@ -328,6 +357,24 @@ fn region_holds_pid(region: &vgpu_shm::Region, pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn beside_others_the_region_shows_the_admitted_time_split_as_nvml_split_it() {
+        let (a, b) = (SlotIndex::new(0).unwrap(), SlotIndex::new(3).unwrap());
+        let nvml = vec![(a, 0.6), (b, 0.2)];
+        // Alone: NVML's figures as they are.
+        assert_eq!(shown(nvml.clone(), None), nvml);
+        // Beside others: the admitted 0.3, three to one.
+        let got = shown(nvml, Some(0.3));
+        assert_eq!(got.len(), 2);
+        assert!((got[0].1 - 0.225).abs() < 1e-9 && (got[1].1 - 0.075).abs() < 1e-9);
+        // NVML saw neither (it gave its periods to a neighbour): evenly.
+        let got = shown(vec![(a, 0.0), (b, 0.0)], Some(0.3));
+        assert!(got.iter().all(|&(_, u)| (u - 0.15).abs() < 1e-9));
+        // A share beyond the device is the device.
+        assert_eq!(shown(vec![(a, 0.0)], Some(7.0)), vec![(a, 1.0)]);
+        assert!(shown(Vec::new(), Some(0.3)).is_empty());
+    }
 
     #[test]
     fn nvml_counting_far_more_than_was_admitted_is_a_misreading() {

@@ -47,7 +47,7 @@ impl DeviceEntry {
         }
     }
 
-    /// Whether `flag` ([`TURNS_PAUSED`]) is set.
+    /// Whether `flag` ([`TURNS_PAUSED`], `TURNS_SHARED`) is set.
     pub fn turn_flag(&self, flag: u64) -> bool {
         self.turn_flags.load(Ordering::Relaxed) & flag != 0
     }
@@ -103,6 +103,17 @@ impl DeviceEntry {
     /// Sets what the container leaves unspent of each period's share.
     pub fn set_turn_cut_ns(&self, ns: u64) {
         self.turn_cut_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// How full the container's launches keep the GPU in its window, ×1000
+    /// (0: not measured yet; `limiter/turns.rs`).
+    pub fn turn_fill_milli(&self) -> u64 {
+        self.turn_fill_milli.load(Ordering::Relaxed)
+    }
+
+    /// Sets how full the container's launches keep the GPU in its window.
+    pub fn set_turn_fill_milli(&self, fill_milli: u64) {
+        self.turn_fill_milli.store(fill_milli, Ordering::Relaxed);
     }
 
     /// The controller's multiplier on the refill rate, ×1000 (a stored 0

@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 1;
+pub const VERSION_MINOR: u32 = 2;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -139,10 +139,17 @@ pub struct DeviceEntry {
     pub admitted_ns: AtomicU64,
     /// `TURNS_PAUSED` while more than one process of the container uses
     /// the device: they would share each window and time-slice within it,
-    /// so the bucket paces them as before turns (2.1).
+    /// so the bucket paces them as before turns (2.1). `TURNS_SHARED`
+    /// while the container's windows met another context in the last
+    /// 10 s (2.2).
     pub turn_flags: AtomicU64,
+    /// How full the container's launches keep the GPU in its window when
+    /// nothing else runs there: their cost over the time they span, ×1000
+    /// (0: not measured yet; 2.2). A window holds its share of the period
+    /// in span, not in cost.
+    pub turn_fill_milli: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 11],
+    pub _reserved: [AtomicU64; 10],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -152,6 +159,9 @@ pub const TURN_PERIOD_NS: u64 = 100_000_000;
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
+/// [`DeviceEntry::turn_flags`]: the container's windows met another
+/// context lately, so NVML's per-process figures are not its share.
+pub const TURNS_SHARED: u64 = 2;
 
 /// One process of the container.
 #[repr(C)]
@@ -275,6 +285,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_cut_ns) == 144);
     assert!(offset_of!(DeviceEntry, admitted_ns) == 152);
     assert!(offset_of!(DeviceEntry, turn_flags) == 160);
+    assert!(offset_of!(DeviceEntry, turn_fill_milli) == 168);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

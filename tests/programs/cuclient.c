@@ -7,7 +7,8 @@
  *   cuclient fill FAMILY CHUNK             allocate until refused, free, again
  *   cuclient hold BYTES SECONDS            allocate and hold
  *   cuclient ctx BYTES                     own context: allocate, destroy
- *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels
+ *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels (MODE paced:
+ *                                          host-bound, a launch every 1.1 NS)
  *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
  *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
@@ -464,6 +465,8 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     CUgraphExec exec = NULL;
     if (!strcmp(mode, "graph")) exec = build_graph(ns, grid, nodes);
     int per_launch = exec ? nodes : 1;
+    int paced = !strcmp(mode, "paced");
+    double next_launch = 0;
     /* An event every batch of about 1 ms of work, and at most ~20 ms or 64
      * launches queued, so the tail after the deadline stays short. */
     int every = (int)(1000000ULL / (ns * per_launch)) ? (int)(1000000ULL / (ns * per_launch)) : 1;
@@ -486,6 +489,13 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
         for (int k = 0; k < every; k++) {
             CHECK(launch_one(mode, ns, grid, exec));
             launched++;
+            if (paced) {
+                /* Host-bound: a launch every 1.1 kernel times, so the
+                 * GPU idles a tenth of a kernel between them. */
+                while (now_s() < next_launch) {
+                }
+                next_launch = now_s() + ns * 1.1e-9;
+            }
         }
         CHECK(cu.cuEventRecord(g_ring[g_recorded % RING], 0));
         g_recorded++;

@@ -142,8 +142,14 @@ pub struct Turns {
     pub period_ms: f64,
     /// GPU time left unspent of each period's share, ms.
     pub unspent_ms: f64,
+    /// How full its launches keep the GPU in its window (cost over span;
+    /// layout 2.2), null until measured: a share spans its part of the
+    /// period.
+    pub fill: Option<f64>,
     /// Paused: several processes of the container use the device.
     pub paused: bool,
+    /// Its windows met another context in the last 10 s (layout 2.2).
+    pub shared: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,
 }
