@@ -46,6 +46,14 @@ pub fn no_oversub() -> bool {
     !any(OVERSUB | TEST_PANIC)
 }
 
+/// Nothing to do for a synchronisation: no oversubscription, and no SM
+/// limit (whose probes note when the GPU ran the thread's work dry,
+/// `cuda/probes.rs`).
+#[inline(always)]
+pub fn no_oversub_or_limit() -> bool {
+    !any(OVERSUB | LIMIT | TEST_PANIC)
+}
+
 /// Whether any of `bits` is set (relaxed: for the launch path's checks).
 #[inline(always)]
 pub fn any(bits: u8) -> bool {

@@ -4,8 +4,9 @@
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
 //! `turns::PROBE_NS`. A probe that the thread left (another stream or
-//! context, a later window, a pause of the host) is dropped: its timing
-//! would hold time that was not the GPU's.
+//! context, a later window, a pause of the host with its stream dry) is
+//! dropped: its timing would hold time that was not the GPU's. A pause
+//! spent waiting in a synchronisation is not one ([`synced`]).
 //!
 //! Finished probes are collected without blocking, at most every
 //! [`POLL_EVERY_NS`], and a window is judged once a later one has begun
@@ -70,6 +71,8 @@ const STALE_NS: u64 = 4 * turns::PERIOD_NS;
 
 thread_local! {
     static OPEN: Cell<Option<Open>> = const { Cell::new(None) };
+    /// When a synchronisation of this thread last returned (monotonic ns).
+    static SYNCED: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Bumped in a forked child: probes opened before it are its parent's.
@@ -133,6 +136,7 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
             && open.ctx == ctx
             && open.stream == stream as usize
             && (now.saturating_sub(open.last_ns) <= GAP_NS
+                || waited_for_the_gpu(open.last_ns, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
             return Some(Token {
@@ -169,6 +173,28 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
             cost_ns,
         },
     })
+}
+
+/// A synchronisation of this thread returned `rc` (passed through): the
+/// GPU ran the work it waited for until about now.
+pub fn synced(rc: CUresult) -> CUresult {
+    if crate::duty::any(crate::duty::LIMIT) {
+        SYNCED.with(|s| s.set(clock::monotonic_ns()));
+    }
+    rc
+}
+
+/// Whether the thread spent the pause since its last launch (`last_ns`)
+/// waiting for the GPU: a synchronisation returned after that launch, less
+/// than [`GAP_NS`] before `now`. The GPU then ran the probe's work until
+/// the synchronisation returned, so the pause held no idle GPU time to
+/// speak of. (A loop that synchronises every ten 0.05 ms kernels pauses
+/// 0.45 ms at each, with its stream dry when it launches again: without
+/// this, none of its probes ever closed, and its windows never found
+/// their turns; docs/benchmarks.md, run 47.)
+fn waited_for_the_gpu(last_ns: u64, now: u64) -> bool {
+    let synced = SYNCED.with(Cell::get);
+    synced > last_ns && now.saturating_sub(synced) <= GAP_NS
 }
 
 /// After the launch returned `rc`: closes the probe once it holds enough,
@@ -290,7 +316,19 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         return; // judged already, or a later window was
     }
     if let Some(window) = turns::window_fill_milli(timings) {
-        entry.set_turn_fill_milli(turns::next_fill_milli(entry.turn_fill_milli(), window));
+        let (was, fill) = (
+            entry.turn_fill_milli(),
+            turns::next_fill_milli(entry.turn_fill_milli(), window),
+        );
+        entry.set_turn_fill_milli(fill);
+        if fill.abs_diff(was) >= 20 {
+            log::debug!(
+                "turns: fill {:.3} (this window {:.3}, {} probes)",
+                fill as f64 / 1000.0,
+                window as f64 / 1000.0,
+                timings.len()
+            );
+        }
     }
     let scale = turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli());
     let share = turns::share_ns(entry.sm_limit(), scale);

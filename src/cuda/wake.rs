@@ -3,17 +3,20 @@
 //! (`oversub::enter`, in every CUDA hook), so that a process whose next
 //! call after an idle spell is one of these is not left blocked inside a
 //! locked driver; the handlers then pass the call through, counted as in
-//! flight (a process waiting in a synchronisation is not idle).
+//! flight (a process waiting in a synchronisation is not idle). A
+//! synchronisation that returns also tells the turns' probes that the
+//! thread waited for the GPU, which ran its work until then
+//! (`probes::synced`).
 #![forbid(unsafe_code)]
 
 use std::ffi::{c_uchar, c_uint, c_void};
 
-use super::real;
 use super::sys::*;
+use super::{probes, real};
 use crate::oversub::in_call;
 
 pub fn ctx_synchronize() -> CUresult {
-    in_call(real::cuCtxSynchronize)
+    probes::synced(in_call(real::cuCtxSynchronize))
 }
 
 pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
@@ -25,15 +28,15 @@ pub fn ctx_set_current(ctx: CUcontext) -> CUresult {
 }
 
 pub fn stream_synchronize(stream: CUstream) -> CUresult {
-    in_call(|| real::cuStreamSynchronize(stream))
+    probes::synced(in_call(|| real::cuStreamSynchronize(stream)))
 }
 
 pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
-    in_call(|| real::cuStreamSynchronize_ptsz(stream))
+    probes::synced(in_call(|| real::cuStreamSynchronize_ptsz(stream)))
 }
 
 pub fn event_synchronize(event: CUevent) -> CUresult {
-    in_call(|| real::cuEventSynchronize(event))
+    probes::synced(in_call(|| real::cuEventSynchronize(event)))
 }
 
 pub fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {

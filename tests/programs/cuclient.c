@@ -8,7 +8,8 @@
  *   cuclient hold BYTES SECONDS            allocate and hold
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels (MODE paced:
- *                                          host-bound, a launch every 1.1 NS)
+ *                                          host-bound, a launch every 1.1 NS; synced:
+ *                                          cuCtxSynchronize after every 10)
  *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
  *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
@@ -466,6 +467,7 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     if (!strcmp(mode, "graph")) exec = build_graph(ns, grid, nodes);
     int per_launch = exec ? nodes : 1;
     int paced = !strcmp(mode, "paced");
+    int synced = !strcmp(mode, "synced");
     double next_launch = 0;
     /* An event every batch of about 1 ms of work, and at most ~20 ms or 64
      * launches queued, so the tail after the deadline stays short. */
@@ -496,6 +498,7 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
                 }
                 next_launch = now_s() + ns * 1.1e-9;
             }
+            if (synced && launched % 10 == 0) CHECK(cu.cuCtxSynchronize());
         }
         CHECK(cu.cuEventRecord(g_ring[g_recorded % RING], 0));
         g_recorded++;
