@@ -80,6 +80,7 @@ crate::interpose::macros::hooks! {
     // wake: synchronisation, copies, memsets and the current context, so
     // that a suspended process is restored before it enters the driver
     fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize, idle: crate::duty::no_oversub_or_limit;
+    fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult => wake::ctx_synchronize_v2, idle: crate::duty::no_oversub_or_limit;
     fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult => wake::ctx_get_current, idle: crate::duty::no_oversub;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult => wake::ctx_set_current, idle: crate::duty::no_oversub;
     fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize, idle: crate::duty::no_oversub_or_limit;

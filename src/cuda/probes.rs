@@ -180,6 +180,7 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
 pub fn synced(rc: CUresult) -> CUresult {
     if crate::duty::any(crate::duty::LIMIT) {
         SYNCED.with(|s| s.set(clock::monotonic_ns()));
+        log::trace!("turns: a synchronisation returned");
     }
     rc
 }

@@ -76,6 +76,7 @@ crate::interpose::macros::reals! {
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     // wake: calls that restore a suspended process (oversub), passed through
     fn cuCtxSynchronize() -> CUresult;
+    fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
     fn cuStreamSynchronize(stream: CUstream) -> CUresult;
     fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult;

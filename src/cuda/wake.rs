@@ -19,6 +19,11 @@ pub fn ctx_synchronize() -> CUresult {
     probes::synced(in_call(real::cuCtxSynchronize))
 }
 
+/// CUDA 13's (what its runtime's `cudaDeviceSynchronize` calls).
+pub fn ctx_synchronize_v2(ctx: CUcontext) -> CUresult {
+    probes::synced(in_call(|| real::cuCtxSynchronize_v2(ctx)))
+}
+
 pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
     in_call(|| real::cuCtxGetCurrent(ctx))
 }

@@ -9,7 +9,7 @@
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels (MODE paced:
  *                                          host-bound, a launch every 1.1 NS; synced:
- *                                          cuCtxSynchronize after every 10)
+ *                                          cuCtxSynchronize_v2 after every 10)
  *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
  *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
@@ -498,7 +498,9 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
                 }
                 next_launch = now_s() + ns * 1.1e-9;
             }
-            if (synced && launched % 10 == 0) CHECK(cu.cuCtxSynchronize());
+            /* cudaDeviceSynchronize of CUDA 13's runtime (PyTorch's
+             * torch.cuda.synchronize) is cuCtxSynchronize_v2. */
+            if (synced && launched % 10 == 0) CHECK(cu.cuCtxSynchronize_v2(NULL));
         }
         CHECK(cu.cuEventRecord(g_ring[g_recorded % RING], 0));
         g_recorded++;

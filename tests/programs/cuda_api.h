@@ -70,6 +70,7 @@ typedef struct {
     X(cuCtxSetCurrent, "cuCtxSetCurrent", 13000, (CUcontext))                                \
     X(cuCtxGetCurrent, "cuCtxGetCurrent", 13000, (CUcontext *))                              \
     X(cuCtxSynchronize, "cuCtxSynchronize", 12080, (void))                                   \
+    X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, (CUcontext))                           \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 13000, (size_t *, size_t *))                          \
     X(cuMemAlloc_v2, "cuMemAlloc", 13000, (CUdeviceptr *, size_t))                           \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 13000,                                         \
