@@ -184,7 +184,9 @@ def judge(sec, case, kind_key, results, solo, solo_util=float("nan")):
     device = results[0]["device_util"]
     rates = sum(r["rate"] for r in results)
     truth = [device * r["rate"] / rates for r in limited]
-    gap = max((abs(r["region_util"] - t) for r, t in zip(limited, truth)), default=float("nan"))
+    # (A missing sample reads NaN, which max() would pass over unless first.)
+    diffs = [abs(r["region_util"] - t) for r, t in zip(limited, truth)]
+    gap = float("nan") if not diffs or any(d != d for d in diffs) else max(diffs)
     shown = ", ".join(f"{r['region_util']:.3f} vs {t:.3f}" for r, t in zip(limited, truth))
     S.record(sec, f"{case} {kind_key}: utilisation in the region (vgpuctl) vs the container's GPU time "
                   f"(device utilisation {device:.3f} split by throughput; alone {solo_util:.3f}), "

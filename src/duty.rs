@@ -3,7 +3,9 @@
 //! 0 a launch hook is one relaxed load and a jump to the driver (the
 //! `idle` hooks of `interpose/macros.rs`), with no panic boundary, since
 //! nothing of ours runs. The wake hooks ask only about [`OVERSUB`] and
-//! [`TEST_PANIC`] ([`no_oversub`]).
+//! [`TEST_PANIC`] ([`no_oversub`]); the synchronisations among them also
+//! about [`LIMIT`] ([`neither_oversub_nor_limit`]: the turns' probes note
+//! when one returned).
 //!
 //! - [`UNMARKED`], [`BLOCKED`]: HAMi's gate (`hami/gate.rs`), which owns
 //!   them: the watcher wants the next launch noted (set once a tick, the
@@ -50,7 +52,7 @@ pub fn no_oversub() -> bool {
 /// limit (whose probes note when the GPU ran the thread's work dry,
 /// `cuda/probes.rs`).
 #[inline(always)]
-pub fn no_oversub_or_limit() -> bool {
+pub fn neither_oversub_nor_limit() -> bool {
     !any(OVERSUB | LIMIT | TEST_PANIC)
 }
 

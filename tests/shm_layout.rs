@@ -131,6 +131,34 @@ fn the_c_header_matches_the_rust_layout() {
             offset_of!(DeviceEntry, oom_denials),
         ),
         ("vgpu_shm_device.wait_ns", offset_of!(DeviceEntry, wait_ns)),
+        (
+            "vgpu_shm_device.turn_anchor_ns",
+            offset_of!(DeviceEntry, turn_anchor_ns),
+        ),
+        (
+            "vgpu_shm_device.turn_moved_ns",
+            offset_of!(DeviceEntry, turn_moved_ns),
+        ),
+        (
+            "vgpu_shm_device.turn_cut_ns",
+            offset_of!(DeviceEntry, turn_cut_ns),
+        ),
+        (
+            "vgpu_shm_device.admitted_ns",
+            offset_of!(DeviceEntry, admitted_ns),
+        ),
+        (
+            "vgpu_shm_device.turn_flags",
+            offset_of!(DeviceEntry, turn_flags),
+        ),
+        (
+            "vgpu_shm_device.turn_fill_milli",
+            offset_of!(DeviceEntry, turn_fill_milli),
+        ),
+        (
+            "vgpu_shm_device.turn_shared_ns",
+            offset_of!(DeviceEntry, turn_shared_ns),
+        ),
         ("vgpu_shm_slot.host_pid", offset_of!(ProcSlot, host_pid)),
         ("vgpu_shm_slot.start_time", offset_of!(ProcSlot, start_time)),
         ("vgpu_shm_slot.pidns", offset_of!(ProcSlot, pidns)),

@@ -78,14 +78,15 @@ crate::interpose::macros::hooks! {
     fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => graph::end;
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => graph::end_ptsz;
     // wake: synchronisation, copies, memsets and the current context, so
-    // that a suspended process is restored before it enters the driver
-    fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize, idle: crate::duty::no_oversub_or_limit;
-    fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult => wake::ctx_synchronize_v2, idle: crate::duty::no_oversub_or_limit;
+    // that a suspended process is restored before it enters the driver;
+    // the synchronisations also tell the turns' probes when they returned
+    fn cuCtxSynchronize() -> CUresult => wake::ctx_synchronize, idle: crate::duty::neither_oversub_nor_limit;
+    fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult => wake::ctx_synchronize_v2, idle: crate::duty::neither_oversub_nor_limit;
     fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult => wake::ctx_get_current, idle: crate::duty::no_oversub;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult => wake::ctx_set_current, idle: crate::duty::no_oversub;
-    fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize, idle: crate::duty::no_oversub_or_limit;
-    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz, idle: crate::duty::no_oversub_or_limit;
-    fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize, idle: crate::duty::no_oversub_or_limit;
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize, idle: crate::duty::neither_oversub_nor_limit;
+    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz, idle: crate::duty::neither_oversub_nor_limit;
+    fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize, idle: crate::duty::neither_oversub_nor_limit;
     fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy, idle: crate::duty::no_oversub;
     fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async, idle: crate::duty::no_oversub;
     fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz, idle: crate::duty::no_oversub;

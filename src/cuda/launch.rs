@@ -87,17 +87,16 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
         events::wait_for(shape);
     }
     limiter::admit(attach, dev, shape);
-    let (probe, sample) = if capture {
+    let (sample, probe) = if capture {
         (None, None)
     } else {
-        // The probe first: it may collect finished probes and judge a
-        // window, host time that a timing sample begun before it would
-        // count as the kernel's on an idle stream (a 0.05 ms kernel was
-        // costed at twice its time on an H200, run 49).
-        let probe = probes::before(attach, dev, l.stream, limiter::cost_ns(shape));
+        // Finished probes are collected before the timing sample begins
+        // (`probes::poll_if_due`); the sample asks whether the stream is
+        // idle before the probe records its start event there.
+        probes::poll_if_due(attach, dev);
         (
-            probe,
             events::begin(shape, l.stream, crate::clock::coarse_ns()),
+            probes::before(attach, dev, l.stream, limiter::cost_ns(shape)),
         )
     };
     let rc = go();

@@ -16,13 +16,13 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use vgpu_shm::layout::TURNS_SHARED;
 use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
 use super::sys::*;
 use super::{driver, events, real};
 use crate::attach::Attach;
 use crate::clock;
+use crate::limiter::bucket;
 use crate::limiter::turns::{self, Probe};
 use crate::lock::Lock;
 
@@ -60,19 +60,33 @@ pub struct Done {
     probe: Probe,
 }
 
-/// After a pause of the host this long between two launches of a probe,
-/// the stream is asked whether it still had work: if it ran dry, the GPU
-/// idled in the probe, and the probe would count that as another's time.
-const GAP_NS: u64 = 200_000;
 /// Finished probes are collected at most this often.
 const POLL_EVERY_NS: u64 = 2_000_000;
 /// A window whose probes are not all in by then is judged without them.
 const STALE_NS: u64 = 4 * turns::PERIOD_NS;
 
+/// This thread's last synchronisation that succeeded.
+#[derive(Clone, Copy)]
+struct Synced {
+    /// When it was entered and when it returned (monotonic ns).
+    entered_ns: u64,
+    returned_ns: u64,
+    /// The stream it waited for; None for the whole context or an event.
+    stream: Option<usize>,
+}
+
+/// What a synchronisation waits for.
+#[derive(Clone, Copy)]
+pub enum Waits {
+    /// The current context (`cuCtxSynchronize`), or an event, which is
+    /// taken to be on the stream that is launching.
+    All,
+    Stream(CUstream),
+}
+
 thread_local! {
     static OPEN: Cell<Option<Open>> = const { Cell::new(None) };
-    /// When a synchronisation of this thread last returned (monotonic ns).
-    static SYNCED: Cell<u64> = const { Cell::new(0) };
+    static SYNCED: Cell<Option<Synced>> = const { Cell::new(None) };
 }
 
 /// Bumped in a forked child: probes opened before it are its parent's.
@@ -82,9 +96,8 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 /// at worst two events leak).
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
-/// Per device entry: when a probe last ran beside another context
-/// (monotonic ns, 0: never).
-static LAST_SHARED_NS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device entry: windows judged in a row that measured no fill.
+static UNMEASURED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Per device entry: whether the last window judged opened beside another.
 static LATE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Per device entry: windows judged in a row whose probes all ran beside
@@ -107,12 +120,14 @@ pub struct Token {
     open: Open,
 }
 
-/// Before a limited launch of `cost_ns` on `stream`, on device entry
-/// `dev`: the probe that takes it in, if the container runs in turns.
-pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
-    let anchor = attach.region.device(dev).turns_in_force();
-    if anchor == 0 {
-        return None;
+/// Before a limited launch on device entry `dev`, and before its timing
+/// sample begins (the host time this may take would be timed as the
+/// kernel's on an idle stream: a 0.05 ms kernel was costed at twice its
+/// time on an H200, run 49): collects finished probes and judges the
+/// windows that are complete, at most every [`POLL_EVERY_NS`].
+pub fn poll_if_due(attach: &Attach, dev: EntryIndex) {
+    if attach.region.device(dev).turns_in_force() == 0 {
+        return;
     }
     let now = clock::monotonic_ns();
     let last = LAST_POLL_NS.load(Ordering::Relaxed);
@@ -123,6 +138,16 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
     {
         poll(attach, now);
     }
+}
+
+/// Before a limited launch of `cost_ns` on `stream`, on device entry
+/// `dev`: the probe that takes it in, if the container runs in turns.
+pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
+    let anchor = attach.region.device(dev).turns_in_force();
+    if anchor == 0 {
+        return None;
+    }
+    let now = clock::monotonic_ns();
     let period = turns::period_start(anchor, now);
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);
@@ -135,8 +160,8 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
             && open.period == period
             && open.ctx == ctx
             && open.stream == stream as usize
-            && (now.saturating_sub(open.last_ns) <= GAP_NS
-                || waited_for_the_gpu(open.last_ns, now)
+            && (now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
+                || waited_for_the_gpu(open.last_ns, stream, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
             return Some(Token {
@@ -175,27 +200,40 @@ pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) 
     })
 }
 
-/// A synchronisation of this thread returned `rc` (passed through): the
-/// GPU ran the work it waited for until about now.
-pub fn synced(rc: CUresult) -> CUresult {
-    if crate::duty::any(crate::duty::LIMIT) {
-        SYNCED.with(|s| s.set(clock::monotonic_ns()));
+/// Runs a synchronisation (`call`) that waits for `waits`; with an SM
+/// limit in force, notes when it was entered and when it returned, if it
+/// succeeded ([`waited_for_the_gpu`]).
+pub fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
+    if !crate::duty::any(crate::duty::LIMIT) {
+        return call();
+    }
+    let entered_ns = clock::monotonic_ns();
+    let rc = call();
+    if rc.is_ok() {
+        let stream = match waits {
+            Waits::All => None,
+            Waits::Stream(s) => Some(s as usize),
+        };
+        SYNCED.with(|s| {
+            s.set(Some(Synced {
+                entered_ns,
+                returned_ns: clock::monotonic_ns(),
+                stream,
+            }))
+        });
         log::trace!("turns: a synchronisation returned");
     }
     rc
 }
 
-/// Whether the thread spent the pause since its last launch (`last_ns`)
-/// waiting for the GPU: a synchronisation returned after that launch, less
-/// than [`GAP_NS`] before `now`. The GPU then ran the probe's work until
-/// the synchronisation returned, so the pause held no idle GPU time to
-/// speak of. (A loop that synchronises every ten 0.05 ms kernels pauses
-/// 0.45 ms at each, with its stream dry when it launches again: without
-/// this, none of its probes ever closed, and its windows never found
-/// their turns; docs/benchmarks.md, run 47.)
-fn waited_for_the_gpu(last_ns: u64, now: u64) -> bool {
-    let synced = SYNCED.with(Cell::get);
-    synced > last_ns && now.saturating_sub(synced) <= GAP_NS
+/// Whether the thread spent the pause from its last launch on `stream`
+/// (`last_ns`) to `now` waiting for the GPU, in a synchronisation that
+/// covers `stream` (`turns::waited_for_the_gpu`).
+fn waited_for_the_gpu(last_ns: u64, stream: CUstream, now: u64) -> bool {
+    SYNCED.with(Cell::get).is_some_and(|s| {
+        s.stream.is_none_or(|waited| waited == stream as usize)
+            && turns::waited_for_the_gpu(last_ns, s.entered_ns, s.returned_ns, now)
+    })
 }
 
 /// After the launch returned `rc`: closes the probe once it holds enough,
@@ -316,23 +354,27 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     if JUDGED[d].fetch_max(period, Ordering::Relaxed) >= period {
         return; // judged already, or a later window was
     }
-    if let Some(window) = turns::window_fill_milli(timings) {
-        let (was, fill) = (
-            entry.turn_fill_milli(),
-            turns::next_fill_milli(entry.turn_fill_milli(), window),
-        );
+    let window = turns::window_fill_milli(timings);
+    let unmeasured = match window {
+        Some(_) => {
+            UNMEASURED[d].store(0, Ordering::Relaxed);
+            0
+        }
+        None => UNMEASURED[d].fetch_add(1, Ordering::Relaxed) + 1,
+    };
+    let was = entry.turn_fill_milli();
+    let fill = turns::fill_after(was, window, unmeasured);
+    if fill != was {
         entry.set_turn_fill_milli(fill);
         if fill.abs_diff(was) >= 20 {
             log::debug!(
-                "turns: fill {:.3} (this window {:.3}, {} probes)",
+                "turns: fill {:.3} ({} probes, {unmeasured} windows unmeasured)",
                 fill as f64 / 1000.0,
-                window as f64 / 1000.0,
                 timings.len()
             );
         }
     }
-    let scale = turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli());
-    let share = turns::share_ns(entry.sm_limit(), scale);
+    let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
     let streak = if turns::covered(timings) {
         COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
     } else {
@@ -340,11 +382,9 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         0
     };
     if timings.iter().any(Probe::beside_another) {
-        LAST_SHARED_NS[d].store(now, Ordering::Relaxed);
+        entry.note_turn_shared(now);
     }
-    let last_shared = LAST_SHARED_NS[d].load(Ordering::Relaxed);
-    let shared = last_shared != 0 && now.saturating_sub(last_shared) < turns::SHARED_NS;
-    entry.set_turn_flag(TURNS_SHARED, shared);
+    let shared = entry.turn_shared(now);
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
     if cut != entry.turn_cut_ns() {
         log::debug!(

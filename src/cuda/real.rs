@@ -75,6 +75,7 @@ crate::interpose::macros::reals! {
     fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     // wake: calls that restore a suspended process (oversub), passed through
+    // (synchronisations noted for the turns' probes)
     fn cuCtxSynchronize() -> CUresult;
     fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;

@@ -6,22 +6,23 @@
 //! flight (a process waiting in a synchronisation is not idle). A
 //! synchronisation that returns also tells the turns' probes that the
 //! thread waited for the GPU, which ran its work until then
-//! (`probes::synced`).
+//! (`probes::synchronise`).
 #![forbid(unsafe_code)]
 
 use std::ffi::{c_uchar, c_uint, c_void};
 
+use super::probes::{self, Waits};
+use super::real;
 use super::sys::*;
-use super::{probes, real};
 use crate::oversub::in_call;
 
 pub fn ctx_synchronize() -> CUresult {
-    probes::synced(in_call(real::cuCtxSynchronize))
+    probes::synchronise(Waits::All, || in_call(real::cuCtxSynchronize))
 }
 
 /// CUDA 13's (what its runtime's `cudaDeviceSynchronize` calls).
 pub fn ctx_synchronize_v2(ctx: CUcontext) -> CUresult {
-    probes::synced(in_call(|| real::cuCtxSynchronize_v2(ctx)))
+    probes::synchronise(Waits::All, || in_call(|| real::cuCtxSynchronize_v2(ctx)))
 }
 
 pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
@@ -33,15 +34,19 @@ pub fn ctx_set_current(ctx: CUcontext) -> CUresult {
 }
 
 pub fn stream_synchronize(stream: CUstream) -> CUresult {
-    probes::synced(in_call(|| real::cuStreamSynchronize(stream)))
+    probes::synchronise(Waits::Stream(stream), || {
+        in_call(|| real::cuStreamSynchronize(stream))
+    })
 }
 
 pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
-    probes::synced(in_call(|| real::cuStreamSynchronize_ptsz(stream)))
+    probes::synchronise(Waits::Stream(stream), || {
+        in_call(|| real::cuStreamSynchronize_ptsz(stream))
+    })
 }
 
 pub fn event_synchronize(event: CUevent) -> CUresult {
-    probes::synced(in_call(|| real::cuEventSynchronize(event)))
+    probes::synchronise(Waits::All, || in_call(|| real::cuEventSynchronize(event)))
 }
 
 pub fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {

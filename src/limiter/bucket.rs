@@ -60,7 +60,7 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
     }
     let anchor = entry.turns_in_force();
     if anchor != 0 {
-        let scale = turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli());
+        let scale = turn_scale_milli(entry);
         let step = schedule_ns(cost_ns, percent, scale);
         return admit_in_turns(entry, anchor, percent, scale, step, now);
     }
@@ -71,6 +71,12 @@ pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
         }
         Ok(tat.max(now) + step)
     })
+}
+
+/// The scale a container's turns run at on `entry`: the controller's,
+/// converted by the fill of its windows (`turns::turn_scale_milli`).
+pub fn turn_scale_milli(entry: &DeviceEntry) -> u32 {
+    turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli())
 }
 
 /// Moves the device's schedule where `decide` says (`Ok`), or leaves it
@@ -272,6 +278,44 @@ mod tests {
             let least = turns::share_ns(30, 1000) * 3 / 4;
             assert!(gpu >= least, "cut {cut}: {gpu} ns in the period");
         }
+    }
+
+    #[test]
+    fn in_turns_a_fill_converts_the_share_so_that_it_spans_the_limit() {
+        let anchor = 2_000_000_000u64;
+        let (r, i) = entry(60);
+        let d = r.device(i);
+        d.choose_turn_anchor(anchor);
+        d.set_turn_fill_milli(909);
+        let start = anchor + 10 * turns::PERIOD_NS;
+        let (mut now, mut gpu) = (start, 0u64);
+        while now < start + turns::PERIOD_NS {
+            match admit(d, 50_000, now) {
+                Admit::Now => {
+                    gpu += 50_000;
+                    now += 55_000; // the launches span 1 / 0.909 of their cost
+                }
+                Admit::Wait(_) => break,
+            }
+        }
+        // 60 % of 100 ms at a fill of 0.909: 54.5 ms of cost, 60 ms of span.
+        assert!(
+            (54_500_000..=54_600_000).contains(&gpu),
+            "{gpu} ns admitted"
+        );
+        assert!(
+            (59_900_000..=60_100_000).contains(&(now - start)),
+            "spanned {}",
+            now - start
+        );
+        // Without turns the fill is not used.
+        let (r, i) = entry(60);
+        r.device(i).set_turn_fill_milli(500);
+        assert_eq!(turn_scale_milli(r.device(i)), 500);
+        assert_eq!(
+            schedule_ns(600_000, 60, r.device(i).rate_scale_milli()),
+            1_000_000
+        );
     }
 
     #[test]

@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 
-use vgpu_shm::layout::TURNS_SHARED;
 use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
@@ -210,7 +209,7 @@ impl Leader {
         }
         state.neighbours_present = present;
         let misread = misattributed(reading.ours, admitted_share);
-        let beside_others = present || misread || entry.turn_flag(TURNS_SHARED);
+        let beside_others = present || misread || entry.turn_shared(now);
         state.show(
             &attach.region,
             dev,

@@ -130,6 +130,24 @@ pub fn window_fill_milli(probes: &[Probe]) -> Option<u64> {
     Some(median.clamp(MIN_FILL_MILLI, MAX_FILL_MILLI))
 }
 
+/// Windows in a row that measured nothing after which the fill drifts
+/// back towards 1 (each window a quarter of the way): one measured by an
+/// earlier program of the container, or before a neighbour without turns
+/// came, would otherwise hold for good (2 s).
+pub const STALE_FILL_WINDOWS: u32 = 20;
+
+/// The fill after a window that measured `window` (None: it met another
+/// context), the `unmeasured`-th such in a row.
+pub fn fill_after(fill_milli: u64, window: Option<u64>, unmeasured: u32) -> u64 {
+    match window {
+        Some(w) => next_fill_milli(fill_milli, w),
+        None if fill_milli != 0 && unmeasured >= STALE_FILL_WINDOWS => {
+            next_fill_milli(fill_milli, MAX_FILL_MILLI)
+        }
+        None => fill_milli,
+    }
+}
+
 /// The fill after a window that measured `window`: a running average
 /// over about four windows (from the first one measured).
 pub fn next_fill_milli(fill_milli: u64, window: u64) -> u64 {
@@ -146,9 +164,33 @@ pub fn next_fill_milli(fill_milli: u64, window: u64) -> u64 {
 /// windows run into the next one's: a quarter.
 pub const MAX_CUT_PCT: u64 = 25;
 
-/// How long after it last met another context a container keeps its
-/// guard ([`guard_ns`]).
-pub const SHARED_NS: u64 = 10_000_000_000;
+/// A pause of the host longer than this between two launches of a probe
+/// may have left the GPU idle in it ([`waited_for_the_gpu`]).
+pub const HOST_PAUSE_NS: u64 = 200_000;
+
+/// Whether a pause since a probe's last launch (`last_launch_ns`) to
+/// `now` was spent waiting for the GPU: a synchronisation that covers the
+/// probe's stream was entered within [`HOST_PAUSE_NS`] of that launch
+/// (`entered_ns`) and returned within as long before `now`
+/// (`returned_ns`). The GPU then ran the probe's work until about the
+/// return, so the pause held no idle GPU time to speak of; host work
+/// before the synchronisation (which may have left the GPU idle) fails
+/// the first test. A loop that synchronises every ten 0.05 ms kernels
+/// pauses 0.45 ms at each, with its stream dry when it launches again:
+/// without this, none of its probes ever closed, and its windows never
+/// found their turns (docs/benchmarks.md, runs 47-49).
+pub fn waited_for_the_gpu(
+    last_launch_ns: u64,
+    entered_ns: u64,
+    returned_ns: u64,
+    now: u64,
+) -> bool {
+    entered_ns >= last_launch_ns
+        && entered_ns - last_launch_ns <= HOST_PAUSE_NS
+        && returned_ns >= entered_ns
+        && now >= returned_ns
+        && now - returned_ns <= HOST_PAUSE_NS
+}
 /// Covered windows in a row (every probe beside another context) after
 /// which the container stops leaving time unspent for them: whatever
 /// covers its windows takes no turns (a container without a limit), and
@@ -164,7 +206,8 @@ pub const COVERED_STREAK: u32 = 6;
 /// - a covered window adds an eighth of the share, until the streak
 ///   says nothing that takes turns covers it: then nothing is cut;
 /// - a window that ended clear halves the cut, down to the guard while
-///   `shared` (another context was met in the last [`SHARED_NS`]).
+///   `shared` (another context was met in the last 10 s,
+///   `layout::TURN_SHARED_NS`).
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns`.
 pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: bool) -> u64 {
@@ -474,5 +517,67 @@ mod tests {
             next_fill_milli(u64::MAX, 1000),
             (MAX_FILL_MILLI * 3 + 1000 + 2) / 4
         );
+    }
+
+    #[test]
+    fn a_pause_counts_as_waiting_only_when_the_host_went_straight_into_a_synchronisation() {
+        let us = 1_000u64;
+        let last = 1_000_000_000;
+        // Ten 0.05 ms kernels: in the synchronisation 20 us after the last
+        // launch, out 450 us later, launching again 60 us after that.
+        assert!(waited_for_the_gpu(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 530 * us
+        ));
+        // 1 ms of host work first, then a synchronisation that returned at
+        // once: the GPU may have idled for most of that millisecond.
+        let entered = last + 1_000 * us;
+        assert!(!waited_for_the_gpu(
+            last,
+            entered,
+            entered + 5 * us,
+            entered + 20 * us
+        ));
+        // Host work after the synchronisation returned.
+        assert!(!waited_for_the_gpu(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 900 * us
+        ));
+        // A synchronisation from before the last launch says nothing.
+        assert!(!waited_for_the_gpu(
+            last,
+            last - 10 * us,
+            last - 5 * us,
+            last + 100 * us
+        ));
+        // Out of order clocks (another thread's values) do not wrap.
+        assert!(!waited_for_the_gpu(
+            last,
+            last + 20 * us,
+            last + 10 * us,
+            last + 30 * us
+        ));
+        assert!(!waited_for_the_gpu(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 400 * us
+        ));
+    }
+
+    #[test]
+    fn a_fill_no_window_measures_drifts_back_to_one() {
+        assert_eq!(fill_after(0, None, 100), 0, "never measured: none");
+        assert_eq!(fill_after(800, None, STALE_FILL_WINDOWS - 1), 800);
+        assert_eq!(fill_after(800, Some(900), 50), 825);
+        let mut fill = 600;
+        for n in 0..40 {
+            fill = fill_after(fill, None, STALE_FILL_WINDOWS + n);
+        }
+        assert!(fill >= 990, "{fill}");
     }
 }

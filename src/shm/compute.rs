@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::layout::{DeviceEntry, TURNS_PAUSED};
+use crate::layout::{DeviceEntry, TURN_SHARED_NS, TURNS_PAUSED};
 
 use crate::lease;
 
@@ -47,7 +47,7 @@ impl DeviceEntry {
         }
     }
 
-    /// Whether `flag` ([`TURNS_PAUSED`], `TURNS_SHARED`) is set.
+    /// Whether `flag` ([`TURNS_PAUSED`]) is set.
     pub fn turn_flag(&self, flag: u64) -> bool {
         self.turn_flags.load(Ordering::Relaxed) & flag != 0
     }
@@ -109,6 +109,19 @@ impl DeviceEntry {
     /// (0: not measured yet; `limiter/turns.rs`).
     pub fn turn_fill_milli(&self) -> u64 {
         self.turn_fill_milli.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a probe of the container ran beside another context at
+    /// `now` (CLOCK_MONOTONIC ns).
+    pub fn note_turn_shared(&self, now: u64) {
+        self.turn_shared_ns.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Whether a probe of the container ran beside another context in the
+    /// [`TURN_SHARED_NS`] before `now`.
+    pub fn turn_shared(&self, now: u64) -> bool {
+        let at = self.turn_shared_ns.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) < TURN_SHARED_NS
     }
 
     /// Sets how full the container's launches keep the GPU in its window.

@@ -139,17 +139,19 @@ pub struct DeviceEntry {
     pub admitted_ns: AtomicU64,
     /// `TURNS_PAUSED` while more than one process of the container uses
     /// the device: they would share each window and time-slice within it,
-    /// so the bucket paces them as before turns (2.1). `TURNS_SHARED`
-    /// while the container's windows met another context in the last
-    /// 10 s (2.2).
+    /// so the bucket paces them as before turns (2.1).
     pub turn_flags: AtomicU64,
     /// How full the container's launches keep the GPU in its window when
     /// nothing else runs there: their cost over the time they span, ×1000
     /// (0: not measured yet; 2.2). A window holds its share of the period
     /// in span, not in cost.
     pub turn_fill_milli: AtomicU64,
+    /// When a probe of the container last ran beside another context
+    /// (CLOCK_MONOTONIC ns, 0: never; 2.2). For 10 s after it, NVML's
+    /// per-process figures are not the container's share.
+    pub turn_shared_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 10],
+    pub _reserved: [AtomicU64; 9],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -159,9 +161,9 @@ pub const TURN_PERIOD_NS: u64 = 100_000_000;
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
-/// [`DeviceEntry::turn_flags`]: the container's windows met another
-/// context lately, so NVML's per-process figures are not its share.
-pub const TURNS_SHARED: u64 = 2;
+/// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
+/// sharing the device.
+pub const TURN_SHARED_NS: u64 = 10_000_000_000;
 
 /// One process of the container.
 #[repr(C)]
@@ -286,6 +288,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, admitted_ns) == 152);
     assert!(offset_of!(DeviceEntry, turn_flags) == 160);
     assert!(offset_of!(DeviceEntry, turn_fill_milli) == 168);
+    assert!(offset_of!(DeviceEntry, turn_shared_ns) == 176);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

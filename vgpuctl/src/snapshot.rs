@@ -148,7 +148,8 @@ pub struct Turns {
     pub fill: Option<f64>,
     /// Paused: several processes of the container use the device.
     pub paused: bool,
-    /// Its windows met another context in the last 10 s (layout 2.2).
+    /// A probe of its windows met another context in the last 10 s
+    /// (layout 2.2).
     pub shared: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,

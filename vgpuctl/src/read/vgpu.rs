@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED, TURNS_SHARED};
+use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED};
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot, Turns};
@@ -67,9 +67,12 @@ fn device(region: &Region, dev: EntryIndex) -> Device {
             phase_ms: (d.turn_anchor() % TURN_PERIOD_NS) as f64 / 1e6,
             period_ms: TURN_PERIOD_NS as f64 / 1e6,
             unspent_ms: d.turn_cut_ns() as f64 / 1e6,
-            fill: (d.turn_fill_milli() != 0).then(|| d.turn_fill_milli() as f64 / 1000.0),
+            fill: match d.turn_fill_milli() {
+                0 => None,
+                f => Some(f as f64 / 1000.0),
+            },
             paused: d.turn_flag(TURNS_PAUSED),
-            shared: d.turn_flag(TURNS_SHARED),
+            shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }
