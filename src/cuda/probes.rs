@@ -96,8 +96,6 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 /// at worst two events leak).
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
-/// Per device entry: windows judged in a row that measured no fill.
-static UNMEASURED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Per device entry: whether the last window judged opened beside another.
 static LATE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Per device entry: windows judged in a row whose probes all ran beside
@@ -354,22 +352,17 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     if JUDGED[d].fetch_max(period, Ordering::Relaxed) >= period {
         return; // judged already, or a later window was
     }
-    let window = turns::window_fill_milli(timings);
-    let unmeasured = match window {
-        Some(_) => {
-            UNMEASURED[d].store(0, Ordering::Relaxed);
-            0
-        }
-        None => UNMEASURED[d].fetch_add(1, Ordering::Relaxed) + 1,
-    };
-    let was = entry.turn_fill_milli();
-    let fill = turns::fill_after(was, window, unmeasured);
-    if fill != was {
+    // (The fill is the workload's: a window beside another measures
+    // nothing and leaves it as it was.)
+    if let Some(window) = turns::window_fill_milli(timings) {
+        let was = entry.turn_fill_milli();
+        let fill = turns::next_fill_milli(was, window);
         entry.set_turn_fill_milli(fill);
         if fill.abs_diff(was) >= 20 {
             log::debug!(
-                "turns: fill {:.3} ({} probes, {unmeasured} windows unmeasured)",
+                "turns: fill {:.3} (this window {:.3}, {} probes)",
                 fill as f64 / 1000.0,
+                window as f64 / 1000.0,
                 timings.len()
             );
         }

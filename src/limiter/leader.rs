@@ -164,6 +164,10 @@ impl Leader {
         entry.set_turn_flag(vgpu_shm::layout::TURNS_PAUSED, users > 1);
         let now = clock::monotonic_ns();
         if !state.leading {
+            // A new leader: most often a new program of the container,
+            // whose windows' fill is its own to measure, not its
+            // predecessor's (until measured, shares are not converted).
+            entry.set_turn_fill_milli(0);
             *state = Device {
                 leading: true,
                 last_seen_us: clock::unix_us(),

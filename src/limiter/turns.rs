@@ -130,24 +130,6 @@ pub fn window_fill_milli(probes: &[Probe]) -> Option<u64> {
     Some(median.clamp(MIN_FILL_MILLI, MAX_FILL_MILLI))
 }
 
-/// Windows in a row that measured nothing after which the fill drifts
-/// back towards 1 (each window a quarter of the way): one measured by an
-/// earlier program of the container, or before a neighbour without turns
-/// came, would otherwise hold for good (2 s).
-pub const STALE_FILL_WINDOWS: u32 = 20;
-
-/// The fill after a window that measured `window` (None: it met another
-/// context), the `unmeasured`-th such in a row.
-pub fn fill_after(fill_milli: u64, window: Option<u64>, unmeasured: u32) -> u64 {
-    match window {
-        Some(w) => next_fill_milli(fill_milli, w),
-        None if fill_milli != 0 && unmeasured >= STALE_FILL_WINDOWS => {
-            next_fill_milli(fill_milli, MAX_FILL_MILLI)
-        }
-        None => fill_milli,
-    }
-}
-
 /// The fill after a window that measured `window`: a running average
 /// over about four windows (from the first one measured).
 pub fn next_fill_milli(fill_milli: u64, window: u64) -> u64 {
@@ -567,17 +549,5 @@ mod tests {
             last + 470 * us,
             last + 400 * us
         ));
-    }
-
-    #[test]
-    fn a_fill_no_window_measures_drifts_back_to_one() {
-        assert_eq!(fill_after(0, None, 100), 0, "never measured: none");
-        assert_eq!(fill_after(800, None, STALE_FILL_WINDOWS - 1), 800);
-        assert_eq!(fill_after(800, Some(900), 50), 825);
-        let mut fill = 600;
-        for n in 0..40 {
-            fill = fill_after(fill, None, STALE_FILL_WINDOWS + n);
-        }
-        assert!(fill >= 990, "{fill}");
     }
 }
