@@ -202,11 +202,8 @@ fn a_host_bound_loop_s_window_spans_its_share_of_the_period() {
     // cost, 90 % of the period, spans 99 % of it, so shares counted in
     // cost leave the windows no room (the 60 % container got 0.545 on an
     // H200, run 43). Counted in span, both fit.
-    let _serial = serial();
-    let (out, turns) = share_and_turns(&[Some(30), Some(60)], SECS, PACED);
-    assert_each_gets_its_limit(&out);
     // vgpuctl shows the fill each one measured: 0.1 ms of every 0.11.
-    assert_fills(&turns, 0.85..=0.95);
+    thirty_and_sixty_meet_their_limits_with_fills(PACED, 0.85..=0.95);
 }
 
 #[test]
@@ -216,16 +213,17 @@ fn a_loop_that_synchronises_often_finds_its_turns() {
     // that dropped at such pauses never closed, the windows never moved
     // apart, and the two time-sliced (30 + 60 at 0.05 ms on an H200:
     // 0.325 + 0.548, run 47).
-    let _serial = serial();
-    let (out, turns) = share_and_turns(&[Some(30), Some(60)], SECS, SYNCED);
-    assert_each_gets_its_limit(&out);
     // Their probes closed: each measured the fill of its windows (the
     // pauses at the synchronisations included).
-    assert_fills(&turns, 0.85..=0.97);
+    thirty_and_sixty_meet_their_limits_with_fills(SYNCED, 0.85..=0.97);
 }
 
-/// Every limited container's turns show a fill within `range`.
-fn assert_fills(turns: &[Option<serde_json::Value>], range: std::ops::RangeInclusive<f64>) {
+/// Containers at 30 and 60 % whose loops launch in `mode` each get their
+/// limit, and every one's turns show a fill within `range`.
+fn thirty_and_sixty_meet_their_limits_with_fills(mode: &str, range: std::ops::RangeInclusive<f64>) {
+    let _serial = serial();
+    let (out, turns) = share_and_turns(&[Some(30), Some(60)], SECS, mode);
+    assert_each_gets_its_limit(&out);
     for t in turns.iter().flatten() {
         let fill = t["fill"].as_f64();
         assert!(

@@ -10,6 +10,13 @@ use common::*;
 use vgpu_shm::layout::*;
 use vgpu_shm::{DeviceInfo, Kind, Limits, OpenMode, ProcId, Region};
 
+/// Appends `("c_struct.field", offset_of!(RustType, field))` for each field.
+macro_rules! offsets {
+    ($out:ident, $c:literal, $t:ty: $($f:ident),+) => {
+        $($out.push((concat!($c, ".", stringify!($f)), offset_of!($t, $f)));)+
+    };
+}
+
 #[test]
 fn the_c_header_matches_the_rust_layout() {
     let exe = artifacts().bin.join("shm_layout");
@@ -56,129 +63,11 @@ fn the_c_header_matches_the_rust_layout() {
     assert_eq!(c.u64("part"), REGION_SIZE as u64);
     assert_eq!(c.u64("file"), FILE_SIZE as u64);
     assert_eq!(c.u64("offset"), VGPU_OFFSET as u64);
-    let expect = [
-        (
-            "vgpu_shm_header.version_major",
-            offset_of!(Header, version_major),
-        ),
-        ("vgpu_shm_header.size", offset_of!(Header, size)),
-        (
-            "vgpu_shm_header.header_size",
-            offset_of!(Header, header_size),
-        ),
-        ("vgpu_shm_header.state", offset_of!(Header, state)),
-        ("vgpu_shm_header.slot_hwm", offset_of!(Header, slot_hwm)),
-        (
-            "vgpu_shm_header.created_unix_s",
-            offset_of!(Header, created_unix_s),
-        ),
-        ("vgpu_shm_header.reclaims", offset_of!(Header, reclaims)),
-        ("vgpu_shm_header.boot_id", offset_of!(Header, boot_id)),
-        ("vgpu_shm_header.region_id", offset_of!(Header, region_id)),
-        (
-            "vgpu_shm_header.hami_writer",
-            offset_of!(Header, hami_writer),
-        ),
-        ("vgpu_shm_header.origin", offset_of!(Header, origin)),
-        ("vgpu_shm_header.devices", offset_of!(Header, devices)),
-        ("vgpu_shm_device.in_use", offset_of!(DeviceEntry, in_use)),
-        (
-            "vgpu_shm_device.sm_limit",
-            offset_of!(DeviceEntry, sm_limit),
-        ),
-        (
-            "vgpu_shm_device.mem_limit",
-            offset_of!(DeviceEntry, mem_limit),
-        ),
-        (
-            "vgpu_shm_device.total_mem",
-            offset_of!(DeviceEntry, total_mem),
-        ),
-        (
-            "vgpu_shm_device.sm_count",
-            offset_of!(DeviceEntry, sm_count),
-        ),
-        ("vgpu_shm_device.policy", offset_of!(DeviceEntry, policy)),
-        ("vgpu_shm_device.tat_ns", offset_of!(DeviceEntry, tat_ns)),
-        (
-            "vgpu_shm_device.rate_scale_milli",
-            offset_of!(DeviceEntry, rate_scale_milli),
-        ),
-        (
-            "vgpu_shm_device.util_milli",
-            offset_of!(DeviceEntry, util_milli),
-        ),
-        ("vgpu_shm_device.leader", offset_of!(DeviceEntry, leader)),
-        ("vgpu_shm_device.waits", offset_of!(DeviceEntry, waits)),
-        (
-            "vgpu_shm_device.context_bytes",
-            offset_of!(DeviceEntry, context_bytes),
-        ),
-        (
-            "vgpu_shm_device.hami_index",
-            offset_of!(DeviceEntry, hami_index),
-        ),
-        (
-            "vgpu_shm_device.hami_limit_seen",
-            offset_of!(DeviceEntry, hami_limit_seen),
-        ),
-        (
-            "vgpu_shm_device.hami_sm_seen",
-            offset_of!(DeviceEntry, hami_sm_seen),
-        ),
-        (
-            "vgpu_shm_device.oom_denials",
-            offset_of!(DeviceEntry, oom_denials),
-        ),
-        ("vgpu_shm_device.wait_ns", offset_of!(DeviceEntry, wait_ns)),
-        (
-            "vgpu_shm_device.turn_anchor_ns",
-            offset_of!(DeviceEntry, turn_anchor_ns),
-        ),
-        (
-            "vgpu_shm_device.turn_moved_ns",
-            offset_of!(DeviceEntry, turn_moved_ns),
-        ),
-        (
-            "vgpu_shm_device.turn_cut_ns",
-            offset_of!(DeviceEntry, turn_cut_ns),
-        ),
-        (
-            "vgpu_shm_device.admitted_ns",
-            offset_of!(DeviceEntry, admitted_ns),
-        ),
-        (
-            "vgpu_shm_device.turn_flags",
-            offset_of!(DeviceEntry, turn_flags),
-        ),
-        (
-            "vgpu_shm_device.turn_fill_milli",
-            offset_of!(DeviceEntry, turn_fill_milli),
-        ),
-        (
-            "vgpu_shm_device.turn_shared_ns",
-            offset_of!(DeviceEntry, turn_shared_ns),
-        ),
-        ("vgpu_shm_slot.host_pid", offset_of!(ProcSlot, host_pid)),
-        ("vgpu_shm_slot.start_time", offset_of!(ProcSlot, start_time)),
-        ("vgpu_shm_slot.pidns", offset_of!(ProcSlot, pidns)),
-        (
-            "vgpu_shm_slot.claimed_unix_s",
-            offset_of!(ProcSlot, claimed_unix_s),
-        ),
-        ("vgpu_shm_slot.sm_util", offset_of!(ProcSlot, sm_util)),
-        ("vgpu_shm_slot.usage", offset_of!(ProcSlot, usage)),
-        (
-            "vgpu_shm_slot.dead_since_ms",
-            offset_of!(ProcSlot, dead_since_ms),
-        ),
-        (
-            "vgpu_shm_slot.heartbeat_ms",
-            offset_of!(ProcSlot, heartbeat_ms),
-        ),
-        ("vgpu_shm_slot.flags", offset_of!(ProcSlot, flags)),
-        ("vgpu_shm_slot.nvml_used", offset_of!(ProcSlot, nvml_used)),
-    ];
+    // Each C struct's fields against the Rust struct's, by name.
+    let mut expect = Vec::new();
+    offsets!(expect, "vgpu_shm_header", Header: version_major, size, header_size, state, slot_hwm, created_unix_s, reclaims, boot_id, region_id, hami_writer, origin, devices);
+    offsets!(expect, "vgpu_shm_device", DeviceEntry: in_use, sm_limit, mem_limit, total_mem, sm_count, policy, tat_ns, rate_scale_milli, util_milli, leader, waits, context_bytes, hami_index, hami_limit_seen, hami_sm_seen, oom_denials, wait_ns, turn_anchor_ns, turn_moved_ns, turn_cut_ns, admitted_ns, turn_flags, turn_fill_milli, turn_shared_ns);
+    offsets!(expect, "vgpu_shm_slot", ProcSlot: host_pid, start_time, pidns, claimed_unix_s, sm_util, usage, dead_since_ms, heartbeat_ms, flags, nvml_used);
     for (field, offset) in expect {
         assert_eq!(c.u64(field), offset as u64, "{field}");
     }

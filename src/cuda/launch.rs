@@ -93,10 +93,10 @@ fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
         // Finished probes are collected before the timing sample begins
         // (`probes::poll_if_due`); the sample asks whether the stream is
         // idle before the probe records its start event there.
-        probes::poll_if_due(attach, dev);
+        let in_turns = probes::poll_if_due(attach, dev);
         (
             events::begin(shape, l.stream, crate::clock::coarse_ns()),
-            probes::before(attach, dev, l.stream, limiter::cost_ns(shape)),
+            in_turns.and_then(|t| probes::before(t, dev, l.stream, limiter::cost_ns(shape))),
         )
     };
     let rc = go();

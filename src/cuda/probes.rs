@@ -123,11 +123,13 @@ pub struct Token {
 /// kernel's on an idle stream: a 0.05 ms kernel was costed at twice its
 /// time on an H200, run 49): collects finished probes and judges the
 /// windows that are complete, at most every [`POLL_EVERY_NS`].
-pub fn poll_if_due(attach: &Attach, dev: EntryIndex) {
-    if attach.region.device(dev).turns_in_force() == 0 {
-        return;
+/// Returns the container's turns (None: not in turns), for [`before`].
+pub fn poll_if_due(attach: &Attach, dev: EntryIndex) -> Option<InTurns> {
+    let anchor = attach.region.device(dev).turns_in_force();
+    if anchor == 0 {
+        return None;
     }
-    let now = clock::monotonic_ns();
+    let mut now = clock::monotonic_ns();
     let last = LAST_POLL_NS.load(Ordering::Relaxed);
     if now.saturating_sub(last) >= POLL_EVERY_NS
         && LAST_POLL_NS
@@ -135,17 +137,23 @@ pub fn poll_if_due(attach: &Attach, dev: EntryIndex) {
             .is_ok()
     {
         poll(attach, now);
+        now = clock::monotonic_ns();
     }
+    Some(InTurns { anchor, now })
+}
+
+/// A limited launch's container in turns: their anchor, and the time of
+/// the launch (read once for [`poll_if_due`] and [`before`]).
+#[derive(Clone, Copy)]
+pub struct InTurns {
+    anchor: u64,
+    now: u64,
 }
 
 /// Before a limited launch of `cost_ns` on `stream`, on device entry
-/// `dev`: the probe that takes it in, if the container runs in turns.
-pub fn before(attach: &Attach, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
-    let anchor = attach.region.device(dev).turns_in_force();
-    if anchor == 0 {
-        return None;
-    }
-    let now = clock::monotonic_ns();
+/// `dev`, whose container is in turns: the probe that takes it in.
+pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
+    let InTurns { anchor, now } = at;
     let period = turns::period_start(anchor, now);
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);

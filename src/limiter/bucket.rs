@@ -252,6 +252,23 @@ mod tests {
         assert!(matches!(admit(d, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
     }
 
+    /// Launches of `cost` ns from `start` (each spanning `span` ns) until
+    /// the bucket says wait or the period ends: the GPU time admitted,
+    /// where the launches got to, and the wait asked for, if any.
+    fn one_period(d: &DeviceEntry, start: u64, cost: u64, span: u64) -> (u64, u64, Option<u64>) {
+        let (mut now, mut gpu) = (start, 0u64);
+        while now < start + turns::PERIOD_NS {
+            match admit(d, cost, now) {
+                Admit::Now => {
+                    gpu += cost;
+                    now += span;
+                }
+                Admit::Wait(ns) => return (gpu, now, Some(ns)),
+            }
+        }
+        (gpu, now, None)
+    }
+
     #[test]
     fn a_cut_waits_for_the_next_period_and_any_cut_leaves_most_of_it() {
         let anchor = 2_000_000_000u64;
@@ -261,19 +278,10 @@ mod tests {
             d.choose_turn_anchor(anchor);
             d.set_turn_cut_ns(cut);
             let start = anchor + 10 * turns::PERIOD_NS;
-            let (mut now, mut gpu) = (start, 0u64);
-            while now < start + turns::PERIOD_NS {
-                match admit(d, 1_000_000, now) {
-                    Admit::Now => {
-                        gpu += 1_000_000;
-                        now += 1_000_000;
-                    }
-                    Admit::Wait(ns) => {
-                        // The wait runs to the next period, not 1 ns at a time.
-                        assert_eq!(now + ns, start + turns::PERIOD_NS, "cut {cut}");
-                        break;
-                    }
-                }
+            let (gpu, now, wait) = one_period(d, start, 1_000_000, 1_000_000);
+            // The wait runs to the next period, not 1 ns at a time.
+            if let Some(ns) = wait {
+                assert_eq!(now + ns, start + turns::PERIOD_NS, "cut {cut}");
             }
             let least = turns::share_ns(30, 1000) * 3 / 4;
             assert!(gpu >= least, "cut {cut}: {gpu} ns in the period");
@@ -288,16 +296,8 @@ mod tests {
         d.choose_turn_anchor(anchor);
         d.set_turn_fill_milli(909);
         let start = anchor + 10 * turns::PERIOD_NS;
-        let (mut now, mut gpu) = (start, 0u64);
-        while now < start + turns::PERIOD_NS {
-            match admit(d, 50_000, now) {
-                Admit::Now => {
-                    gpu += 50_000;
-                    now += 55_000; // the launches span 1 / 0.909 of their cost
-                }
-                Admit::Wait(_) => break,
-            }
-        }
+        // The launches span 1 / 0.909 of their cost.
+        let (gpu, now, _) = one_period(d, start, 50_000, 55_000);
         // 60 % of 100 ms at a fill of 0.909: 54.5 ms of cost, 60 ms of span.
         assert!(
             (54_500_000..=54_600_000).contains(&gpu),
@@ -308,14 +308,14 @@ mod tests {
             "spanned {}",
             now - start
         );
-        // Without turns the fill is not used.
+        // Without turns the fill is not used: 0.6 ms at 60 % is 1 ms of
+        // schedule, not 2.
         let (r, i) = entry(60);
-        r.device(i).set_turn_fill_milli(500);
-        assert_eq!(turn_scale_milli(r.device(i)), 500);
-        assert_eq!(
-            schedule_ns(600_000, 60, r.device(i).rate_scale_milli()),
-            1_000_000
-        );
+        let d = r.device(i);
+        d.set_turn_fill_milli(500);
+        let now = 10_000_000_000u64;
+        assert_eq!(admit(d, 600_000, now), Admit::Now);
+        assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + 1_000_000);
     }
 
     #[test]
