@@ -36,6 +36,7 @@ class Sampler:
         self.pids = pids
         self.nvml = []  # (unix s, pid, smUtil)
         self.device = []  # (unix s, gpu util)
+        self.clock = []  # (unix s, SM clock MHz, power W)
         self.region = {r: [] for r in regions}  # (unix s, scale, util)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -72,6 +73,11 @@ class Sampler:
                     self.device.append((now, pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
                 except pynvml.NVMLError:
                     pass
+                try:
+                    self.clock.append((now, pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                       pynvml.nvmlDeviceGetPowerUsage(h) / 1000))
+                except pynvml.NVMLError:
+                    pass
             for r in self.regions:
                 dev = S.region_json(r)["devices"]
                 if dev:
@@ -88,6 +94,13 @@ class Sampler:
     def device_mean(self, t0, t1):
         v = [u for (t, u) in self.device if t0 <= t <= t1]
         return statistics.mean(v) / 100 if v else float("nan")
+
+    def clock_mean(self, t0, t1):
+        """Mean SM clock (MHz) and power (W) over [t0, t1]."""
+        v = [(c, w) for (t, c, w) in self.clock if t0 <= t <= t1]
+        if not v:
+            return float("nan"), float("nan")
+        return statistics.mean(c for c, _ in v), statistics.mean(w for _, w in v)
 
     def region_mean(self, region, t0, t1, field):
         v = [x[field] for x in self.region.get(region, []) if t0 <= x[0] <= t1]
@@ -132,27 +145,39 @@ def run_case(name, kind_key, members, sizes, preload=True, extra=None):
         results.append({"limit": limit, "offset": offset, "secs": secs, "pid": p.pid, "rc": p.returncode,
                         "rate": float(r.get("rate", "nan")), "per_sec": per,
                         "gap_ms": {k[7:]: float(v) for k, v in r.items() if k.startswith("gap_ms_")},
+                        "kernel_ms": float(r.get("kernel_ms", "nan")),
                         "t0": t_go + offset, "region": region})
     sampler.finish()
     for r in results:
         t0, t1 = r["t0"] + 3, r["t0"] + r["secs"]
         r["device_util"] = sampler.device_mean(t0, t1)
+        r["clock_mhz"], r["power_w"] = sampler.clock_mean(t0, t1)
         r["nvml"] = sampler.nvml_mean(r["pid"], t0, t1)
         r["scale"] = sampler.region_mean(r["region"], t0, t1, 1)
         r["region_util"] = sampler.region_mean(r["region"], t0, t1, 2)
     return results
 
 
-def judge(sec, case, kind_key, results, solo, solo_util=float("nan")):
-    """Records one row per limited container: fraction over its run and the
-    worst 1-s window after its first 3 s. Then what the regions show
-    against each container's GPU time: the device utilisation NVML
-    measured while they ran (its device-wide figure, which is true where
-    its per-process one is not beside others), split in proportion to
-    their throughputs (the containers run the same kernel on the same
-    GPU at the same clocks; a fraction of the solo rate alone would count
-    a limited GEMM's higher clock as GPU time). NVML's per-process
-    figures are recorded beside it."""
+def gpu_time(r):
+    """A container's GPU time as a fraction of the run: its kernels a
+    second times what one took in this run, at the clock it ran at
+    (`kernel_ms`: the mean gap between consecutive events of a batch,
+    less gaps that held another context's slice; the host queues a
+    batch's ten kernels ahead of the GPU, so a gap is one kernel's
+    time)."""
+    return r["rate"] * r["kernel_ms"] / 1000
+
+
+def judge(sec, case, kind_key, results, ref):
+    """Records one row per limited container: fraction of the solo rate
+    over its run and the worst 1-s window after its first 3 s. Then what
+    the regions show against each container's GPU time (`gpu_time`: its
+    own kernels, timed in the run). NVML's per-process figures, and the
+    device's utilisation split by throughput (the reference before run
+    57), are recorded beside it, with the SM clock and the power of the
+    run against the solo one's (a power-bound GEMM runs faster the less
+    busy the GPU is)."""
+    solo = ref["rate"]
     ok_all = True
     parts = []
     for r in results:
@@ -160,7 +185,8 @@ def judge(sec, case, kind_key, results, solo, solo_util=float("nan")):
         windows = [c / solo for c in r["per_sec"][3:]]
         lim = r["limit"]
         parts.append(f"{lim or 'unl'}:{frac:.3f} (nvml {r['nvml']:.3f}, region {r['region_util']:.3f}, "
-                     f"scale {r['scale']:.2f})")
+                     f"scale {r['scale']:.2f}, gpu time {gpu_time(r):.3f}, kernel "
+                     f"{r['kernel_ms']:.4f} ms)")
         if lim is None:
             continue
         want = lim / 100
@@ -178,23 +204,33 @@ def judge(sec, case, kind_key, results, solo, solo_util=float("nan")):
         ok_all &= ok
         S.record(sec, f"{case} {kind_key}: container at {lim}%: fraction; worst 1-s window",
                  f"{frac:.3f}; {worst:.3f} (NVML {r['nvml']:.3f}, region {r['region_util']:.3f}, "
-                 f"scale {r['scale']:.2f})", target, ok)
-    print(f"# {case} {kind_key}: " + ", ".join(parts), flush=True)
+                 f"GPU time {gpu_time(r):.3f}, scale {r['scale']:.2f})", target, ok)
+    clock, power = results[0]["clock_mhz"], results[0]["power_w"]
+    print(f"# {case} {kind_key}: " + ", ".join(parts) + f"; SM clock {clock:.0f} MHz ({ref['clock']:.0f} alone), "
+          f"power {power:.0f} W ({ref['power']:.0f} alone)", flush=True)
     limited = [r for r in results if r["limit"] is not None]
-    device = results[0]["device_util"]
-    rates = sum(r["rate"] for r in results)
-    truth = [device * r["rate"] / rates for r in limited]
-    # (A missing sample reads NaN, which max() would pass over unless first.)
+    truth = [gpu_time(r) for r in limited]
+    # (A missing figure reads NaN, which max() would pass over unless first.)
     diffs = [abs(r["region_util"] - t) for r, t in zip(limited, truth)]
     gap = float("nan") if not diffs or any(d != d for d in diffs) else max(diffs)
     shown = ", ".join(f"{r['region_util']:.3f} vs {t:.3f}" for r, t in zip(limited, truth))
+    device = results[0]["device_util"]
+    rates = sum(r["rate"] for r in results)
+    split = ", ".join(f"{device * r['rate'] / rates:.3f}" for r in limited)
     S.record(sec, f"{case} {kind_key}: utilisation in the region (vgpuctl) vs the container's GPU time "
-                  f"(device utilisation {device:.3f} split by throughput; alone {solo_util:.3f}), "
-                  "largest difference of the means", f"{gap:.3f} ({shown})", "<= 0.02", gap <= 0.02)
+                  f"(its kernels a second times a kernel's time in the run; the device's utilisation "
+                  f"{device:.3f} split by throughput: {split}), largest difference of the means",
+             f"{gap:.3f} ({shown})", "<= 0.02", gap <= 0.02)
     nv = max((abs(r["region_util"] - r["nvml"]) for r in limited), default=float("nan"))
     S.record(sec, f"{case} {kind_key}: utilisation in the region vs NVML's per-process figure, largest "
                   "difference (for the record: NVML hands each sample period to one process)",
              f"{nv:.3f} (" + ", ".join(f"{r['nvml']:.3f}" for r in limited) + ")", "-", True)
+    if kind_key == "gemm":
+        S.record(sec, f"{case} {kind_key}: SM clock and power in the run, against the solo run's "
+                      "(for the record: a power-bound GEMM runs faster on a less busy GPU)",
+                 f"{clock:.0f} MHz, {power:.0f} W ({ref['clock']:.0f} MHz, {ref['power']:.0f} W alone; "
+                 f"kernel {statistics.mean(r['kernel_ms'] for r in results):.4f} ms, "
+                 f"{ref['k_ms']:.4f} alone)", "-", True)
     return ok_all
 
 
@@ -207,16 +243,18 @@ def calibrated_sizes():
 
 
 def solo_rates(sizes, kinds, secs=6):
-    """Each kind's rate alone and unlimited, and the device utilisation
-    NVML measured meanwhile."""
-    rates, utils = {}, {}
+    """Each kind's run alone and unlimited: its rate, the device
+    utilisation, SM clock and power NVML measured meanwhile, and a
+    kernel's time."""
+    refs = {}
     for k in kinds:
-        res = run_case("solo", k, [(None, 0, secs)], sizes)
-        rates[k] = res[0]["rate"]
-        utils[k] = res[0]["device_util"]
-        print(f"# solo {k}: {rates[k]:.2f}/s, device utilisation {utils[k]:.3f}, gaps {res[0]['gap_ms']}",
-              flush=True)
-    return rates, utils
+        r = run_case("solo", k, [(None, 0, secs)], sizes)[0]
+        refs[k] = {"rate": r["rate"], "util": r["device_util"], "clock": r["clock_mhz"], "power": r["power_w"],
+                   "k_ms": r["kernel_ms"], "gpu_time": gpu_time(r)}
+        print(f"# solo {k}: {r['rate']:.2f}/s, device utilisation {r['device_util']:.3f}, GPU time "
+              f"{gpu_time(r):.3f}, SM clock {r['clock_mhz']:.0f} MHz, power {r['power_w']:.0f} W, "
+              f"gaps {r['gap_ms']}", flush=True)
+    return refs
 
 
 def save(name, data):
@@ -231,7 +269,7 @@ def staggered(sec, sizes, solo, secs=24):
     k = "mem-1ms"
     res = run_case("staggered", k, [(30, 0, secs), (60, 6, 12)], sizes)
     a, b = res
-    rate = solo[k]
+    rate = solo[k]["rate"]
     wa = [c / rate for c in a["per_sec"]]
     wb = [c / rate for c in b["per_sec"]]
     settle = [i for i in range(3, secs) if not (6 <= i < 8 or 18 <= i < 20)]
@@ -266,18 +304,21 @@ def neighbours(scen):
         wanted = only.split(",")
         kinds = [k for k in kinds if any(w.endswith("/" + k) for w in wanted)
                  or (k == "mem-1ms" and "staggered" in wanted)]
-    solo, solo_util = solo_rates(sizes, kinds)
+    solo = solo_rates(sizes, kinds)
     secs = int(os.environ.get("NEIGHBOURS_SECS", "20"))
-    data = {"sizes": sizes, "solo": solo, "solo_util": solo_util, "cases": []}
+    data = {"sizes": sizes, "solo": solo, "cases": []}
     plan = [("30+60", k, [30, 60]) for k in kinds]
     plan += [("50+50", "mem-1ms", [50, 50]), ("10+20+30+40", "mem-1ms", [10, 20, 30, 40]),
              ("25x4", "mem-1ms", [25, 25, 25, 25]), ("50+50", "gemm", [50, 50])]
     plan += [("30+unlimited", k, [30, None]) for k in ("mem-0.05ms", "mem-1ms", "gemm")]
+    # On request only: one GEMM container alone at 60 %, to compare its
+    # clock and throughput with the same limit beside a neighbour.
+    plan += [("alone", "gemm", [60])] if only and "alone/gemm" in only.split(",") else []
     for case, k, limits in plan:
         if only and f"{case}/{k}" not in only.split(","):
             continue
         res = run_case(case, k, [(lim, 0, secs) for lim in limits], sizes)
-        judge(sec, case, k, res, solo[k], solo_util[k])
+        judge(sec, case, k, res, solo[k])
         data["cases"].append({"case": case, "kind": k, "results": res})
         save("neighbours.json", data)
     if not only or "staggered" in only:
@@ -293,7 +334,7 @@ def mechanism(scen):
     S = scen
     sec = "mechanism"
     sizes = calibrated_sizes()
-    solo, _ = solo_rates(sizes, ["mem-0.05ms", "mem-1ms", "mem-10ms", "gemm"])
+    solo = solo_rates(sizes, ["mem-0.05ms", "mem-1ms", "mem-10ms", "gemm"])
     data = {"sizes": sizes, "solo": solo, "cases": []}
     secs = 12
     experiments = [
@@ -308,7 +349,7 @@ def mechanism(scen):
         res = run_case(case.replace(" ", "_"), k, members, sizes, preload, extra)
         line = []
         for r in res:
-            frac = r["rate"] / solo[k]
+            frac = r["rate"] / solo[k]["rate"]
             line.append(f"{r['limit'] or 'unl'}: frac {frac:.3f} nvml {r['nvml']:.3f} region_util "
                         f"{r['region_util']:.3f} scale {r['scale']:.2f} gaps p10/p50/p90 "
                         f"{r['gap_ms'].get('p10', 0):.3f}/{r['gap_ms'].get('p50', 0):.3f}/"
