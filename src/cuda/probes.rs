@@ -376,12 +376,8 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         }
     }
     let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
-    let streak = if turns::covered(timings) {
-        COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
-    } else {
-        COVERED[d].store(0, Ordering::Relaxed);
-        0
-    };
+    let streak = turns::next_streak(COVERED[d].load(Ordering::Relaxed), timings);
+    COVERED[d].store(streak, Ordering::Relaxed);
     if timings.iter().any(Probe::beside_another) {
         entry.note_turn_shared(now);
     }
@@ -400,7 +396,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     let random = now ^ u64::from(std::process::id()).rotate_left(17);
     let late = timings.first().is_some_and(Probe::beside_another);
     let late_before = LATE[d].swap(late, Ordering::Relaxed);
-    let Some(step) = turns::verdict(timings, random, late_before) else {
+    let Some(step) = turns::verdict(timings, random, late_before, streak) else {
         log::trace!("turns: window at {period} stays ({timings:?})");
         return;
     };
