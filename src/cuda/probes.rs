@@ -396,7 +396,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     let random = now ^ u64::from(std::process::id()).rotate_left(17);
     let late = timings.first().is_some_and(Probe::beside_another);
     let late_before = LATE[d].swap(late, Ordering::Relaxed);
-    let Some(step) = turns::verdict(timings, random, late_before, streak) else {
+    let Some(step) = turns::verdict(timings, random, late_before) else {
         log::trace!("turns: window at {period} stays ({timings:?})");
         return;
     };

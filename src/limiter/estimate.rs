@@ -2,15 +2,16 @@
 //! grid, block) and per executable graph, learned from event timing and
 //! kept in a lock-free table of this process.
 //!
-//! A cost is the mean of the shape's last few timings that lie close to
-//! the least of them. When another container's context shares the GPU,
-//! the two time-slice (about 2.5 ms each on an H200), and a timing that
-//! straddles a switch includes the other context's slice: 3.4 ms for a
-//! 1 ms kernel (docs/benchmarks.md, run 14). Such a timing only ever adds
-//! time, and a whole slice, so it lies far above the least and is left
-//! out. The least alone would undercharge a kernel whose time wanders
-//! with the clock: a power-bound GEMM's timings spread 5-9 %, and its
-//! least was 5 % under its typical time (run 57).
+//! A cost is the least of the shape's last few timings. When another
+//! container's context shares the GPU, the two time-slice (about 2.5 ms
+//! each on an H200), and a timing that straddles a switch includes the
+//! other context's slice: 3.4 ms for a 1 ms kernel (docs/benchmarks.md,
+//! run 14). Such a timing only ever adds time, so the least of recent
+//! ones is the kernel's own; when all the newest straddled one, the least
+//! of a longer memory stands in. (The mean of the recent timings near the
+//! least, tried in run 59, followed a power-bound GEMM's wandering clock
+//! better, but on the simulator it left a 40 % container of four that
+//! fill the period stuck at 0.31 in one run of three.)
 //!
 //! A timing whose start event waited for queued work in its stream is the
 //! kernel's whole occupancy. One whose start event fired before the launch
@@ -52,18 +53,16 @@ static LATENCY_NS: AtomicU64 = AtomicU64::new(MAX_LATENCY_NS);
 const SLOTS: usize = 4096;
 const PROBES: usize = 16;
 
-/// A recent timing counts towards the cost when it is at most this
-/// fraction (1/8) over the least: a clock's wander, not another
-/// context's time slice (2.5 ms, far more than an eighth of any kernel
-/// shorter than 20 ms).
-const TYPICAL_SPREAD: u64 = 8;
-
 /// Timings kept per shape. At one timing per `RESAMPLE_NS`, a cost that
 /// really grew is followed within this many samples. Beside a container
 /// that takes no turns, most timings of a 1.6 ms GEMM straddle one of its
 /// slices; with 8 kept, all 8 did in one sample of 6, and the GEMM was
 /// charged 4.2 ms (docs/benchmarks.md, run 57). 32 in a row is rare.
 const RECENT: usize = 32;
+/// A cost is the least of this many newest timings (near the least of
+/// all [`RECENT`]): a GEMM's clock wanders, and the least of 32 was 8 %
+/// under its typical time, where that of 8 was 5 % (runs 57 and 60).
+const NEWEST: usize = 8;
 
 pub struct Slot {
     key: AtomicU64,
@@ -104,9 +103,8 @@ impl Slot {
     }
 
     /// Folds in one timing (`idle`: its stream had nothing queued). The
-    /// shape then costs the mean of its recent timings that lie within
-    /// [`TYPICAL_SPREAD`] of the least, an idle-stream one less the launch
-    /// latency ([`Slot::latency_ns`]).
+    /// shape then costs the least of its newest timings ([`cost_of`]), an
+    /// idle-stream one less the launch latency ([`Slot::latency_ns`]).
     /// (One timing is in flight per shape, so records do not race.)
     pub fn record_timing(&self, elapsed_ns: u64, idle: bool) {
         let elapsed_ns = elapsed_ns.clamp(1, IDLE_BIT - 1);
@@ -122,7 +120,9 @@ impl Slot {
         let latency = self.latency_ns();
         let mut own = [0u64; RECENT];
         let mut n = 0;
-        for t in self.recent.iter().map(|r| r.load(Ordering::Relaxed)) {
+        // Newest first: `next` was taken for this timing.
+        for k in 0..RECENT {
+            let t = self.recent[(i + RECENT - k) % RECENT].load(Ordering::Relaxed);
             if t != 0 {
                 own[n] = match t & IDLE_BIT {
                     0 => t,
@@ -131,7 +131,7 @@ impl Slot {
                 n += 1;
             }
         }
-        let cost = typical_ns(&own[..n]).unwrap_or(elapsed_ns).max(MIN_COST_NS);
+        let cost = cost_of(&own[..n]).unwrap_or(elapsed_ns).max(MIN_COST_NS);
         self.cost_ns.store(cost, Ordering::Relaxed);
         log::trace!("timed {elapsed_ns} ns (idle stream: {idle}): cost {cost} ns");
     }
@@ -194,17 +194,22 @@ impl Slot {
     }
 }
 
-/// The mean of `timings` that lie within [`TYPICAL_SPREAD`] of the least
-/// (None when there are none).
-fn typical_ns(timings: &[u64]) -> Option<u64> {
-    let least = *timings.iter().min()?;
-    let near = least.saturating_add(least / TYPICAL_SPREAD);
-    let (sum, n) = timings
-        .iter()
-        .filter(|&&t| t <= near)
-        .fold((0u128, 0u128), |(s, n), &t| (s + u128::from(t), n + 1));
-    // (The least is among them: n >= 1, and the mean fits where they do.)
-    Some(u64::try_from(sum / n.max(1)).unwrap_or(u64::MAX))
+/// The cost that `timings` (newest first) say: the least of the newest
+/// [`NEWEST`] that lie within an eighth of the least of all (a clock's
+/// wander, not another context's slice), or the least of all when every
+/// one of the newest straddled a slice.
+fn cost_of(timings: &[u64]) -> Option<u64> {
+    let floor = *timings.iter().min()?;
+    let near = floor.saturating_add(floor / 8);
+    Some(
+        timings
+            .iter()
+            .take(NEWEST)
+            .copied()
+            .filter(|&t| t <= near)
+            .min()
+            .unwrap_or(floor),
+    )
 }
 
 static TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
@@ -336,9 +341,7 @@ mod tests {
         assert_eq!(add.cost_ns(), 52_300);
         add.record_timing(52_100, true);
         assert_eq!(add.latency_ns(), 0);
-        // All but one at 53.2 us and one at 52.1: their mean.
-        let n = RECENT as u64;
-        assert_eq!(add.cost_ns(), ((n - 1) * 53_200 + 52_100) / n);
+        assert_eq!(add.cost_ns(), 52_100);
         let tiny = slot(key(&[1, 3]));
         tiny.record_timing(300, false);
         assert_eq!(tiny.cost_ns(), MIN_COST_NS);
@@ -355,7 +358,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cost_is_the_typical_recent_timing_and_seeds_do_not_override() {
+    fn a_cost_is_the_least_recent_timing_and_seeds_do_not_override() {
         let s = slot(key(&[42]));
         assert!(s.claim_sample(1));
         assert!(!s.claim_sample(2), "one timing in flight per shape");
@@ -364,14 +367,13 @@ mod tests {
         assert_eq!(s.cost_ns(), 500);
         s.record_timing(1000, false);
         assert_eq!(s.cost_ns(), 1000, "a timing replaces the seed");
-        // Timings that straddle another context's time slice only add, a
-        // whole slice: they are left out of the mean.
+        // Timings that straddle another context's time slice only add.
         s.record_timing(3400, false);
         s.record_timing(990, false);
         s.record_timing(3400, false);
-        assert_eq!(s.cost_ns(), 995);
+        assert_eq!(s.cost_ns(), 990);
         s.seed(7);
-        assert_eq!(s.cost_ns(), 995);
+        assert_eq!(s.cost_ns(), 990);
         // A cost that really grew is followed once the window has passed.
         for _ in 0..RECENT {
             s.record_timing(2000, false);
@@ -382,24 +384,6 @@ mod tests {
             "known shapes are re-timed only every RESAMPLE_NS"
         );
         assert!(s.claim_sample(3 + RESAMPLE_NS));
-    }
-
-    #[test]
-    fn a_kernel_whose_time_wanders_with_the_clock_costs_its_typical_time() {
-        // A power-bound GEMM on an H200 beside a neighbour (run 57): its
-        // timings spread from 1.53 to 1.66 ms; one straddled a time slice.
-        let s = slot(key(&[7, 7]));
-        for t in [
-            1_526_000, 1_603_000, 1_586_000, 1_620_000, 1_664_000, 4_100_000,
-        ] {
-            s.record_timing(t, false);
-        }
-        let mean = (1_526_000 + 1_603_000 + 1_586_000 + 1_620_000 + 1_664_000) / 5;
-        assert_eq!(s.cost_ns(), mean);
-        // The least alone would have charged it 5 % less.
-        assert!(s.cost_ns() > 1_526_000 * 104 / 100);
-        assert_eq!(typical_ns(&[]), None);
-        assert_eq!(typical_ns(&[u64::MAX, u64::MAX]), Some(u64::MAX));
     }
 
     #[test]
@@ -415,6 +399,15 @@ mod tests {
             assert_eq!(s.cost_ns(), 1_600_000);
             s.record_timing(1_600_000, false);
         }
+        // Among the newest, the least near the floor: a clock's wander.
+        for t in [1_700_000, 1_650_000, 1_680_000] {
+            s.record_timing(t, false);
+        }
+        assert_eq!(s.cost_ns(), 1_600_000, "the floor is among the newest 8");
+        for _ in 0..NEWEST {
+            s.record_timing(1_680_000, false);
+        }
+        assert_eq!(s.cost_ns(), 1_680_000);
         // A cost that really grew is followed once RECENT samples say so.
         for _ in 0..RECENT {
             s.record_timing(4_200_000, false);
