@@ -376,8 +376,12 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         }
     }
     let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
-    let streak = turns::next_streak(COVERED[d].load(Ordering::Relaxed), timings);
-    COVERED[d].store(streak, Ordering::Relaxed);
+    let streak = if turns::covered(timings) {
+        COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        COVERED[d].store(0, Ordering::Relaxed);
+        0
+    };
     if timings.iter().any(Probe::beside_another) {
         entry.note_turn_shared(now);
     }

@@ -223,21 +223,6 @@ pub fn guard_ns(share_ns: u64) -> u64 {
     share_ns / 50 + MIN_MOVE_NS
 }
 
-/// The covered windows in a row after a window with `probes`, `streak`
-/// before it: a covered one adds one, one of two probes or more that was
-/// not covered starts it anew. A window of fewer than two probes (a
-/// period that a move cut short, a pause of the host) says nothing either
-/// way.
-pub fn next_streak(streak: u32, probes: &[Probe]) -> u32 {
-    if covered(probes) {
-        streak.saturating_add(1)
-    } else if probes.len() < 2 {
-        streak
-    } else {
-        0
-    }
-}
-
 /// Whether the window's probes all ran beside another context (two at
 /// least: one alone may have met the other's last kernel).
 pub fn covered(probes: &[Probe]) -> bool {
@@ -289,9 +274,8 @@ impl Probe {
 /// ran beside another context (the window opened on a busy GPU), by what
 /// the leading such probes lost, times a factor from 0.6 to 1 picked by
 /// `random`. A window covered from end to end moves with odds of one in
-/// two: two containers whose windows open together then part. Less than
-/// [`MIN_LEAD_NS`] lost moves the window only when the window before it
-/// (`late_before`) also opened beside another.
+/// two: two containers whose windows open together then part. Less than [`MIN_LEAD_NS`] lost moves the window only when
+/// the window before it (`late_before`) also opened beside another.
 pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
     if !probes.first()?.beside_another() {
         return None;
@@ -409,18 +393,6 @@ mod tests {
         assert!(covered(&all));
         assert!(!covered(&[shared(3, 3)]));
         assert!(!covered(&[shared(3, 3), clean(3)]));
-    }
-
-    #[test]
-    fn the_streak_counts_covered_windows_and_short_ones_leave_it() {
-        let all = [shared(3, 3), shared(3, 3), shared(3, 3)];
-        assert_eq!(next_streak(4, &all), 5);
-        assert_eq!(next_streak(u32::MAX, &all), u32::MAX);
-        // Too short to say: left as it was.
-        assert_eq!(next_streak(4, &[shared(3, 3)]), 4);
-        assert_eq!(next_streak(4, &[]), 4);
-        // Not covered from end to end: anew.
-        assert_eq!(next_streak(4, &[shared(3, 3), shared(3, 3), clean(3)]), 0);
     }
 
     #[test]
