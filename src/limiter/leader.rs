@@ -26,6 +26,7 @@ use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
 use super::controller::Controller;
 use super::neighbours::Neighbours;
+use super::turns;
 use crate::attach::Attach;
 use crate::clock;
 use crate::nvml::client;
@@ -189,6 +190,12 @@ impl Leader {
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;
         state.last_admitted_ns = admitted;
+        // In turns the bucket admits cost for the time its windows span
+        // (`bucket::turn_scale_milli`): that time is what the GPU gave.
+        let held_share = match entry.turns_in_force() {
+            0 => admitted_share,
+            _ => turns::span_share(admitted_share, entry.turn_fill_milli()),
+        };
         if now.saturating_sub(entry.schedule_ns()) > IDLE_RESET_NS {
             entry.set_rate_scale_milli(1000);
             state.settle_until_ns = now + SETTLE_NS;
@@ -217,7 +224,7 @@ impl Leader {
         state.show(
             &attach.region,
             dev,
-            shown(reading.per_slot, beside_others.then_some(admitted_share)),
+            shown(reading.per_slot, beside_others.then_some(held_share)),
         );
         if present || misread || now < state.settle_until_ns {
             log::debug!(
@@ -250,24 +257,24 @@ impl Leader {
 }
 
 /// What the region shows of each process of the container this period:
-/// NVML's figures, or, beside other containers (`admitted`: the share of
-/// the period the bucket admitted), that share, split among the processes
+/// NVML's figures, or, beside other containers (`held`: the share of the
+/// period its windows held the GPU), that share, split among the processes
 /// as NVML split it (evenly when NVML saw none of them). NVML hands each
 /// of its sample periods to one process, so beside others its figures
 /// are not shares: four containers at 0.24 each read 0.00, 0.00, 0.14
 /// and 0.83 on an H200 (docs/benchmarks.md, run 46).
-fn shown(per_slot: Vec<(SlotIndex, f64)>, admitted: Option<f64>) -> Vec<(SlotIndex, f64)> {
-    let Some(admitted) = admitted else {
+fn shown(per_slot: Vec<(SlotIndex, f64)>, held: Option<f64>) -> Vec<(SlotIndex, f64)> {
+    let Some(held) = held else {
         return per_slot;
     };
-    let admitted = admitted.clamp(0.0, 1.0);
+    let held = held.clamp(0.0, 1.0);
     let seen: f64 = per_slot.iter().map(|(_, u)| u).sum();
     let n = per_slot.len() as f64;
     per_slot
         .into_iter()
         .map(|(slot, u)| match seen > 0.0 {
-            true => (slot, admitted * u / seen),
-            false => (slot, admitted / n),
+            true => (slot, held * u / seen),
+            false => (slot, held / n),
         })
         .collect()
 }
@@ -362,12 +369,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn beside_others_the_region_shows_the_admitted_time_split_as_nvml_split_it() {
+    fn beside_others_the_region_shows_the_held_time_split_as_nvml_split_it() {
         let (a, b) = (SlotIndex::new(0).unwrap(), SlotIndex::new(3).unwrap());
         let nvml = vec![(a, 0.6), (b, 0.2)];
         // Alone: NVML's figures as they are.
         assert_eq!(shown(nvml.clone(), None), nvml);
-        // Beside others: the admitted 0.3, three to one.
+        // Beside others: the held 0.3, three to one.
         let got = shown(nvml, Some(0.3));
         assert_eq!(got.len(), 2);
         assert!((got[0].1 - 0.225).abs() < 1e-9 && (got[1].1 - 0.075).abs() < 1e-9);

@@ -14,6 +14,7 @@ pub struct Config {
     pub nvml_period_us: u64,
     pub pid_offset: u32,
     pub nvml_delay_us: u64,
+    pub jitter_pct: u64,
 }
 
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -52,6 +53,7 @@ impl Config {
             nvml_period_us: var("SIM_GPU_NVML_PERIOD_US", 166_667, |v| v.parse().ok()).max(1_000),
             pid_offset: var("SIM_GPU_PID_OFFSET", 0, |v| v.parse().ok()),
             nvml_delay_us: var("SIM_GPU_NVML_DELAY_US", 0, |v| v.parse().ok()),
+            jitter_pct: var("SIM_GPU_JITTER_PCT", 0, |v| v.parse().ok()).min(100),
         }
     }
 }

@@ -79,7 +79,7 @@ pub fn kernel_duration(
         _ => d.block_ns.load(Ordering::Relaxed).saturating_mul(waves),
     };
     // A year at most: the scheduler's clock must not overflow.
-    Some(ns.min(MAX_KERNEL_NS))
+    Some(crate::state::jittered(ns).min(MAX_KERNEL_NS))
 }
 
 const MAX_KERNEL_NS: u64 = 365 * 86_400 * 1_000_000_000;

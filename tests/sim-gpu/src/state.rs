@@ -99,6 +99,7 @@ struct State {
     claiming: Mutex<()>,
     pid_offset: u32,
     nvml_delay_us: u64,
+    jitter_pct: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
     me: AtomicU64,
     /// The state file's path: host copies of checkpointed processes lie
@@ -140,6 +141,7 @@ fn state() -> &'static State {
             claiming: Mutex::new(()),
             pid_offset: cfg.pid_offset,
             nvml_delay_us: cfg.nvml_delay_us,
+            jitter_pct: cfg.jitter_pct,
             me: AtomicU64::new(0),
             path: cfg.state.clone(),
         };
@@ -207,6 +209,25 @@ pub fn reported_pid(p: &Proc) -> Option<u32> {
 /// How long an NVML process list takes to come back after it was read.
 pub fn nvml_delay() -> std::time::Duration {
     std::time::Duration::from_micros(state().nvml_delay_us)
+}
+
+/// `ns` of a kernel's work as this process's kernels take it: stretched
+/// by up to `SIM_GPU_JITTER_PCT` per cent, each launch its own amount (a
+/// compute-bound kernel's time varies a few per cent from launch to
+/// launch, and the least of its timings is under its typical one).
+pub fn jittered(ns: u64) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+    let pct = state().jitter_pct;
+    if pct == 0 {
+        return ns;
+    }
+    // (xorshift: any spread will do, races included.)
+    let mut x = NEXT.load(Ordering::Relaxed) ^ u64::from(std::process::id());
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    NEXT.store(x, Ordering::Relaxed);
+    ns.saturating_add(ns / 100 * pct * (x % 1000) / 1000)
 }
 
 pub fn now_ns() -> u64 {
