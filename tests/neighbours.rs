@@ -358,17 +358,17 @@ fn the_region_shows_the_container_s_true_utilisation() {
         "alone: region {shown:.3}, NVML {nvml:.3}"
     );
     // Beside a neighbour one NVML period goes to one process, so the
-    // region shows the GPU time the container's windows held instead:
-    // over the run, its true share (its fraction of the solo rate: the
-    // solo loop keeps the simulated GPU busy). NVML's figure over the
-    // same 2 s the region averages is printed, not judged: a coin toss
-    // per period (0.265 for a true 0.300 in one run). Kernels take up to
-    // 20 % longer than their work, as a GEMM's vary: a cost is the least
-    // of their timings, so the cost admitted is under the time held
-    // (0.276 for a true 0.297 before the region converted it by the fill).
-    let solo = solo_rate_jittered(DENSE, 20);
+    // region shows the GPU time its admitted launches typically hold
+    // instead: over the run, its true share (its fraction of the solo
+    // rate: the solo loop keeps the simulated GPU busy). NVML's figure
+    // over the same 2 s the region averages is printed, not judged: a
+    // coin toss per period (0.265 for a true 0.300 in one run). Kernels
+    // take up to 15 % longer than their work, as a GEMM's vary: a cost is
+    // the least of their timings, so the cost admitted is under the time
+    // held (0.562 shown for a true 0.593 when the region counted costs).
+    let solo = solo_rate_jittered(DENSE, 15);
     let mut sim = Sim::new(1, "8g");
-    sim.set("SIM_GPU_JITTER_PCT", "20");
+    sim.set("SIM_GPU_JITTER_PCT", "15");
     let a = container_for(&sim, "a", Some(30), 16);
     let b = container_for(&sim, "b", Some(60), 16);
     let (pa, pb) = (a.id(), b.id());

@@ -26,7 +26,6 @@ use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
 use super::controller::Controller;
 use super::neighbours::Neighbours;
-use super::turns;
 use crate::attach::Attach;
 use crate::clock;
 use crate::nvml::client;
@@ -58,6 +57,8 @@ struct Device {
     last_waits: u64,
     /// The bucket's admitted GPU time at the last control period.
     last_admitted_ns: u64,
+    /// The GPU time admitted launches typically hold, then.
+    last_held_ns: u64,
     /// No step before this (CLOCK_MONOTONIC ns).
     settle_until_ns: u64,
     /// Processes of other containers seen using the device.
@@ -175,6 +176,7 @@ impl Leader {
                 last_control_ns: now,
                 last_waits: entry.waits(),
                 last_admitted_ns: entry.admitted_ns(),
+                last_held_ns: entry.held_ns(),
                 settle_until_ns: now + SETTLE_NS,
                 ..Device::default()
             };
@@ -190,12 +192,13 @@ impl Leader {
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;
         state.last_admitted_ns = admitted;
-        // In turns the bucket admits cost for the time its windows span
-        // (`bucket::turn_scale_milli`): that time is what the GPU gave.
-        let held_share = match entry.turns_in_force() {
-            0 => admitted_share,
-            _ => turns::span_share(admitted_share, entry.turn_fill_milli()),
-        };
+        let held = entry.held_ns();
+        let held_share = held_share(
+            held.saturating_sub(state.last_held_ns),
+            admitted_share,
+            period_ns,
+        );
+        state.last_held_ns = held;
         if now.saturating_sub(entry.schedule_ns()) > IDLE_RESET_NS {
             entry.set_rate_scale_milli(1000);
             state.settle_until_ns = now + SETTLE_NS;
@@ -258,8 +261,8 @@ impl Leader {
 
 /// What the region shows of each process of the container this period:
 /// NVML's figures, or, beside other containers (`held`: the share of the
-/// period its windows held the GPU), that share, split among the processes
-/// as NVML split it (evenly when NVML saw none of them). NVML hands each
+/// period its admitted launches typically held, [`held_share`]), that
+/// share, split among the processes as NVML split it (evenly when NVML saw none of them). NVML hands each
 /// of its sample periods to one process, so beside others its figures
 /// are not shares: four containers at 0.24 each read 0.00, 0.00, 0.14
 /// and 0.83 on an H200 (docs/benchmarks.md, run 46).
@@ -277,6 +280,14 @@ fn shown(per_slot: Vec<(SlotIndex, f64)>, held: Option<f64>) -> Vec<(SlotIndex, 
             false => (slot, held / n),
         })
         .collect()
+}
+
+/// The share of a `period_ns` that the container's admitted launches
+/// typically held (`held_ns` of it), at least what its bucket admitted
+/// (`admitted`, a share): a process of layout 2.2 or older adds nothing
+/// to the held time.
+fn held_share(held_ns: u64, admitted: f64, period_ns: u64) -> f64 {
+    (held_ns as f64 / period_ns.max(1) as f64).max(admitted)
 }
 
 /// Whether NVML's figure for the container (`ours`) is far more than
@@ -384,6 +395,15 @@ mod tests {
         // A share beyond the device is the device.
         assert_eq!(shown(vec![(a, 0.0)], Some(7.0)), vec![(a, 1.0)]);
         assert!(shown(Vec::new(), Some(0.3)).is_empty());
+    }
+
+    #[test]
+    fn the_held_share_is_the_typical_time_and_never_less_than_the_admitted() {
+        let half_s = 500_000_000;
+        assert!((held_share(300_000_000, 0.57, half_s) - 0.6).abs() < 1e-9);
+        // Only older libraries admitted: their cost is all there is.
+        assert_eq!(held_share(0, 0.3, half_s), 0.3);
+        assert_eq!(held_share(5, 0.0, 0), 5.0);
     }
 
     #[test]

@@ -84,6 +84,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
         let entry = attach.region.device(dev);
         let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
             entry.add_admitted_ns(lease);
+            entry.add_held_ns(shape.held_ns(lease, cost));
             if waited {
                 entry.add_wait_ns(now - start);
             }

@@ -102,28 +102,13 @@ pub const MAX_FILL_MILLI: u64 = 1000;
 /// limit's part of the period; alone, the controller's NVML steering then
 /// corrects what is left.
 pub fn turn_scale_milli(scale_milli: u32, fill_milli: u64) -> u32 {
-    let scaled = u64::from(scale_milli.min(4000)) * fill_in_use(fill_milli) / 1000;
-    // (At most 4000 × 1000 / 1000: fits.)
-    u32::try_from(scaled).unwrap_or(u32::MAX).max(1)
-}
-
-/// The time a container's windows spanned, as a share of the device,
-/// for `admitted`: the cost its bucket admitted, the same share of the
-/// same time. A cost is the least of a shape's recent timings, a few
-/// per cent under a compute-bound kernel's typical time; the fill
-/// measured that gap, so the span is the GPU time the container held
-/// (on an H200 a 60 % GEMM container was admitted 0.580 and held 0.599,
-/// docs/benchmarks.md run 61).
-pub fn span_share(admitted: f64, fill_milli: u64) -> f64 {
-    admitted * 1000.0 / fill_in_use(fill_milli) as f64
-}
-
-/// The fill that converts: 1 until one is measured, clamped.
-fn fill_in_use(fill_milli: u64) -> u64 {
-    match fill_milli {
+    let fill = match fill_milli {
         0 => 1000,
         f => f.clamp(MIN_FILL_MILLI, MAX_FILL_MILLI),
-    }
+    };
+    let scaled = u64::from(scale_milli.min(4000)) * fill / 1000;
+    // (At most 4000 × 1000 / 1000: fits.)
+    u32::try_from(scaled).unwrap_or(u32::MAX).max(1)
 }
 
 /// What one window says of its fill: the median of its probes' cost
@@ -514,17 +499,6 @@ mod tests {
             next_fill_milli(u64::MAX, 1000),
             (MAX_FILL_MILLI * 3 + 1000 + 2) / 4
         );
-    }
-
-    #[test]
-    fn the_admitted_cost_converted_by_the_fill_is_the_time_the_windows_spanned() {
-        // 54.5 % of the period's cost at a fill of 0.909 spanned 60 %.
-        assert!((span_share(0.5454, 909) - 0.6).abs() < 1e-3);
-        // Not measured, or a fill over 1: the cost is the span.
-        assert_eq!(span_share(0.3, 0), 0.3);
-        assert_eq!(span_share(0.3, 1044), 0.3);
-        // A hostile fill cannot more than double what is shown.
-        assert_eq!(span_share(0.3, 1), 0.6);
     }
 
     #[test]

@@ -148,6 +148,17 @@ impl DeviceEntry {
         self.admitted_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    /// Adds `ns` of GPU time admitted launches typically hold.
+    pub fn add_held_ns(&self, ns: u64) {
+        self.held_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// GPU time admitted launches typically hold, ever (ns; 0 where only
+    /// libraries of layout 2.2 and older admitted).
+    pub fn held_ns(&self) -> u64 {
+        self.held_ns.load(Ordering::Relaxed)
+    }
+
     /// GPU time the bucket admitted, ever (ns).
     pub fn admitted_ns(&self) -> u64 {
         self.admitted_ns.load(Ordering::Relaxed)

@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 2;
+pub const VERSION_MINOR: u32 = 3;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -150,8 +150,13 @@ pub struct DeviceEntry {
     /// (CLOCK_MONOTONIC ns, 0: never; 2.2). For 10 s after it, NVML's
     /// per-process figures are not the container's share.
     pub turn_shared_ns: AtomicU64,
+    /// GPU time (ns) the launches the bucket admitted typically hold:
+    /// `admitted_ns` at each shape's typical time instead of its cost, the
+    /// least of its recent timings (2.3). What the region shows beside
+    /// other containers.
+    pub held_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 9],
+    pub _reserved: [AtomicU64; 8],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -289,6 +294,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_flags) == 160);
     assert!(offset_of!(DeviceEntry, turn_fill_milli) == 168);
     assert!(offset_of!(DeviceEntry, turn_shared_ns) == 176);
+    assert!(offset_of!(DeviceEntry, held_ns) == 184);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
