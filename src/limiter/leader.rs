@@ -211,20 +211,18 @@ impl Leader {
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
         let mut scale_milli = entry.rate_scale_milli();
-        let misread = misattributed(reading.ours, admitted_share);
-        let busy = busy_neighbours(
-            reading.busy_neighbours,
-            misread,
-            || device_pids(entry),
-            |p| region_holds_pid(&attach.region, p),
-        );
-        let present = state.neighbours.present(now, &busy, || device_pids(entry));
+        let present = state.neighbours.present(now, &reading.busy_neighbours, || {
+            let nd = client::device(&entry.uuid())?;
+            let list = client::processes(nd).ok()?;
+            Some(list.into_iter().map(|(pid, _)| pid).collect())
+        });
         if present && !state.neighbours_present {
             // Steps taken while the neighbour went unseen were misled.
             scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
             entry.set_rate_scale_milli(scale_milli);
         }
         state.neighbours_present = present;
+        let misread = misattributed(reading.ours, admitted_share);
         let beside_others = present || misread || entry.turn_shared(now);
         state.show(
             &attach.region,
@@ -235,10 +233,10 @@ impl Leader {
             log::debug!(
                 "control dev {dev}: scale held at {:.3} ({}; measured {:.3})",
                 f64::from(scale_milli) / 1000.0,
-                if misread {
-                    "NVML counts more than the bucket admitted"
-                } else if present {
+                if present {
                     "neighbours on the device"
+                } else if misread {
+                    "NVML counts more than the bucket admitted"
                 } else {
                     "settling"
                 },
@@ -301,35 +299,6 @@ fn held_share(held_ns: u64, admitted: f64, period_ns: u64) -> f64 {
 /// 0.33 (docs/benchmarks.md, run 39). Stepping on that would halve it.
 fn misattributed(ours: f64, admitted: f64) -> bool {
     ours > admitted * 1.25 + 0.05
-}
-
-/// The processes of other containers busy this period: those NVML
-/// showed busy (`shown`), and, when it counted more for us than we were
-/// admitted (`misread`), every other process on the device (`on_device`,
-/// less `ours`): NVML gave us their time and showed them idle. On an H200
-/// a 60 % container beside a 30 % one that NVML always showed idle
-/// stepped down to 0.8 in the one period of 40 whose admitted time came
-/// within the margin (docs/benchmarks.md, run 63); a neighbour counted
-/// busy is held for [`neighbours::HOLD_NS`].
-fn busy_neighbours(
-    mut shown: Vec<u32>,
-    misread: bool,
-    on_device: impl FnOnce() -> Option<Vec<u32>>,
-    ours: impl Fn(u32) -> bool,
-) -> Vec<u32> {
-    if misread {
-        let others = on_device().unwrap_or_default();
-        shown.extend(others.into_iter().filter(|&p| !ours(p)));
-    }
-    shown
-}
-
-/// The host pids of the compute processes on `entry`'s device, if NVML
-/// can say.
-fn device_pids(entry: &vgpu_shm::layout::DeviceEntry) -> Option<Vec<u32>> {
-    let nd = client::device(&entry.uuid())?;
-    let list = client::processes(nd).ok()?;
-    Some(list.into_iter().map(|(pid, _)| pid).collect())
 }
 
 /// The container's SM utilisation of `dev` since the last call, and
@@ -446,26 +415,6 @@ mod tests {
         // Under-reading (a container NVML shows idle) is left to the
         // controller, which takes no step on a reading of 0.
         assert!(!misattributed(0.0, 0.30));
-    }
-
-    #[test]
-    fn a_misreading_counts_the_other_processes_on_the_device_as_busy_neighbours() {
-        let s = 1_000_000_000;
-        let on_device = || Some(vec![10, 20, 30]);
-        let ours = |p| p == 10;
-        // NVML showed 30 busy; no misreading: only 30.
-        assert_eq!(busy_neighbours(vec![30], false, on_device, ours), [30]);
-        // NVML gave us more than we were admitted: 20 and 30 as well.
-        let busy = busy_neighbours(vec![], true, on_device, ours);
-        assert_eq!(busy, [20, 30]);
-        // ...and they stay present through the next periods, misread or not.
-        let mut n = Neighbours::default();
-        assert!(n.present(10 * s, &busy, || panic!("seen busy now")));
-        let quiet = busy_neighbours(vec![], false, || panic!("not asked"), ours);
-        assert!(n.present(10 * s + s / 2, &quiet, || panic!("held")));
-        assert!(n.present(12 * s, &quiet, || panic!("held")));
-        // NVML could not list the device: nothing is added.
-        assert!(busy_neighbours(vec![], true, || None, ours).is_empty());
     }
 
     #[test]
