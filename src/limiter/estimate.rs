@@ -242,20 +242,21 @@ fn cost_of(timings: &[u64]) -> Option<u64> {
     )
 }
 
-/// The time a launch typically holds, by `timings` and the `cost` they
-/// gave: the median of those within an eighth of the cost (another
-/// context's slice is more). A cost is the least of a few timings, and a
-/// power-bound GEMM's vary with its clock: its cost was 3-5 % under its
-/// typical time on an H200, and the region, counting costs, showed a
-/// 60 % container at 0.580 when it held 0.599 (docs/benchmarks.md, runs
-/// 61-63).
+/// The time a launch typically holds, by `timings` and the `cost` they gave:
+/// the median of those from the cost to an eighth over it (another context's
+/// slice is more; an older floor under the cost is not typical). A cost is the
+/// least of a few timings, and a power-bound GEMM's vary with its clock: its
+/// cost was 3-5 % under its typical time on an H200, and the region, counting
+/// costs, showed a 60 % container at 0.580 when it held 0.599
+/// (docs/benchmarks.md, runs 61-63).
 fn typical_of(timings: &mut [u64], cost: u64) -> u64 {
     let near = cost.saturating_add(cost / 8);
     timings.sort_unstable();
-    let within = timings.iter().filter(|&&t| t <= near).count();
-    match within {
-        0 => cost,
-        n => timings[n / 2].max(cost),
+    let from = timings.partition_point(|&t| t < cost);
+    let to = timings.partition_point(|&t| t <= near);
+    match timings.get(from..to) {
+        Some(within) if !within.is_empty() => within[within.len() / 2],
+        _ => cost,
     }
 }
 
@@ -466,6 +467,9 @@ mod tests {
         let mut lone = [4_200_000, 1_600_000, 4_300_000];
         assert_eq!(typical_of(&mut lone, 1_600_000), 1_600_000);
         assert_eq!(typical_of(&mut [], 700), 700);
+        // An older floor under the cost is left out of the median.
+        let mut old_floor = [1_360_000, 1_360_000, 1_360_000, 1_580_000, 1_600_000];
+        assert_eq!(typical_of(&mut old_floor, 1_580_000), 1_600_000);
     }
 
     #[test]

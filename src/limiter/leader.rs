@@ -259,12 +259,12 @@ impl Leader {
     }
 }
 
-/// What the region shows of each process of the container this period:
-/// NVML's figures, or, beside other containers (`held`: the share of the
-/// period its admitted launches typically held, [`held_share`]), that
-/// share, split among the processes as NVML split it (evenly when NVML saw none of them). NVML hands each
-/// of its sample periods to one process, so beside others its figures
-/// are not shares: four containers at 0.24 each read 0.00, 0.00, 0.14
+/// What the region shows of each process of the container this period: NVML's
+/// figures, or, beside other containers (`held`: the share of the period its
+/// admitted launches typically held, [`held_share`]), that share, split among
+/// the processes as NVML split it (evenly when NVML saw none of them). NVML
+/// hands each of its sample periods to one process, so beside others its
+/// figures are not shares: four containers at 0.24 each read 0.00, 0.00, 0.14
 /// and 0.83 on an H200 (docs/benchmarks.md, run 46).
 fn shown(per_slot: Vec<(SlotIndex, f64)>, held: Option<f64>) -> Vec<(SlotIndex, f64)> {
     let Some(held) = held else {

@@ -151,9 +151,10 @@ pub struct DeviceEntry {
     /// per-process figures are not the container's share.
     pub turn_shared_ns: AtomicU64,
     /// GPU time (ns) the launches the bucket admitted typically hold:
-    /// `admitted_ns` at each shape's typical time instead of its cost, the
-    /// least of its recent timings (2.3). What the region shows beside
-    /// other containers.
+    /// `admitted_ns` at each shape's typical time instead of its cost,
+    /// the least of its newest timings near their floor (2.3). Beside
+    /// other containers the region shows this, or `admitted_ns` where it
+    /// is more (older libraries add nothing here).
     pub held_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
     pub _reserved: [AtomicU64; 8],

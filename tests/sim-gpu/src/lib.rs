@@ -43,7 +43,8 @@
 //! (0.2 ms) and `SIM_GPU_NVML_PERIOD_US` (166667, 1/6 s); and per process
 //! `SIM_GPU_PID_OFFSET`, `SIM_GPU_NVML_DELAY_US` (how stale a process
 //! list is when it returns), `SIM_GPU_JITTER_PCT` (each kernel takes up
-//! to that much longer than its work, a different amount each launch),
+//! to that much longer than its work, a different amount each launch;
+//! a graph's node, each time it is added),
 //! `SIM_GPU_HOST_PROC_FD`, `SIM_GPU_NVML=0` (NVML fails to initialise,
 //! as where the driver's NVML is missing) and
 //! `SIM_GPU_NVML_LOCKED=1` (NVML's memory queries wait while the process

@@ -213,6 +213,7 @@ pub fn nvml_delay() -> std::time::Duration {
 
 /// `ns` of a kernel's work as this process's kernels take it: stretched
 /// by up to `SIM_GPU_JITTER_PCT` per cent, each launch its own amount (a
+/// graph's kernel node keeps what it got when it was added; a
 /// compute-bound kernel's time varies a few per cent from launch to
 /// launch, and the least of its timings is under its typical one).
 pub fn jittered(ns: u64) -> u64 {
@@ -227,7 +228,8 @@ pub fn jittered(ns: u64) -> u64 {
     x ^= x >> 7;
     x ^= x << 17;
     NEXT.store(x, Ordering::Relaxed);
-    ns.saturating_add(ns / 100 * pct * (x % 1000) / 1000)
+    let more = u128::from(ns) * u128::from(pct) * u128::from(x % 1000) / 100_000;
+    ns.saturating_add(u64::try_from(more).unwrap_or(u64::MAX))
 }
 
 pub fn now_ns() -> u64 {
