@@ -155,3 +155,20 @@ fn policy_disable_and_unlimited_values_do_not_throttle() {
         assert!(fraction > 0.9, "{k}={v}: {fraction:.3}");
     }
 }
+
+#[test]
+fn threads_that_exit_under_a_limit_give_their_events_back() {
+    // Each thread leaves a probe of the turns open (its launches cost less
+    // than a probe takes in) when it exits.
+    let _serial = serial();
+    let sim = with_limit("30");
+    let r = sim
+        .client(Path3::ProcAddr, true, &["threads", "24", "2", "100000"])
+        .ok();
+    let (first, all) = (r.i64("events_after_first"), r.i64("events_after_all"));
+    assert!(first > 0, "the simulator counts events: {first}");
+    assert!(
+        all <= first + 2,
+        "events held after one thread {first}, after 24 threads {all}"
+    );
+}

@@ -84,8 +84,35 @@ pub enum Waits {
     Stream(CUstream),
 }
 
+/// A thread's open probe, given back when the thread exits with one open:
+/// its two events would otherwise be lost to the pool for good, two for
+/// every thread that ever launched under a limit.
+struct OpenProbe(Cell<Option<Open>>);
+
+impl OpenProbe {
+    fn take(&self) -> Option<Open> {
+        self.0.take()
+    }
+
+    fn set(&self, open: Option<Open>) {
+        self.0.set(open);
+    }
+
+    fn get(&self) -> Option<Open> {
+        self.0.get()
+    }
+}
+
+impl Drop for OpenProbe {
+    fn drop(&mut self) {
+        if let Some(open) = self.0.take() {
+            drop_open(open, GENERATION.load(Ordering::Relaxed));
+        }
+    }
+}
+
 thread_local! {
-    static OPEN: Cell<Option<Open>> = const { Cell::new(None) };
+    static OPEN: OpenProbe = const { OpenProbe(Cell::new(None)) };
     static SYNCED: Cell<Option<Synced>> = const { Cell::new(None) };
 }
 
@@ -158,7 +185,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);
     let epoch = EPOCH.load(Ordering::Acquire);
-    if let Some(open) = OPEN.with(Cell::take) {
+    if let Some(open) = OPEN.try_with(OpenProbe::take).ok().flatten() {
         let same = open.generation == generation
             && open.epoch == epoch
             && open.dev == dev
@@ -252,7 +279,11 @@ pub fn after(token: Token, rc: CUresult) {
     }
     open.last_ns = clock::monotonic_ns();
     if open.cost_ns < turns::PROBE_NS {
-        OPEN.with(|o| o.set(Some(open)));
+        // (A launch from another library's thread-exit code, after ours
+        // ran, has nowhere to keep its probe.)
+        if OPEN.try_with(|o| o.set(Some(open))).is_err() {
+            drop_open(open, GENERATION.load(Ordering::Relaxed));
+        }
         return;
     }
     if real::cuEventRecord(open.end as CUevent, open.stream as CUstream).is_ok() {
@@ -419,7 +450,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
 pub fn forget_context(ctx: usize) {
     EPOCH.fetch_add(1, Ordering::AcqRel);
     PROBES.lock().0.retain(|p| p.open.ctx != ctx);
-    OPEN.with(|o| {
+    let _ = OPEN.try_with(|o| {
         if o.get().is_some_and(|open| open.ctx == ctx) {
             o.set(None);
         }

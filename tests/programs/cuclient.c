@@ -15,6 +15,9 @@
  *   cuclient launchcost N                  empty-kernel launch cost
  *   cuclient launchab N ROUNDS             the same, vgpu's entry point vs the driver's
  *   cuclient allocab N ROUNDS BYTES        cuMemAlloc+cuMemFree, vgpu's entry points vs the driver's
+ *   cuclient threads THREADS KERNELS NS    threads one after another launch KERNELS NS-ns
+ *                                          kernels each and exit; the events held after
+ *                                          the first and after all (simulator only)
  *   cuclient race THREADS SECONDS BYTES [QUIET [PAUSE_MS]]
  *                                          threads allocate and free at once
  *                                          (after QUIET seconds with a context,
@@ -697,6 +700,49 @@ static void *race_thread(void *arg) {
     return NULL;
 }
 
+/* Each of cmd_threads' threads: KERNELS spin kernels of NS ns, then exit
+ * without a synchronisation. */
+struct launcher {
+    int kernels;
+    unsigned long long ns;
+};
+
+static void *launch_thread(void *arg) {
+    struct launcher *l = arg;
+    unsigned long long zero = 0;
+    void *args[] = {&l->ns, &zero};
+    cu.cuCtxSetCurrent(g_ctx);
+    for (int i = 0; i < l->kernels; i++) CHECK(cu.cuLaunchKernel(g_spin, 1, 1, 1, 32, 1, 1, 0, 0, args, NULL));
+    return NULL;
+}
+
+/* The events this process holds: the simulated driver's count, -1 on a
+ * real one. */
+static long live_events(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    unsigned long long (*count)(void) = lib ? (unsigned long long (*)(void))dlsym(lib, "simLiveEvents") : NULL;
+    return count ? (long)count() : -1;
+}
+
+/* THREADS threads, one after another, each launching KERNELS NS-ns
+ * kernels and exiting; the events held after the first and after all
+ * of them (what a thread that exits leaves behind). */
+static int cmd_threads(int threads, int kernels, unsigned long long ns) {
+    setup();
+    load_kernels();
+    struct launcher l = {kernels, ns};
+    long after_first = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_t th;
+        pthread_create(&th, NULL, launch_thread, &l);
+        pthread_join(th, NULL);
+        CHECK(cu.cuCtxSynchronize());
+        if (i == 0) after_first = live_events();
+    }
+    printf("events_after_first=%ld events_after_all=%ld\n", after_first, live_events());
+    return 0;
+}
+
 /* THREADS threads allocate and free BYTES for SECONDS, after QUIET seconds,
  * each pausing PAUSE ms after each round. */
 static int cmd_race(int threads, double secs, size_t bytes, double quiet, double pause_ms) {
@@ -981,6 +1027,8 @@ int main(int argc, char **argv) {
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
+    if (!strcmp(cmd, "threads"))
+        return cmd_threads(atoi(ARG(2, "8")), atoi(ARG(3, "2")), strtoull(ARG(4, "100000"), 0, 0));
     if (!strcmp(cmd, "ticks")) return cmd_ticks(strtoull(ARG(2, "1000000"), 0, 0), atof(ARG(3, "10")));
     if (!strcmp(cmd, "launchab")) return cmd_launchab(atol(ARG(2, "20000")), atoi(ARG(3, "21")));
     if (!strcmp(cmd, "allocab"))

@@ -116,6 +116,13 @@ pub unsafe extern "C" fn cuEventDestroy_v2(e: Handle) -> CUresult {
     }
 }
 
+/// Not CUDA: how many events this process holds, for tests that look for
+/// a leak (`cuclient threads`).
+#[unsafe(no_mangle)]
+pub extern "C" fn simLiveEvents() -> u64 {
+    local().events.len() as u64
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventRecord(e: Handle, s: Handle) -> CUresult {
     let mut l = local();
