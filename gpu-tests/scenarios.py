@@ -527,6 +527,17 @@ def compute():
                    rc == 0 and abs(frac - lim / 100) <= 0.03 and worst <= 0.08)
     with open(os.path.join(OUT, "compute.json"), "w") as f:
         json.dump({f"{k[0]}:{k[1]}": v for k, v in table.items()}, f)
+    # Threads that exit with a probe of the turns open give its events
+    # back from their thread-local destructor (counted on the simulator
+    # only: here the check is that nothing breaks at thread exit).
+    rc, out, _ = run([client(), "threads", "24", "2", "100000"], make_env(True, {"CUDA_DEVICE_SM_LIMIT": "30"},
+                     new_region()), 120, "threads-exit")
+    r = kv(out)
+    held = (int(r.get("events_after_first", "0")), int(r.get("events_after_all", "0")))
+    ok = rc == 0 and "events_after_all" in r and (held[0] < 0 or held[1] <= held[0] + 2)
+    record(sec, "24 threads launch under a 30% limit and exit, one after another: exit code; events held "
+                "after the first and after all (-1: not counted on a real driver)",
+           f"rc {rc}; {held[0]}, {held[1]}", "rc 0; no more than 2 more", ok)
 
 
 def pair():

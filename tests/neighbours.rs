@@ -73,7 +73,8 @@ fn container_running(sim: &Sim, name: &str, limit: Option<u32>, secs: u32, mode:
         // Debug logs go to files: a pipe nobody reads until the first
         // container exits would stall the others.
         Some(dir) => {
-            c.env("LIBCUDA_LOG_LEVEL", "4");
+            let level = std::env::var("NEIGHBOURS_LOG_LEVEL").unwrap_or_else(|_| "4".into());
+            c.env("LIBCUDA_LOG_LEVEL", level);
             let path = std::path::Path::new(&dir).join(format!("{name}.log"));
             std::process::Stdio::from(std::fs::File::create(path).expect("log file"))
         }

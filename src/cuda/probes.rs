@@ -435,12 +435,16 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         log::trace!("turns: window at {period} stays ({timings:?})");
         return;
     };
-    if entry.move_turn(anchor, anchor.saturating_add(step), now) {
+    let (to, how) = match step {
+        turns::Move::Later(ns) => (anchor.saturating_add(ns), "later"),
+        turns::Move::Earlier(ns) => (anchor.saturating_sub(ns), "earlier"),
+    };
+    if entry.move_turn(anchor, to, now) {
         log::debug!(
-            "turns: the window opened beside another context ({} of {} probes); moved {:.1} ms later",
+            "turns: the window met another context ({} of {} probes); moved {:.1} ms {how}",
             timings.iter().filter(|p| p.beside_another()).count(),
             timings.len(),
-            step as f64 / 1e6
+            anchor.abs_diff(to) as f64 / 1e6
         );
     }
 }

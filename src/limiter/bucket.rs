@@ -36,7 +36,8 @@ pub const MAX_AHEAD_NS: u64 = 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
-    Now,
+    /// Go: this much GPU time was granted.
+    Now(u64),
     /// Try again after this many nanoseconds.
     Wait(u64),
 }
@@ -52,24 +53,32 @@ pub fn schedule_ns(cost_ns: u64, percent: u32, scale_milli: u32) -> u64 {
     }
 }
 
-/// Takes `cost_ns` from `entry`'s bucket at time `now`.
-pub fn admit(entry: &DeviceEntry, cost_ns: u64, now: u64) -> Admit {
+/// The GPU time that `schedule_ns` of the schedule holds at `percent`
+/// and `scale_milli` (the inverse of [`schedule_ns`], rounded down).
+fn gpu_ns(schedule_ns: u64, percent: u32, scale_milli: u32) -> u64 {
+    let n = u128::from(schedule_ns) * u128::from(percent.max(1)) * u128::from(scale_milli.max(1));
+    u64::try_from(n / 100_000).unwrap_or(u64::MAX)
+}
+
+/// Takes a lease of `lease_ns` of GPU time from `entry`'s bucket at time
+/// `now`, or less but at least `least_ns` (the launch's cost) where the
+/// window in turns has less left ([`Admit::Now`] says how much).
+pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Admit {
     let percent = entry.sm_limit();
     if percent == 0 {
-        return Admit::Now;
+        return Admit::Now(lease_ns);
     }
     let anchor = entry.turns_in_force();
     if anchor != 0 {
         let scale = turn_scale_milli(entry);
-        let step = schedule_ns(cost_ns, percent, scale);
-        return admit_in_turns(entry, anchor, percent, scale, step, now);
+        return admit_in_turns(entry, anchor, percent, scale, (least_ns, lease_ns), now);
     }
-    let step = schedule_ns(cost_ns, percent, entry.rate_scale_milli());
+    let step = schedule_ns(lease_ns, percent, entry.rate_scale_milli());
     move_schedule(entry, now.saturating_add(MAX_AHEAD_NS), |tat| {
         if tat > now + BURST_NS {
             return Err(Admit::Wait(tat - BURST_NS - now));
         }
-        Ok(tat.max(now) + step)
+        Ok((tat.max(now) + step, lease_ns))
     })
 }
 
@@ -79,14 +88,15 @@ pub fn turn_scale_milli(entry: &DeviceEntry) -> u32 {
     turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli())
 }
 
-/// Moves the device's schedule where `decide` says (`Ok`), or leaves it
-/// and answers what `decide` says (`Err`); retried while other processes
-/// move it meanwhile. A schedule beyond `ceiling` (from before a reboot,
-/// another clock, a hand edit) is clamped to it first.
+/// Moves the device's schedule where `decide` says (`Ok`: the new
+/// schedule and the GPU time granted), or leaves it and answers what
+/// `decide` says (`Err`); retried while other processes move it
+/// meanwhile. A schedule beyond `ceiling` (from before a reboot, another
+/// clock, a hand edit) is clamped to it first.
 fn move_schedule(
     entry: &DeviceEntry,
     ceiling: u64,
-    mut decide: impl FnMut(u64) -> Result<u64, Admit>,
+    mut decide: impl FnMut(u64) -> Result<(u64, u64), Admit>,
 ) -> Admit {
     let mut tat = entry.schedule_ns();
     loop {
@@ -97,24 +107,29 @@ fn move_schedule(
             };
             continue;
         }
-        let next = match decide(tat) {
-            Ok(next) => next,
+        let (next, granted) = match decide(tat) {
+            Ok(decided) => decided,
             Err(answer) => return answer,
         };
         match entry.move_schedule(tat, next) {
-            Ok(_) => return Admit::Now,
+            Ok(_) => return Admit::Now(granted),
             Err(seen) => tat = seen,
         }
     }
 }
 
-/// [`admit`] for a container in turns: a schedule step of `step` ns.
+/// [`admit`] for a container in turns, of a lease of (at least, at most)
+/// GPU ns. The last lease of a window is cut to what is left of its
+/// share, so that the window ends where its share does: a whole 2 ms lease
+/// there ran the windows of limits that fill the period (10+20+30+40)
+/// into the next one's in a third of the periods, each such window then
+/// cut its next share and moved (docs/benchmarks.md, run 68).
 fn admit_in_turns(
     entry: &DeviceEntry,
     anchor: u64,
     percent: u32,
     scale: u32,
-    step: u64,
+    (least_ns, lease_ns): (u64, u64),
     now: u64,
 ) -> Admit {
     let start = turns::period_start(anchor, now);
@@ -131,7 +146,9 @@ fn admit_in_turns(
             let open = turns::next_open(anchor, from).max(start + turns::PERIOD_NS);
             return Err(Admit::Wait(open.saturating_sub(now).max(1)));
         }
-        Ok(from + step)
+        let left = gpu_ns(end - from, percent, scale);
+        let granted = lease_ns.min(left).max(least_ns);
+        Ok((from + schedule_ns(granted, percent, scale), granted))
     })
 }
 
@@ -173,8 +190,8 @@ mod tests {
             (1_000_000_000u64, 1_000_000_000 + secs * 1_000_000_000, 0u64);
         let mut went = Vec::new();
         while now < end {
-            match admit(d, cost, now) {
-                Admit::Now => {
+            match admit(d, cost, cost, now) {
+                Admit::Now(_) => {
                     gpu += cost;
                     went.push(now);
                     if anchor != 0 {
@@ -230,7 +247,7 @@ mod tests {
         let d = r.device(i);
         let now = 10_000_000_000u64;
         let mut burst = 0u64;
-        while admit(d, 100_000, now) == Admit::Now {
+        while matches!(admit(d, 100_000, 100_000, now), Admit::Now(_)) {
             burst += 100_000;
         }
         // 4 ms of schedule at 30% is 1.2 ms of GPU time (+1 launch).
@@ -243,13 +260,13 @@ mod tests {
         let d = r.device(i);
         let now = 5_000_000_000u64;
         d.tat_ns.store(now + 3_600_000_000_000, Ordering::Relaxed);
-        match admit(d, 100_000, now) {
+        match admit(d, 100_000, 100_000, now) {
             Admit::Wait(ns) => assert!(ns <= MAX_AHEAD_NS, "waits {ns} ns"),
-            Admit::Now => panic!("a full bucket admitted"),
+            Admit::Now(_) => panic!("a full bucket admitted"),
         }
         assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + MAX_AHEAD_NS);
         d.tat_ns.store(u64::MAX, Ordering::Relaxed);
-        assert!(matches!(admit(d, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
+        assert!(matches!(admit(d, 100_000, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
     }
 
     /// Launches of `cost` ns from `start` (each spanning `span` ns) until
@@ -258,8 +275,8 @@ mod tests {
     fn one_period(d: &DeviceEntry, start: u64, cost: u64, span: u64) -> (u64, u64, Option<u64>) {
         let (mut now, mut gpu) = (start, 0u64);
         while now < start + turns::PERIOD_NS {
-            match admit(d, cost, now) {
-                Admit::Now => {
+            match admit(d, cost, cost, now) {
+                Admit::Now(_) => {
                     gpu += cost;
                     now += span;
                 }
@@ -289,6 +306,40 @@ mod tests {
     }
 
     #[test]
+    fn in_turns_a_window_s_last_lease_is_cut_to_what_is_left_of_its_share() {
+        let anchor = 2_000_000_000u64;
+        let (r, i) = entry(40);
+        let d = r.device(i);
+        d.choose_turn_anchor(anchor);
+        d.set_turn_cut_ns(1_300_000);
+        let start = anchor + 10 * turns::PERIOD_NS;
+        // 1 ms launches bought 2 ms at a time, one stream running each
+        // lease's launches back to back.
+        let (mut now, mut gpu) = (start, 0u64);
+        while let Admit::Now(granted) = admit(d, 1_000_000, 2_000_000, now) {
+            assert!((1_000_000..=2_000_000).contains(&granted), "{granted}");
+            gpu += granted;
+            now += granted;
+        }
+        // 40 ms less the cut, within one launch: a whole last lease went
+        // up to 2 ms over, into the next container's window.
+        let share = turns::share_ns(40, 1000) - 1_300_000;
+        assert!(
+            (share..share + 1_000_000).contains(&gpu),
+            "{gpu} ns for a share of {share}"
+        );
+        // A launch that costs more than is left still goes whole.
+        let (r, i) = entry(40);
+        let d = r.device(i);
+        d.choose_turn_anchor(anchor);
+        let end = start + turns::PERIOD_NS;
+        assert_eq!(
+            admit(d, 10_000_000, 10_000_000, end - 1_000_000),
+            Admit::Now(10_000_000)
+        );
+    }
+
+    #[test]
     fn in_turns_a_fill_converts_the_share_so_that_it_spans_the_limit() {
         let anchor = 2_000_000_000u64;
         let (r, i) = entry(60);
@@ -314,7 +365,7 @@ mod tests {
         let d = r.device(i);
         d.set_turn_fill_milli(500);
         let now = 10_000_000_000u64;
-        assert_eq!(admit(d, 600_000, now), Admit::Now);
+        assert_eq!(admit(d, 600_000, 600_000, now), Admit::Now(600_000));
         assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + 1_000_000);
     }
 
@@ -323,6 +374,9 @@ mod tests {
         assert_eq!(schedule_ns(1_000_000, 50, 1000), 2_000_000);
         assert_eq!(schedule_ns(1_000_000, 50, 2000), 1_000_000);
         let (r, i) = entry(0);
-        assert_eq!(admit(r.device(i), u64::MAX, 0), Admit::Now);
+        assert_eq!(
+            admit(r.device(i), u64::MAX, u64::MAX, 0),
+            Admit::Now(u64::MAX)
+        );
     }
 }

@@ -82,22 +82,26 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
-        let Admit::Wait(ns) = bucket::admit(entry, lease, now) else {
-            entry.add_admitted_ns(lease);
-            entry.add_held_ns(shape.held_ns(lease, cost));
-            if waited {
-                entry.add_wait_ns(now - start);
+        match bucket::admit(entry, cost, lease, now) {
+            Admit::Now(granted) => {
+                entry.add_admitted_ns(granted);
+                entry.add_held_ns(shape.held_ns(granted, cost));
+                if waited {
+                    entry.add_wait_ns(now - start);
+                }
+                credit.add(i64::try_from(granted.saturating_sub(cost)).unwrap_or(0));
+                return;
             }
-            break;
-        };
-        if !waited {
-            entry.count_wait();
-            waited = true;
+            Admit::Wait(ns) => {
+                if !waited {
+                    entry.count_wait();
+                    waited = true;
+                }
+                std::thread::sleep(Duration::from_nanos(ns));
+                now = clock::monotonic_ns();
+            }
         }
-        std::thread::sleep(Duration::from_nanos(ns));
-        now = clock::monotonic_ns();
     }
-    credit.add(i64::try_from(lease - cost).unwrap_or(0));
 }
 
 /// What a launch of `shape` is charged: its learned cost, or the guess

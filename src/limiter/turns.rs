@@ -19,13 +19,16 @@
 //! longer than the launches cost, because the other context's slices ran
 //! in between. It moves by what the leading probes lost ([`verdict`]), so
 //! it lands where the other's window ends. A container whose window
-//! opened on an idle GPU stays: the one that came second moves.
+//! opened on an idle GPU stays, or moves a little earlier if it ran into
+//! the next window: the one that came second moves.
 //!
 //! Windows of shares that sum to the whole period leave no room: when one
 //! runs into the next, the two time-slice, each loses time, and each then
-//! runs into the next one in turn. So a container whose window ran into
-//! another's leaves that much of its share unspent for a while
-//! ([`next_cut`]) until its windows end clear.
+//! runs into the next one in turn. So a container whose window opened
+//! late and ran into another's leaves that much of its share unspent for
+//! a while ([`next_cut`]) until its windows end clear. A window ends where
+//! its share does: the bucket cuts the last lease of a window to what is
+//! left (`bucket::admit`).
 #![forbid(unsafe_code)]
 
 /// The period of the turns: every container gets its share of each one.
@@ -184,7 +187,8 @@ pub const COVERED_STREAK: u32 = 6;
 /// Two containers that always have work never find their turns, as
 /// neither window ever opens on an idle GPU; so:
 /// - a window that ran on into another's (its trailing probes lost time)
-///   adds half what they lost (the other one leaves some too);
+///   adds half what they lost (the other one leaves some too), unless it
+///   opened on an idle GPU: it moves earlier instead ([`verdict`]);
 /// - a covered window adds an eighth of the share, until the streak
 ///   says nothing that takes turns covers it: then nothing is cut;
 /// - a window that ended clear halves the cut, down to the guard while
@@ -197,10 +201,12 @@ pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: 
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
-    let floor = if shared { guard_ns(share_ns) } else { 0 };
+    let floor = if shared { GUARD_NS } else { 0 };
     let cut = cut.min(most);
     let cut = if covered(probes) {
         cut + share_ns / 8
+    } else if ran_on_from_a_clear_start(probes) {
+        cut // it moves earlier instead ([`verdict`])
     } else {
         match trailing_lost_ns(probes) {
             0 => cut / 2,
@@ -210,18 +216,24 @@ pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: 
     cut.max(floor).min(most)
 }
 
-/// What a container leaves unspent of each share while it shares the
-/// GPU with others that take turns: 2 % of the share and 0.5 ms (0.07 of
-/// a 10 % limit, 0.025 of a 40 % one). Shares
-/// that sum to the whole period leave no room between windows, so a
-/// window that opens a little late (a host waking up, a launch's
-/// latency) runs into the next, both lose time, and the next runs into
-/// the one after: four containers at 25 % chased each other round the
-/// period for 20 s on an H100 and got 0.225 each (run 41). The guard
-/// costs a container 2-7 % of its limit.
-pub fn guard_ns(share_ns: u64) -> u64 {
-    share_ns / 50 + MIN_MOVE_NS
+/// Whether the window opened on an idle GPU but ran on into another
+/// context's window: there may be room before it, and there is none
+/// after it.
+pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
+    probes.first().is_some_and(|p| !p.beside_another()) && trailing_lost_ns(probes) > 0
 }
+
+/// What a container leaves unspent of each share while it shares the
+/// GPU with others that take turns. Shares that sum to the whole period
+/// leave no room between windows, so a window that opens a little late (a
+/// host waking up, a launch's latency) runs into the next, both lose
+/// time, and the next runs into the one after: four containers at 25 %
+/// chased each other round the period for 20 s on an H100 and got 0.225
+/// each (run 41). That guard was 2 % of the share and 0.5 ms, against
+/// windows whose last lease ran up to 2 ms past their share; now that a
+/// window ends where its share does (`bucket::admit`), 0.5 ms is left
+/// (docs/benchmarks.md, run 68).
+pub const GUARD_NS: u64 = MIN_MOVE_NS;
 
 /// Whether the window's probes all ran beside another context (two at
 /// least: one alone may have met the other's last kernel).
@@ -269,14 +281,38 @@ impl Probe {
     }
 }
 
-/// What one window's probes, in the order they ran, say: how much later
-/// the window should open, if at all. It moves only when its first probe
-/// ran beside another context (the window opened on a busy GPU), by what
-/// the leading such probes lost, times a factor from 0.6 to 1 picked by
-/// `random`. A window covered from end to end moves with odds of one in
-/// two: two containers whose windows open together then part. Less than [`MIN_LEAD_NS`] lost moves the window only when
-/// the window before it (`late_before`) also opened beside another.
-pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
+/// Where a window moves ([`verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    Later(u64),
+    Earlier(u64),
+}
+
+/// What one window's probes, in the order they ran, say: where the
+/// window should open, if it moves at all.
+/// - Its first probe ran beside another context (the window opened on a
+///   busy GPU): later, by what the leading such probes lost, times a
+///   factor from 0.6 to 1 picked by `random`. A window covered from end
+///   to end moves with odds of one in two: two containers whose windows
+///   open together then part. Less than [`MIN_LEAD_NS`] lost moves the
+///   window only when the window before it (`late_before`) also opened
+///   beside another.
+/// - It opened on an idle GPU but ran on into another context
+///   ([`ran_on_from_a_clear_start`]): [`MIN_MOVE_NS`] earlier, into the
+///   room there may be before it, and it keeps its share whole
+///   ([`next_cut`]): the container that came second yields. Beside one
+///   that takes no turns and covers some of its windows' ends, leaving
+///   time unspent only gave that one more (a 30 % container of 1 ms
+///   kernels beside an unlimited one: 0.244, and 0.254 this way, one run
+///   each on an H200, docs/benchmarks.md runs 68-69).
+pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<Move> {
+    if ran_on_from_a_clear_start(probes) {
+        return Some(Move::Earlier(MIN_MOVE_NS));
+    }
+    later(probes, random, late_before).map(Move::Later)
+}
+
+fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
     if !probes.first()?.beside_another() {
         return None;
     }
@@ -362,9 +398,9 @@ mod tests {
     }
 
     #[test]
-    fn a_window_that_ran_into_another_leaves_some_of_its_share() {
+    fn a_window_late_at_both_ends_leaves_some_of_its_share() {
         let share = 50 * MS;
-        let ran_on = [clean(3), clean(3), shared(3, 2), shared(3, 3)];
+        let ran_on = [shared(3, 3), clean(3), shared(3, 2), shared(3, 3)];
         let cut = next_cut(0, share, &ran_on, 0, false);
         assert_eq!(cut, 5 * MS / 2);
         assert_eq!(next_cut(cut, share, &ran_on, 0, false), 5 * MS);
@@ -396,25 +432,35 @@ mod tests {
     }
 
     #[test]
-    fn a_window_that_opened_on_an_idle_gpu_stays() {
-        assert_eq!(
-            verdict(&[clean(3), shared(3, 3), shared(3, 3)], 0, false),
-            None
-        );
+    fn a_window_that_opened_on_an_idle_gpu_stays_or_moves_earlier() {
         assert_eq!(verdict(&[clean(3), clean(3)], 7, false), None);
         assert_eq!(verdict(&[], 7, false), None);
+        // It ran on into another's window: into the room before it, and
+        // its share stays whole.
+        let ran_on = [clean(3), clean(3), shared(3, 3), shared(3, 3)];
+        assert!(ran_on_from_a_clear_start(&ran_on));
+        assert_eq!(verdict(&ran_on, 0, true), Some(Move::Earlier(MIN_MOVE_NS)));
+        assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true), 2 * MS);
+        assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true), GUARD_NS);
+        // Late at both ends: no room either side, so it leaves time.
+        let both = [shared(3, 3), clean(3), shared(3, 3)];
+        assert!(!ran_on_from_a_clear_start(&both));
+        assert_eq!(next_cut(0, 30 * MS, &both, 0, false), 3 * MS / 2);
     }
 
     #[test]
     fn a_window_that_opened_beside_another_moves_past_it() {
         // A little lost at the start is the window before's to mend.
         assert_eq!(verdict(&[shared(3, 2), clean(3)], 0, false), None);
-        assert_eq!(verdict(&[shared(3, 2), clean(3)], 0, true), Some(2 * MS));
+        assert_eq!(
+            verdict(&[shared(3, 2), clean(3)], 0, true),
+            Some(Move::Later(2 * MS))
+        );
         let probes = [shared(3, 3), shared(3, 2), clean(3), shared(3, 3)];
         let least = verdict(&probes, 0, false).unwrap();
         let most = verdict(&probes, 400, false).unwrap();
-        assert_eq!(least, 5 * MS * 6 / 10 + MIN_MOVE_NS);
-        assert_eq!(most, 5 * MS + MIN_MOVE_NS);
+        assert_eq!(least, Move::Later(5 * MS * 6 / 10 + MIN_MOVE_NS));
+        assert_eq!(most, Move::Later(5 * MS + MIN_MOVE_NS));
         // Two windows that opened together part: different factors.
         assert_ne!(verdict(&probes, 100, false), verdict(&probes, 300, false));
     }
@@ -432,11 +478,11 @@ mod tests {
         assert!(!shared(20, 2).beside_another());
         let mut all: Vec<Probe> = (0..40).map(|_| shared(3, 3)).collect();
         all.push(clean(3));
-        assert_eq!(verdict(&all, 400, false), Some(MAX_MOVE_NS));
+        assert_eq!(verdict(&all, 400, false), Some(Move::Later(MAX_MOVE_NS)));
         // Covered from end to end: one draw in two moves, past the cover.
         all.pop();
         assert_eq!(verdict(&all, 1, false), None);
-        assert_eq!(verdict(&all, 400, false), Some(MAX_MOVE_NS));
+        assert_eq!(verdict(&all, 400, false), Some(Move::Later(MAX_MOVE_NS)));
     }
 
     fn timed(cost_us: u64, elapsed_us: u64) -> Probe {
