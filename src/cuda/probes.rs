@@ -126,7 +126,7 @@ static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
 /// Per device entry: whether the last window judged opened beside another.
 static LATE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// Per device entry: windows judged in a row whose probes all ran beside
-/// another context.
+/// another context (`turns::next_streak`).
 static COVERED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Per device entry: the last period judged. Probes of it or before that
 /// finish late are dropped: the window was judged without them.
@@ -406,16 +406,22 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
             );
         }
     }
-    let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
-    let streak = if turns::covered(timings) {
-        COVERED[d].fetch_add(1, Ordering::Relaxed) + 1
-    } else {
-        COVERED[d].store(0, Ordering::Relaxed);
-        0
-    };
     if timings.iter().any(Probe::beside_another) {
         entry.note_turn_shared(now);
     }
+    if entry.turn_anchor() != anchor || entry.turn_moved_ns() >= period {
+        // The turns moved while this window ran: its probes describe
+        // neither place, and it is often cut short. Taken as a window
+        // that met no one, it started the covered streak anew after every
+        // move beside a container that takes no turns (docs/benchmarks.md,
+        // run 71).
+        log::trace!("turns: window at {period} began before the turns moved ({timings:?})");
+        return;
+    }
+    let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
+    // (One judge per period: `JUDGED` above.)
+    let streak = turns::next_streak(COVERED[d].load(Ordering::Relaxed), timings);
+    COVERED[d].store(streak, Ordering::Relaxed);
     let shared = entry.turn_shared(now);
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
     if cut != entry.turn_cut_ns() {
@@ -424,9 +430,6 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
             cut as f64 / 1e6
         );
         entry.set_turn_cut_ns(cut);
-    }
-    if entry.turn_anchor() != anchor || entry.turn_moved_ns() >= period {
-        return;
     }
     let random = now ^ u64::from(std::process::id()).rotate_left(17);
     let late = timings.first().is_some_and(Probe::beside_another);
