@@ -63,6 +63,15 @@ impl<T> Lock<T> {
     pub fn lock(&self) -> MutexGuard<'_, T> {
         self.mutex().lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The lock if no one holds it now.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.mutex().try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// What a forked child makes of a value that stays valid there.

@@ -74,6 +74,15 @@ pub(super) fn give_back(ctx: usize, events: &[usize]) {
     POOL.lock().extend(events.iter().map(|&e| (ctx, e)));
 }
 
+/// [`give_back`] unless the pool is locked (the events then stay out of
+/// it): for a thread's exit, which may run inside `exit()` called from a
+/// signal handler that interrupted this very thread holding the lock.
+pub(super) fn try_give_back(ctx: usize, events: &[usize]) {
+    if let Some(mut pool) = POOL.try_lock() {
+        pool.extend(events.iter().map(|&e| (ctx, e)));
+    }
+}
+
 /// Finished timings are collected at most this often outside samples
 /// (compared on the coarse clock).
 const POLL_EVERY_NS: u64 = 2_000_000;

@@ -105,8 +105,13 @@ impl OpenProbe {
 
 impl Drop for OpenProbe {
     fn drop(&mut self) {
-        if let Some(open) = self.0.take() {
-            drop_open(open, GENERATION.load(Ordering::Relaxed));
+        let Some(open) = self.0.take() else {
+            return;
+        };
+        if open.generation == GENERATION.load(Ordering::Relaxed)
+            && open.epoch == EPOCH.load(Ordering::Acquire)
+        {
+            events::try_give_back(open.ctx, &[open.start, open.end]);
         }
     }
 }
@@ -382,9 +387,11 @@ fn ready_windows(
         .collect()
 }
 
-/// Moves the container's turns later if the window that began at
-/// `period` opened beside another context, unless the turns moved since
-/// that window began (its probes describe the old place).
+/// Judges the window that began at `period`: the fill it measured, the
+/// covered streak, what the container leaves unspent and whether its
+/// turns move later or earlier (`turns::verdict`). A window during which
+/// the turns moved measures only the fill: its probes describe the old
+/// place.
 fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[Probe], now: u64) {
     let entry = attach.region.device(dev);
     let d = dev.get();
@@ -419,9 +426,12 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         return;
     }
     let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
-    // (One judge per period: `JUDGED` above.)
-    let streak = turns::next_streak(COVERED[d].load(Ordering::Relaxed), timings);
-    COVERED[d].store(streak, Ordering::Relaxed);
+    let before = COVERED[d]
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+            Some(turns::next_streak(s, timings, share))
+        })
+        .unwrap_or_else(|s| s);
+    let streak = turns::next_streak(before, timings, share);
     let shared = entry.turn_shared(now);
     let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
     if cut != entry.turn_cut_ns() {

@@ -20,15 +20,15 @@
 //! in between. It moves by what the leading probes lost ([`verdict`]), so
 //! it lands where the other's window ends. A container whose window
 //! opened on an idle GPU stays, or moves a little earlier if it ran into
-//! the next window: the one that came second moves.
+//! the next window: the one that came second moves the most.
 //!
 //! Windows of shares that sum to the whole period leave no room: when one
 //! runs into the next, the two time-slice, each loses time, and each then
 //! runs into the next one in turn. So a container whose window opened
 //! late and ran into another's leaves that much of its share unspent for
 //! a while ([`next_cut`]) until its windows end clear. A window ends where
-//! its share does: the bucket cuts the last lease of a window to what is
-//! left (`bucket::admit`).
+//! its share does, or one launch later: the bucket cuts the last lease of
+//! a window to what is left (`bucket::admit`).
 #![forbid(unsafe_code)]
 
 /// The period of the turns: every container gets its share of each one.
@@ -183,7 +183,7 @@ pub fn waited_for_the_gpu(
 pub const COVERED_STREAK: u32 = 6;
 
 /// What a container leaves unspent of each period's share after a window
-/// was judged (`streak`: covered windows in a row, this one included).
+/// was judged (`streak`: [`next_streak`] after this window).
 /// Two containers that always have work never find their turns, as
 /// neither window ever opens on an idle GPU; so:
 /// - a window that ran on into another's (its trailing probes lost time)
@@ -197,7 +197,7 @@ pub const COVERED_STREAK: u32 = 6;
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns`.
 pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: bool) -> u64 {
-    if (covered(probes) || nearly_covered(probes)) && streak > COVERED_STREAK {
+    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > COVERED_STREAK {
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
@@ -231,31 +231,34 @@ pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
 /// chased each other round the period for 20 s on an H100 and got 0.225
 /// each (run 41). That guard was 2 % of the share and 0.5 ms, against
 /// windows whose last lease ran up to 2 ms past their share; now that a
-/// window ends where its share does (`bucket::admit`), 0.5 ms is left
+/// window ends within one launch of its share (`bucket::admit`), 0.5 ms
+/// is left
 /// (docs/benchmarks.md, run 68).
 pub const GUARD_NS: u64 = MIN_MOVE_NS;
 
 /// Covered windows in a row after a window with `probes` (`streak` before
-/// it): one more after a covered window, as many after a nearly covered
-/// one, none after any other.
-pub fn next_streak(streak: u32, probes: &[Probe]) -> u32 {
+/// it) of a container whose share is `share_ns`: one more after a covered
+/// window, as many after a nearly covered one, none after any other.
+pub fn next_streak(streak: u32, probes: &[Probe], share_ns: u64) -> u32 {
     if covered(probes) {
         streak.saturating_add(1)
-    } else if nearly_covered(probes) {
+    } else if nearly_covered(probes, share_ns) {
         streak
     } else {
         0
     }
 }
 
-/// A window that took less than this (its probes' time) is not one of
-/// two that cover each other: two containers that take turns cover each
-/// other's windows from end to end only when both windows stretch over
-/// nearly the whole period, time-slicing.
+/// A window that takes less than this is not one of two that cover each
+/// other: two containers that take turns cover each other's windows from
+/// end to end only when both windows stretch over nearly the whole
+/// period, time-slicing.
 pub const SHORT_WINDOW_NS: u64 = PERIOD_NS * 9 / 10;
 
 /// Whether all the window's probes but one ran beside another context,
-/// three probes at least, and the window was short ([`SHORT_WINDOW_NS`]).
+/// three probes at least, and the window is short ([`SHORT_WINDOW_NS`]):
+/// its whole share (`share_ns`) at the stretch its probes ran at, so that
+/// probes dropped at host pauses do not make a long window look short.
 /// Beside a container that takes no turns, a probe of a 30 % container's
 /// window now and then runs while that one waits for its host: such a
 /// window started the covered streak anew, and the container went back to
@@ -264,13 +267,14 @@ pub const SHORT_WINDOW_NS: u64 = PERIOD_NS * 9 / 10;
 /// window may be one of two that cover each other: there a probe in the
 /// clear is what stops two 50 % containers from time-slicing for good (a
 /// simulated pair did, run 61).
-pub fn nearly_covered(probes: &[Probe]) -> bool {
-    let span = probes
-        .iter()
-        .fold(0u64, |sum, p| sum.saturating_add(p.elapsed_ns));
+pub fn nearly_covered(probes: &[Probe], share_ns: u64) -> bool {
+    let (cost, elapsed) = probes.iter().fold((0u128, 0u128), |(c, e), p| {
+        (c + u128::from(p.cost_ns), e + u128::from(p.elapsed_ns))
+    });
+    let span = elapsed * u128::from(share_ns) / cost.max(1);
     probes.len() >= 3
         && probes.iter().filter(|p| !p.beside_another()).count() == 1
-        && span < SHORT_WINDOW_NS
+        && span < u128::from(SHORT_WINDOW_NS)
 }
 
 /// Whether the window's probes all ran beside another context (two at
@@ -337,8 +341,8 @@ pub enum Move {
 ///   beside another.
 /// - It opened on an idle GPU but ran on into another context
 ///   ([`ran_on_from_a_clear_start`]): [`MIN_MOVE_NS`] earlier, into the
-///   room there may be before it, and it keeps its share whole
-///   ([`next_cut`]): the container that came second yields. Beside one
+///   room there may be before it, and it keeps what it leaves unspent as
+///   it was ([`next_cut`]): the container that came second yields. Beside one
 ///   that takes no turns and covers some of its windows' ends, leaving
 ///   time unspent only gave that one more (a 30 % container of 1 ms
 ///   kernels beside an unlimited one: 0.244, and 0.254 this way, one run
@@ -472,26 +476,31 @@ mod tests {
     #[test]
     fn a_short_window_clear_for_one_probe_keeps_the_covered_streak() {
         let share = 30 * MS;
+        let streak = COVERED_STREAK + 1;
         // A 30 % container's window beside one that takes no turns: ten
         // 3 ms probes, each twice as long as its cost, one in the clear.
         let mut nearly: Vec<Probe> = (0..10).map(|_| shared(3, 3)).collect();
         nearly[4] = clean(3);
-        assert!(nearly_covered(&nearly) && !covered(&nearly));
-        assert_eq!(next_streak(COVERED_STREAK + 1, &nearly), COVERED_STREAK + 1);
-        assert_eq!(next_cut(0, share, &nearly, COVERED_STREAK + 1, true), 0);
+        assert!(nearly_covered(&nearly, share) && !covered(&nearly));
+        assert_eq!(next_streak(streak, &nearly, share), streak);
+        assert_eq!(next_cut(0, share, &nearly, streak, true), 0);
         // Before the streak, it counts for nothing either way.
-        assert_eq!(next_streak(2, &nearly), 2);
-        assert_eq!(next_streak(2, &[shared(3, 3), shared(3, 3)]), 3);
-        // Two probes in the clear, or a window over nearly all the period
-        // (two containers that cover each other), start the streak anew.
+        assert_eq!(next_streak(2, &nearly, share), 2);
+        assert_eq!(next_streak(2, &[shared(3, 3), shared(3, 3)], share), 3);
+        // Two probes in the clear start the streak anew.
         nearly[7] = clean(3);
-        assert_eq!(next_streak(COVERED_STREAK + 1, &nearly), 0);
-        let long: Vec<Probe> = (0..16)
+        assert_eq!(next_streak(streak, &nearly, share), 0);
+        // So does a window over nearly all the period (two 50 % containers
+        // that cover each other), even with two of its probes dropped at
+        // host pauses: its whole share at its probes' stretch is long.
+        let half = 50 * MS;
+        let long: Vec<Probe> = (0..14)
             .map(|i| if i == 3 { clean(3) } else { shared(3, 3) })
             .collect();
-        assert!(!nearly_covered(&long));
-        assert_eq!(next_streak(COVERED_STREAK + 1, &long), 0);
-        assert_ne!(next_cut(0, share, &long, 0, true), 0);
+        assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < SHORT_WINDOW_NS);
+        assert!(!nearly_covered(&long, half));
+        assert_eq!(next_streak(streak, &long, half), 0);
+        assert_ne!(next_cut(0, half, &long, streak, false), 0);
     }
 
     #[test]
