@@ -527,6 +527,20 @@ def compute():
                    rc == 0 and abs(frac - lim / 100) <= 0.03 and worst <= 0.08)
     with open(os.path.join(OUT, "compute.json"), "w") as f:
         json.dump({f"{k[0]}:{k[1]}": v for k, v in table.items()}, f)
+    # A process that launches on two streams from two threads (a loader
+    # thread beside the main loop): each thread's probes of the turns hold
+    # the other stream's kernels, the process's own work.
+    env30 = {"CUDA_DEVICE_SM_LIMIT": "30"}
+    both = []
+    for name, env, t in (("streams-free", None, 5), ("streams-30", env30, secs)):
+        rc, out, _ = run([client(), "spin", "1000000", "132", str(t), "streams"], make_env(True, env, new_region()),
+                         t + 180, name)
+        r = kv(out)
+        both.append((rc, float(r.get("rate", "nan")) + float(r.get("side_rate", "nan"))))
+    frac = both[1][1] / both[0][1]
+    record(sec, "one process at 30%, two threads launching 1 ms kernels on two streams: fraction of the same "
+                "unlimited", f"{frac:.3f}", "0.30 +-0.03",
+           both[0][0] == 0 and both[1][0] == 0 and abs(frac - 0.30) <= 0.03)
     # Threads that exit with a probe of the turns open give its events
     # back from their thread-local destructor (counted on the simulator
     # only: here the check is that nothing breaks at thread exit).

@@ -172,3 +172,30 @@ fn threads_that_exit_under_a_limit_give_their_events_back() {
         "events held after one thread {first}, after 24 threads {all}"
     );
 }
+
+#[test]
+fn a_process_launching_on_two_streams_from_two_threads_gets_its_limit() {
+    // Each thread's probes of the turns hold the other stream's kernels:
+    // the process's own work, not a neighbour's.
+    let _serial = serial();
+    let total = |r: &Run| r.f64("rate") + r.f64("side_rate");
+    let free = total(&run_spin(
+        &Sim::new(1, "8g"),
+        Path3::ProcAddr,
+        1_000_000,
+        4,
+        "streams",
+    ));
+    let limited = run_spin(&with_limit("30"), Path3::ProcAddr, 1_000_000, 10, "streams");
+    let fraction = total(&limited) / free;
+    eprintln!(
+        "two streams at 30 %: {fraction:.3} of unlimited ({:.0} + {:.0} a second, {free:.0} unlimited); per second {:?}",
+        limited.f64("rate"),
+        limited.f64("side_rate"),
+        per_sec(&limited)
+    );
+    assert!(
+        (0.27..=0.33).contains(&fraction),
+        "achieved {fraction:.3} of unlimited"
+    );
+}

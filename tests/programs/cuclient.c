@@ -9,7 +9,8 @@
  *   cuclient ctx BYTES                     own context: allocate, destroy
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels (MODE paced:
  *                                          host-bound, a launch every 1.1 NS; synced:
- *                                          cuCtxSynchronize_v2 after every 10)
+ *                                          cuCtxSynchronize_v2 after every 10; streams:
+ *                                          a second thread launches on its own stream too)
  *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
  *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
@@ -462,6 +463,30 @@ static CUgraphExec build_graph(unsigned long long ns, unsigned grid, int nodes) 
     return exec;
 }
 
+/* Mode "streams": a second thread launches the same kernels on its own
+ * stream for as long, ten at a time, each ten waited for. */
+struct side {
+    unsigned long long ns;
+    unsigned grid;
+    double end;
+    long launched;
+};
+
+static void *side_stream(void *arg) {
+    struct side *s = arg;
+    unsigned long long zero = 0;
+    void *args[] = {&s->ns, &zero};
+    CUstream st;
+    cu.cuCtxSetCurrent(g_ctx);
+    CHECK(cu.cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */));
+    while (now_s() < s->end) {
+        for (int i = 0; i < 10; i++) CHECK(cu.cuLaunchKernel(g_spin, s->grid, 1, 1, 128, 1, 1, 0, st, args, NULL));
+        CHECK(cu.cuStreamSynchronize(st));
+        s->launched += 10;
+    }
+    return NULL;
+}
+
 static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const char *mode) {
     setup();
     load_kernels();
@@ -483,11 +508,14 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     /* warm-up */
     CHECK(launch_one(mode, ns, grid, exec));
     CHECK(cu.cuCtxSynchronize());
-    pthread_t th;
+    pthread_t th, side_th;
     g_t0 = now_s();
     pthread_create(&th, NULL, poller, NULL);
     long launched = 0;
     double end = g_t0 + secs;
+    struct side side = {ns, grid, end, 0};
+    int streams = !strcmp(mode, "streams");
+    if (streams) pthread_create(&side_th, NULL, side_stream, &side);
     while (now_s() < end) {
         while (g_recorded - __atomic_load_n(&g_done, __ATOMIC_ACQUIRE) >= max_queued && now_s() < end)
             usleep(100);
@@ -510,6 +538,10 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     }
     g_stop_poll = 1;
     pthread_join(th, NULL);
+    if (streams) {
+        pthread_join(side_th, NULL);
+        printf("side_rate=%.3f\n", side.launched / secs);
+    }
     int whole = (int)secs;
     long in_window = 0;
     printf("per_sec=");
