@@ -180,6 +180,13 @@ mod tests {
         (r, i)
     }
 
+    /// [`entry`], its turns anchored at `anchor`.
+    fn in_turns(percent: u32, anchor: u64) -> (Region, EntryIndex) {
+        let (r, i) = entry(percent);
+        r.device(i).choose_turn_anchor(anchor);
+        (r, i)
+    }
+
     /// Launches kernels of `cost` back to back for `secs` of simulated
     /// time, sleeping exactly as asked, the GPU running each at once;
     /// returns the GPU time admitted and when each launch went.
@@ -291,9 +298,8 @@ mod tests {
     fn a_cut_waits_for_the_next_period_and_any_cut_leaves_most_of_it() {
         let anchor = 2_000_000_000u64;
         for cut in [5_000_000, 100_000_000, u64::MAX] {
-            let (r, i) = entry(30);
+            let (r, i) = in_turns(30, anchor);
             let d = r.device(i);
-            d.choose_turn_anchor(anchor);
             d.set_turn_cut_ns(cut);
             let start = anchor + 10 * turns::PERIOD_NS;
             let (gpu, now, wait) = one_period(d, start, 1_000_000, 1_000_000);
@@ -309,9 +315,8 @@ mod tests {
     #[test]
     fn in_turns_a_window_s_last_lease_is_cut_to_what_is_left_of_its_share() {
         let anchor = 2_000_000_000u64;
-        let (r, i) = entry(40);
+        let (r, i) = in_turns(40, anchor);
         let d = r.device(i);
-        d.choose_turn_anchor(anchor);
         d.set_turn_cut_ns(1_300_000);
         let start = anchor + 10 * turns::PERIOD_NS;
         // 1 ms launches bought 2 ms at a time, one stream running each
@@ -332,9 +337,8 @@ mod tests {
         );
         // A launch that costs more than is left still goes whole, and the
         // schedule runs past the window's end by what it took.
-        let (r, i) = entry(40);
+        let (r, i) = in_turns(40, anchor);
         let d = r.device(i);
-        d.choose_turn_anchor(anchor);
         let end = start + turns::PERIOD_NS;
         d.tat_ns.store(end - 1_000_000, Ordering::Relaxed);
         assert_eq!(
@@ -347,9 +351,8 @@ mod tests {
     #[test]
     fn in_turns_a_fill_converts_the_share_so_that_it_spans_the_limit() {
         let anchor = 2_000_000_000u64;
-        let (r, i) = entry(60);
+        let (r, i) = in_turns(60, anchor);
         let d = r.device(i);
-        d.choose_turn_anchor(anchor);
         d.set_turn_fill_milli(909);
         let start = anchor + 10 * turns::PERIOD_NS;
         // The launches span 1 / 0.909 of their cost.
