@@ -15,6 +15,8 @@
     torch_probe.py work KIND SIZE SECONDS GO_FILE [OFFSET]
                                         back-to-back kernels (neighbours scenario)
     torch_probe.py busy GIB SECONDS     hold GIB and run GEMMs back to back (exporter scenario)
+    torch_probe.py streams SECONDS      two threads, each x.add_(1) on its own 0.5 GB tensor
+                                        and stream, ten at a time (compute scenario)
 """
 import os
 import sys
@@ -387,6 +389,33 @@ def work(kind, size, secs, go_file, offset=0.0, sync_every=10):
           f"gap_ms_max={q(1.0) if gaps else 0:.4f}")
 
 
+def streams(secs):
+    """Two threads of one process, each on its own stream: memory-bound
+    kernels that fill the GPU, so the streams hardly overlap."""
+    import threading
+    import torch
+    n = 128 << 20
+    count = [0, 0]
+
+    def loop(i, stream):
+        x = torch.zeros(n, device="cuda")
+        end = time.time() + secs
+        with torch.cuda.stream(stream):
+            while time.time() < end:
+                for _ in range(10):
+                    x.add_(1)
+                stream.synchronize()
+                count[i] += 10
+
+    torch.zeros(1, device="cuda")
+    threads = [threading.Thread(target=loop, args=(i, torch.cuda.Stream())) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"rate={count[0] / secs:.1f}\nside_rate={count[1] / secs:.1f}")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {
@@ -400,5 +429,6 @@ if __name__ == "__main__":
         "storm": lambda: storm(float(args[0]), int(args[1])),
         "calibrate": lambda: calibrate(),
         "busy": lambda: busy(float(args[0]), float(args[1])),
+        "streams": lambda: streams(float(args[0])),
         "work": lambda: work(args[0], float(args[1]), float(args[2]), args[3], float(args[4]) if len(args) > 4 else 0.0),
     }[cmd]()

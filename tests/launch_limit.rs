@@ -176,7 +176,9 @@ fn threads_that_exit_under_a_limit_give_their_events_back() {
 #[test]
 fn a_process_launching_on_two_streams_from_two_threads_gets_its_limit() {
     // Each thread's probes of the turns hold the other stream's kernels:
-    // the process's own work, not a neighbour's.
+    // the process's own work, not a neighbour's. Alone on the GPU, its
+    // windows must not take that for another context (on an H200 they did:
+    // windows moved and a quarter of each share went unspent, run 74).
     let _serial = serial();
     let total = |r: &Run| r.f64("rate") + r.f64("side_rate");
     let free = total(&run_spin(
@@ -186,10 +188,17 @@ fn a_process_launching_on_two_streams_from_two_threads_gets_its_limit() {
         4,
         "streams",
     ));
-    let limited = run_spin(&with_limit("30"), Path3::ProcAddr, 1_000_000, 10, "streams");
+    let sim = with_limit("30");
+    let limited = spawn_spin(&sim, Path3::ProcAddr, 1_000_000, 10, "streams");
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        seen.push(sim.status(&sim.region())["devices"][0]["turns"].clone());
+    }
+    let limited = finish(limited).ok();
     let fraction = total(&limited) / free;
     eprintln!(
-        "two streams at 30 %: {fraction:.3} of unlimited ({:.0} + {:.0} a second, {free:.0} unlimited); per second {:?}",
+        "two streams at 30 %: {fraction:.3} of unlimited ({:.0} + {:.0} a second, {free:.0} unlimited); per second {:?}; turns {seen:?}",
         limited.f64("rate"),
         limited.f64("side_rate"),
         per_sec(&limited)
@@ -198,4 +207,15 @@ fn a_process_launching_on_two_streams_from_two_threads_gets_its_limit() {
         (0.27..=0.33).contains(&fraction),
         "achieved {fraction:.3} of unlimited"
     );
+    let turns = seen.iter().filter(|t| !t.is_null()).collect::<Vec<_>>();
+    assert!(turns.len() >= 4, "turns in the region: {seen:?}");
+    for t in &turns {
+        assert_eq!(
+            t["phase_ms"], turns[0]["phase_ms"],
+            "alone, yet moving: {seen:?}"
+        );
+        assert_eq!(t["alone"], true, "not found alone: {t}");
+        assert_eq!(t["shared"], false, "alone, yet sharing: {t}");
+        assert_eq!(t["unspent_ms"], 0.0, "alone, yet leaving time unspent: {t}");
+    }
 }

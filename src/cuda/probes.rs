@@ -413,6 +413,19 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
             );
         }
     }
+    if entry.alone(now) {
+        // Nothing of another container is on the device: what a probe
+        // lost went to this process's own work on another stream (two
+        // threads on two streams: windows moved, and up to a quarter of
+        // each share went unspent on an H200, docs/benchmarks.md run 74).
+        COVERED[d].store(0, Ordering::Relaxed);
+        LATE[d].store(false, Ordering::Relaxed);
+        if entry.turn_cut_ns() != 0 {
+            entry.set_turn_cut_ns(0);
+        }
+        log::trace!("turns: window at {period} alone on the device ({timings:?})");
+        return;
+    }
     if timings.iter().any(Probe::beside_another) {
         entry.note_turn_shared(now);
     }

@@ -170,6 +170,7 @@ impl Leader {
             // whose windows' fill is its own to measure, not its
             // predecessor's (until measured, shares are not converted).
             entry.set_turn_fill_milli(0);
+            entry.note_alone(alone_on(attach, dev) == Some(true), now);
             *state = Device {
                 leading: true,
                 last_seen_us: clock::unix_us(),
@@ -188,6 +189,7 @@ impl Leader {
             return;
         }
         state.last_control_ns = now;
+        entry.note_alone(alone_on(attach, dev) == Some(true), now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;
@@ -365,6 +367,16 @@ fn container_utilisation(
         per_slot,
         busy_neighbours,
     })
+}
+
+/// Whether NVML lists no process outside the container on device entry
+/// `dev` (None: it could not say). Then nothing else can have run in the
+/// container's windows but its own work (`cuda/probes.rs`).
+fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
+    let region = &attach.region;
+    let nd = client::device(&region.device(dev).uuid())?;
+    let listed = client::processes(nd).ok()?;
+    Some(listed.iter().all(|&(pid, _)| region_holds_pid(region, pid)))
 }
 
 /// Whether `pid` is the host pid of a process of this container (one that

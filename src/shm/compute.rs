@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::layout::{DeviceEntry, TURN_SHARED_NS, TURNS_PAUSED};
+use crate::layout::{DeviceEntry, TURN_ALONE_NS, TURN_SHARED_NS, TURNS_PAUSED};
 
 use crate::lease;
 
@@ -122,6 +122,20 @@ impl DeviceEntry {
     pub fn turn_shared(&self, now: u64) -> bool {
         let at = self.turn_shared_ns.load(Ordering::Relaxed);
         at != 0 && now.saturating_sub(at) < TURN_SHARED_NS
+    }
+
+    /// Notes what the leader found at `now`: no process of another
+    /// container on the device (`alone`), or some, or it could not tell.
+    pub fn note_alone(&self, alone: bool, now: u64) {
+        self.alone_ns
+            .store(if alone { now.max(1) } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// Whether the leader found the container alone on the device in the
+    /// [`TURN_ALONE_NS`] before `now`.
+    pub fn alone(&self, now: u64) -> bool {
+        let at = self.alone_ns.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) < TURN_ALONE_NS
     }
 
     /// Sets how full the container's launches keep the GPU in its window.

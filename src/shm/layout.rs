@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 3;
+pub const VERSION_MINOR: u32 = 4;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -156,8 +156,14 @@ pub struct DeviceEntry {
     /// other containers the region shows this, or `admitted_ns` where it
     /// is more (older libraries add nothing here).
     pub held_ns: AtomicU64,
+    /// When the device's leader last found no process of another
+    /// container on the device in NVML's list of compute processes
+    /// (CLOCK_MONOTONIC ns, 0: not alone, or not known; 2.4). While it is
+    /// recent ([`TURN_ALONE_NS`]), a probe of the container's windows that
+    /// lost time lost it to the container's own work on another stream.
+    pub alone_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 8],
+    pub _reserved: [AtomicU64; 7],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -170,6 +176,10 @@ pub const TURNS_PAUSED: u64 = 1;
 /// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
 /// sharing the device.
 pub const TURN_SHARED_NS: u64 = 10_000_000_000;
+/// How long after [`DeviceEntry::alone_ns`] the container counts as alone
+/// on the device: a few of its leader's looks (one every half second), so
+/// that a leader that died leaves no stale word.
+pub const TURN_ALONE_NS: u64 = 2_000_000_000;
 
 /// One process of the container.
 #[repr(C)]
@@ -296,6 +306,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_fill_milli) == 168);
     assert!(offset_of!(DeviceEntry, turn_shared_ns) == 176);
     assert!(offset_of!(DeviceEntry, held_ns) == 184);
+    assert!(offset_of!(DeviceEntry, alone_ns) == 192);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

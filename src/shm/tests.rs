@@ -404,3 +404,33 @@ fn a_wrong_slot_count_is_named_not_reported_as_equal_sizes() {
         )
     );
 }
+
+#[test]
+fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
+    let p = temp_path("alone.cache");
+    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+    let info = DeviceInfo {
+        uuid: [9; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let limits = Limits {
+        mem: 0,
+        sm: 30,
+        policy: CorePolicy::Default,
+    };
+    let e = r.device(r.register_device(&info, limits).unwrap().index);
+    let s = 1_000_000_000;
+    assert!(!e.alone(5 * s), "never looked: not alone");
+    e.note_alone(true, 5 * s);
+    assert!(e.alone(5 * s) && e.alone(6 * s));
+    // A leader that died leaves no stale word.
+    assert!(!e.alone(5 * s + crate::layout::TURN_ALONE_NS));
+    // Another container seen, or NVML silent: at once.
+    e.note_alone(true, 7 * s);
+    e.note_alone(false, 7 * s + s / 2);
+    assert!(!e.alone(7 * s + s / 2));
+    // Alone at time 0 still counts (0 is "no word").
+    e.note_alone(true, 0);
+    assert!(e.alone(1));
+}

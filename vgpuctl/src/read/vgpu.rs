@@ -73,6 +73,7 @@ fn device(region: &Region, dev: EntryIndex) -> Device {
             },
             paused: d.turn_flag(TURNS_PAUSED),
             shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
+            alone: d.alone(vgpu_shm::board::monotonic_ns()),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }
