@@ -376,7 +376,10 @@ fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
     let region = &attach.region;
     let nd = client::device(&region.device(dev).uuid())?;
     let listed = client::processes(nd).ok()?;
-    Some(listed.iter().all(|&(pid, _)| region_holds_pid(region, pid)))
+    // (NVML lists every container's processes, by host pid: the driver
+    // knows no pid namespaces. An empty list is a view that shows not even
+    // this process: it says nothing.)
+    Some(!listed.is_empty() && listed.iter().all(|&(pid, _)| region_holds_pid(region, pid)))
 }
 
 /// Whether `pid` is the host pid of a process of this container (one that
