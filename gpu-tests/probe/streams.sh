@@ -15,7 +15,7 @@ SECS=${SECS:-12}
 CL=$D/cuclient
 cc -O2 -D VIA_PROCADDR -o "$CL" "$ROOT/tests/programs/cuclient.c" -ldl -lpthread || exit 2
 LIB=$ROOT/target/release/libvgpu.so
-sum() { awk -F= '/^(rate|side_rate)=/ {s += $2} END {printf "%.1f", s}' "$1"; }
+sum() { grep -o '\b\(side_\)\?rate=[0-9.]*' "$1" | awk -F= '{s += $2} END {printf "%.1f", s}'; }
 for grid in 132 2112; do
   for lim in free 30; do
     env=(LD_PRELOAD=$LIB CUDA_DEVICE_MEMORY_SHARED_CACHE=$(mktemp -d)/c.cache LIBCUDA_LOG_LEVEL=4)
