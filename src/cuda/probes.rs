@@ -10,7 +10,10 @@
 //!
 //! Finished probes are collected without blocking, at most every
 //! [`POLL_EVERY_NS`], and a window is judged once a later one has begun
-//! and all its probes are in. No lock is held across a driver call.
+//! and all its probes are in. While the container is alone on the device
+//! (its leader's word, `DeviceEntry::alone`), a window measures its fill
+//! and nothing else: what its probes lost went to the process's own work
+//! on another stream. No lock is held across a driver call.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;

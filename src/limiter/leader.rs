@@ -17,7 +17,9 @@
 //! or 0.99 (docs/benchmarks.md, run 14), and steering on that pulled a
 //! 30 % tenant down to 0.19. The event-timed costs, which count a kernel's
 //! own time (see `estimate`), then pace the bucket on their own. Who
-//! counts as a neighbour, and for how long, is `neighbours`.
+//! counts as a neighbour, and for how long, is `neighbours`. Every control
+//! period it also notes in the region whether NVML's list of the device's
+//! processes holds the container's alone, for the turns (`alone_ns`).
 
 use std::collections::HashMap;
 
