@@ -560,6 +560,32 @@ def compute():
                     f"of the share changed; fraction of the same unlimited (for the record)",
                f"{moved}; {unspent}; {frac:.3f}", "0; 0; -",
                both[0][0] == 0 and both[1][0] == 0 and moved == 0 and unspent == 0)
+    # A container in its own pid namespace, as in a pod: driver 580 lists
+    # it its own processes only (run 18), so what tells of a neighbour is
+    # the memory the neighbour holds. Beside one its turns must not count
+    # as alone; once the neighbour has gone, they must.
+    if not SIM and subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode == 0:
+        region = new_region()
+        neighbour = spawn([client(), "spin", "1000000", "132", "5", "kernel"], make_env(False), "pidns-neighbour")
+        limited = spawn(["unshare", "-pf", "--mount-proc", client(), "spin", "1000000", "132", "12", "kernel"],
+                        make_env(True, {"CUDA_DEVICE_SM_LIMIT": "30"}, region), "pidns-limited")
+        t0 = time.time()
+        beside, after = [], []
+        while time.time() - t0 < 11:
+            turns = (region_json(region).get("devices") or [{}])[0].get("turns") or {}
+            elapsed = time.time() - t0
+            if 2 <= elapsed <= 4:
+                beside.append(turns.get("alone"))
+            elif elapsed >= 9:
+                after.append(turns.get("alone"))
+            time.sleep(0.25)
+        n_out, _ = neighbour.communicate(timeout=60)
+        l_out, _ = limited.communicate(timeout=60)
+        ok = neighbour.returncode == 0 and limited.returncode == 0 and beside and all(a is False for a in beside) \
+            and after and after[-1] is True
+        record(sec, "a 30% container in its own pid namespace beside an unlimited process for 5 s: turns.alone "
+                    "while the neighbour runs; after it left",
+               f"{beside}; {after}", "all false; true at the end", ok)
     # Threads that exit with a probe of the turns open give its events
     # back from their thread-local destructor (counted on the simulator
     # only: here the check is that nothing breaks at thread exit).

@@ -399,3 +399,73 @@ fn the_region_shows_the_container_s_true_utilisation() {
         );
     }
 }
+
+/// `vgpuctl status`'s `turns.alone` for the region at `region`, or None
+/// while the container has no turns.
+fn alone(sim: &Sim, region: &std::path::Path) -> Option<bool> {
+    sim.status(region)["devices"][0]["turns"]["alone"].as_bool()
+}
+
+#[test]
+fn a_container_in_its_own_pid_namespace_is_not_alone_beside_a_neighbour() {
+    // Driver 580 shows a caller in a pid namespace only that namespace's
+    // processes (docs/benchmarks.md, run 18), as the simulator does: there
+    // NVML's list holds the container's processes alone, and what tells
+    // of the neighbour is the memory it holds.
+    let _serial = serial();
+    let unshare_ok = std::process::Command::new("unshare")
+        .args(["-pf", "--mount-proc", "true"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !unshare_ok {
+        eprintln!("SKIPPED: unshare --pid is not permitted here");
+        return;
+    }
+    let mut sim = Sim::new(1, "8g");
+    sim.set("SIM_GPU_HOST_PROC_FD", &host_proc_fd().to_string());
+    let neighbour = container_for(&sim, "n", None, 4);
+    let region = sim.dir.path().join("pidns.cache");
+    let args = spin_args(10, DENSE);
+    let limited = sim
+        .cmd("/usr/bin/env", true)
+        .args(["unshare", "-pf", "--mount-proc"])
+        .arg(artifacts().bin.join("cuclient-via_link"))
+        .args(&args)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn cuclient in a pid namespace");
+    let sample = |from_ms: u64, to_ms: u64, start: std::time::Instant| {
+        let mut seen = Vec::new();
+        while start.elapsed() < std::time::Duration::from_millis(to_ms) {
+            if start.elapsed() >= std::time::Duration::from_millis(from_ms) {
+                seen.push(alone(&sim, &region));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+        seen
+    };
+    let start = std::time::Instant::now();
+    let beside = sample(2000, 3500, start);
+    let neighbour = finish(neighbour).ok();
+    let after = sample(7000, 8500, start);
+    let limited = finish(limited).ok();
+    eprintln!(
+        "alone beside the neighbour {beside:?}, after it left {after:?}; the limited one {:.0}/s, the neighbour {:.0}/s",
+        limited.f64("rate"),
+        neighbour.f64("rate")
+    );
+    assert!(
+        !beside.is_empty() && beside.iter().all(|a| *a == Some(false)),
+        "beside a neighbour: {beside:?}"
+    );
+    // Once it has gone, the same container in the same namespace is alone
+    // (the check above is not one that can never pass).
+    assert!(
+        after.last() == Some(&Some(true)),
+        "after the neighbour left: {after:?}"
+    );
+}

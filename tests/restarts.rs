@@ -10,23 +10,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// An fd of this test's /proc, inherited by every child: the simulated
-/// driver reads host pids through it, as the real one knows them,
-/// whatever /proc a process mounts (`SIM_GPU_HOST_PROC_FD`).
-fn host_proc_fd() -> i32 {
-    static PROC: OnceLock<std::fs::File> = OnceLock::new();
-    let f = PROC.get_or_init(|| std::fs::File::open("/proc").unwrap());
-    // SAFETY: F_SETFD on an fd we own, clearing FD_CLOEXEC only.
-    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, 0) }, 0);
-    f.as_raw_fd()
-}
 
 fn machine() -> Sim {
     let mut sim = Sim::new(1, "8g");

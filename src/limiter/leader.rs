@@ -18,8 +18,8 @@
 //! 30 % tenant down to 0.19. The event-timed costs, which count a kernel's
 //! own time (see `estimate`), then pace the bucket on their own. Who
 //! counts as a neighbour, and for how long, is `neighbours`. Every control
-//! period it also notes in the region whether NVML's list of the device's
-//! processes holds the container's alone, for the turns (`alone_ns`).
+//! period it also notes in the region whether the container is alone on
+//! the device, for the turns (`alone_ns`, [`alone_on`]).
 
 use std::collections::HashMap;
 
@@ -371,17 +371,34 @@ fn container_utilisation(
     })
 }
 
-/// Whether NVML lists no process outside the container on device entry
-/// `dev` (None: it could not say). Then nothing else can have run in the
-/// container's windows but its own work (`cuda/probes.rs`).
+/// Memory allocated on a device that NVML's process list may leave
+/// unaccounted while the container counts as alone: less than any
+/// context (518 MiB for PyTorch's on an H200), which every process of
+/// another container holds.
+const UNLISTED_SLACK: u64 = 256 << 20;
+
+/// Whether the container is alone on device entry `dev` (None: NVML could
+/// not say): NVML's list of compute processes holds the container's
+/// processes only, and they hold all the memory allocated there but less
+/// than a context. Then nothing else can have run in the container's
+/// windows but its own work (`cuda/probes.rs`). The list alone does not
+/// tell: driver 580 shows a caller in a pid namespace that namespace's
+/// processes only (docs/benchmarks.md, run 18), and no graphics context.
 fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
     let region = &attach.region;
     let nd = client::device(&region.device(dev).uuid())?;
     let listed = client::processes(nd).ok()?;
-    // (NVML lists every container's processes, by host pid: the driver
-    // knows no pid namespaces. An empty list is a view that shows not even
-    // this process: it says nothing.)
-    Some(!listed.is_empty() && listed.iter().all(|&(pid, _)| region_holds_pid(region, pid)))
+    let allocated = client::allocated_memory(nd)?;
+    // NVML took a while: the region file is checked again (tamper.rs).
+    if !attach.intact() {
+        return None;
+    }
+    // (NVML_VALUE_NOT_AVAILABLE, all ones, is no figure.)
+    let counted = listed.iter().try_fold(0u64, |sum, &(_, used)| {
+        (used != u64::MAX).then(|| sum.saturating_add(used))
+    })?;
+    let ours = !listed.is_empty() && listed.iter().all(|&(pid, _)| region_holds_pid(region, pid));
+    Some(ours && allocated.saturating_sub(counted) < UNLISTED_SLACK)
 }
 
 /// Whether `pid` is the host pid of a process of this container (one that

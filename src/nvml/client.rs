@@ -155,6 +155,20 @@ pub fn free_memory(uuid: &[u8; 16]) -> Option<u64> {
     rc.is_ok().then_some(m.free)
 }
 
+/// The memory allocated on `dev`, processes' and the driver's, less what
+/// the driver reserves for itself (`nvmlMemory_v2_t`'s `used`).
+pub fn allocated_memory(dev: NvmlDevice) -> Option<u64> {
+    let mut m = MemoryV2 {
+        version: MEMORY_V2,
+        ..MemoryV2::default()
+    };
+    let rc = {
+        let _internal = Guard::enter();
+        real::nvmlDeviceGetMemoryInfo_v2(dev, &mut m)
+    };
+    rc.is_ok().then_some(m.used)
+}
+
 /// Per-process utilisation samples on `dev` newer than `since` (µs since
 /// the epoch). No samples is `Ok(empty)`.
 pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlReturn> {

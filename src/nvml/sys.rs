@@ -51,6 +51,9 @@ pub struct Memory {
     pub used: u64,
 }
 
+/// `nvmlMemory_v2`: the version word of a [`MemoryV2`].
+pub const MEMORY_V2: c_uint = std::mem::size_of::<MemoryV2>() as c_uint | (2 << 24);
+
 /// `nvmlMemory_v2_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

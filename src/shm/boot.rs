@@ -65,6 +65,10 @@ impl Region {
                 d.leader.store(0, Ordering::Release);
                 d.util_milli.store(0, Ordering::Release);
                 d.rate_scale_milli.store(1000, Ordering::Release);
+                // Times of the last boot's clock: they could lie in this
+                // one's future.
+                d.turn_shared_ns.store(0, Ordering::Release);
+                d.alone_ns.store(0, Ordering::Release);
             }
         }
         record(h, now);

@@ -135,7 +135,7 @@ impl DeviceEntry {
     /// [`TURN_ALONE_NS`] before `now`.
     pub fn alone(&self, now: u64) -> bool {
         let at = self.alone_ns.load(Ordering::Relaxed);
-        at != 0 && now.saturating_sub(at) < TURN_ALONE_NS
+        at != 0 && at <= now && now - at < TURN_ALONE_NS
     }
 
     /// Sets how full the container's launches keep the GPU in its window.

@@ -156,8 +156,9 @@ pub struct DeviceEntry {
     /// other containers the region shows this, or `admitted_ns` where it
     /// is more (older libraries add nothing here).
     pub held_ns: AtomicU64,
-    /// When the device's leader last found no process of another
-    /// container on the device in NVML's list of compute processes
+    /// When the device's leader last found the container alone on the
+    /// device: only its processes in NVML's list of compute processes,
+    /// holding all the memory allocated there but less than a context
     /// (CLOCK_MONOTONIC ns, 0: not alone, or not known; 2.4). While it is
     /// recent ([`TURN_ALONE_NS`]), a probe of the container's windows that
     /// lost time lost it to the container's own work on another stream.
@@ -178,7 +179,8 @@ pub const TURNS_PAUSED: u64 = 1;
 pub const TURN_SHARED_NS: u64 = 10_000_000_000;
 /// How long after [`DeviceEntry::alone_ns`] the container counts as alone
 /// on the device: a few of its leader's looks (one every half second), so
-/// that a leader that died leaves no stale word.
+/// that a leader that died leaves no stale word (a successor takes over
+/// after 3 s; windows in between are judged as beside others).
 pub const TURN_ALONE_NS: u64 = 2_000_000_000;
 
 /// One process of the container.

@@ -430,6 +430,9 @@ fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
     e.note_alone(true, 7 * s);
     e.note_alone(false, 7 * s + s / 2);
     assert!(!e.alone(7 * s + s / 2));
+    // A word from the future (another boot's clock) is no word.
+    e.note_alone(true, 20 * s);
+    assert!(!e.alone(19 * s));
     // Alone at time 0 still counts (0 is "no word").
     e.note_alone(true, 0);
     assert!(e.alone(1));

@@ -437,3 +437,15 @@ pub fn write_hami_core_file(path: &Path, last_kernel_time: u64) -> Vec<u8> {
     std::fs::write(path, &b).unwrap();
     b
 }
+
+/// An fd of this test's /proc, inherited by every child: the simulated
+/// driver reads host pids through it, as the real one knows them,
+/// whatever /proc a process mounts (`SIM_GPU_HOST_PROC_FD`).
+pub fn host_proc_fd() -> i32 {
+    use std::os::fd::AsRawFd;
+    static PROC: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    let f = PROC.get_or_init(|| std::fs::File::open("/proc").unwrap());
+    // SAFETY: F_SETFD on an fd we own, clearing FD_CLOEXEC only.
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    f.as_raw_fd()
+}

@@ -151,10 +151,11 @@ pub struct Turns {
     /// A probe of its windows met another context in the last 10 s
     /// (layout 2.2).
     pub shared: bool,
-    /// Its leader found no process of another container on the device in
-    /// the last 2 s (layout 2.4): what its probes lose then is its own
-    /// work on another stream, and its windows neither move nor leave
-    /// time unspent.
+    /// Its leader found, in the last 2 s, only the container's processes
+    /// in NVML's list for the device, holding all the memory allocated
+    /// there but less than a context (layout 2.4): what its probes lose
+    /// then is its own work on another stream, and its windows neither
+    /// move nor leave time unspent.
     pub alone: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,
