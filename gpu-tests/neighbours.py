@@ -6,6 +6,10 @@ kernels back to back and synchronising every 10. Its figure is its
 throughput as a fraction of the same loop running alone and unlimited.
 While a case runs, NVML's per-process utilisation and every container's
 region (vgpuctl status) are sampled twice a second.
+
+Environment: NEIGHBOURS_SECS (per case, 20), NEIGHBOURS_ONLY (cases as
+"30+60/mem-1ms,staggered"), NEIGHBOURS_LOG_LEVEL (the library's, 4),
+NEIGHBOURS_PIDNS=1 (each container in its own pid namespace, as pods).
 """
 import json
 import os
@@ -110,7 +114,10 @@ class Sampler:
 def worker_cmd(kind, size, secs, go, offset):
     fake = os.environ.get("NEIGHBOURS_FAKE_WORKER")  # for testing this script without a GPU
     prog = [sys.executable, fake] if fake else [S.PY, S.PROBE]
-    return prog + ["work", kind, str(size), str(secs), go, str(offset)]
+    # Each container in its own pid namespace, as pods are: NVML then lists
+    # it its own processes only (run 18).
+    pidns = ["unshare", "-pf", "--mount-proc"] if os.environ.get("NEIGHBOURS_PIDNS") == "1" else []
+    return pidns + prog + ["work", kind, str(size), str(secs), go, str(offset)]
 
 
 def run_case(name, kind_key, members, sizes, preload=True, extra=None):

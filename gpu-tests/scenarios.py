@@ -564,7 +564,9 @@ def compute():
     # it its own processes only (run 18), so what tells of a neighbour is
     # the memory the neighbour holds. Beside one its turns must not count
     # as alone; once the neighbour has gone, they must.
-    if not SIM and subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode == 0:
+    if not SIM and subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode != 0:
+        record(sec, "a container in its own pid namespace: unshare --pid permitted", "no", "(skipped)", True)
+    elif not SIM:
         region = new_region()
         neighbour = spawn([client(), "spin", "1000000", "132", "5", "kernel"], make_env(False), "pidns-neighbour")
         limited = spawn(["unshare", "-pf", "--mount-proc", client(), "spin", "1000000", "132", "12", "kernel"],

@@ -458,8 +458,9 @@ fn a_container_in_its_own_pid_namespace_is_not_alone_beside_a_neighbour() {
         limited.f64("rate"),
         neighbour.f64("rate")
     );
+    // (None: no turns yet, on a slow machine.)
     assert!(
-        !beside.is_empty() && beside.iter().all(|a| *a == Some(false)),
+        beside.contains(&Some(false)) && !beside.contains(&Some(true)),
         "beside a neighbour: {beside:?}"
     );
     // Once it has gone, the same container in the same namespace is alone

@@ -191,7 +191,8 @@ impl Leader {
             return;
         }
         state.last_control_ns = now;
-        entry.note_alone(alone_on(attach, dev) == Some(true), now);
+        let alone = alone_on(attach, dev) == Some(true);
+        entry.note_alone(alone, now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;
@@ -215,11 +216,14 @@ impl Leader {
         let throttled = waits != state.last_waits;
         state.last_waits = waits;
         let mut scale_milli = entry.rate_scale_milli();
-        let present = state.neighbours.present(now, &reading.busy_neighbours, || {
-            let nd = client::device(&entry.uuid())?;
-            let list = client::processes(nd).ok()?;
-            Some(list.into_iter().map(|(pid, _)| pid).collect())
-        });
+        // (NVML shows a caller in a pid namespace only that namespace's
+        // processes: in a pod, a neighbour shows only as not being alone.)
+        let present = !alone
+            || state.neighbours.present(now, &reading.busy_neighbours, || {
+                let nd = client::device(&entry.uuid())?;
+                let list = client::processes(nd).ok()?;
+                Some(list.into_iter().map(|(pid, _)| pid).collect())
+            });
         if present && !state.neighbours_present {
             // Steps taken while the neighbour went unseen were misled.
             scale_milli = state.scale_before_neighbours(now).unwrap_or(scale_milli);
@@ -372,33 +376,56 @@ fn container_utilisation(
 }
 
 /// Memory allocated on a device that NVML's process list may leave
-/// unaccounted while the container counts as alone: less than any
-/// context (518 MiB for PyTorch's on an H200), which every process of
-/// another container holds.
+/// unaccounted while the container counts as alone: less than a context
+/// (518 MiB for PyTorch's on an H200), which every process of another
+/// container holds; at most half the container's own context where that
+/// was measured smaller.
 const UNLISTED_SLACK: u64 = 256 << 20;
 
 /// Whether the container is alone on device entry `dev` (None: NVML could
-/// not say): NVML's list of compute processes holds the container's
-/// processes only, and they hold all the memory allocated there but less
-/// than a context. Then nothing else can have run in the container's
-/// windows but its own work (`cuda/probes.rs`). The list alone does not
-/// tell: driver 580 shows a caller in a pid namespace that namespace's
-/// processes only (docs/benchmarks.md, run 18), and no graphics context.
+/// not say): [`alone_by`] on NVML's list of compute processes and the
+/// memory allocated on the device, read before and after it (the larger
+/// reading: an allocation or a free in between would hide a neighbour's
+/// memory behind the container's). Then nothing else can have run in the
+/// container's windows but its own work (`cuda/probes.rs`).
 fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
     let region = &attach.region;
-    let nd = client::device(&region.device(dev).uuid())?;
+    let entry = region.device(dev);
+    let nd = client::device(&entry.uuid())?;
+    let before = client::allocated_memory(nd)?;
     let listed = client::processes(nd).ok()?;
-    let allocated = client::allocated_memory(nd)?;
+    let after = client::allocated_memory(nd)?;
     // NVML took a while: the region file is checked again (tamper.rs).
     if !attach.intact() {
         return None;
     }
+    let slack = entry
+        .context_bytes()
+        .map_or(UNLISTED_SLACK, |b| UNLISTED_SLACK.min(b / 2));
+    alone_by(&listed, before.max(after), slack, |pid| {
+        region_holds_pid(region, pid)
+    })
+}
+
+/// Whether NVML's list of a device's compute processes (`listed`: pid,
+/// used bytes) shows a container alone there: non-empty, every pid the
+/// container's (`ours`), and their memory all that is `allocated` on the
+/// device but less than `slack`. The list alone does not tell: driver 580
+/// shows a caller in a pid namespace only that namespace's processes
+/// (docs/benchmarks.md, run 18), and graphics contexts never. None when a
+/// process's memory is not available.
+fn alone_by(
+    listed: &[(u32, u64)],
+    allocated: u64,
+    slack: u64,
+    ours: impl Fn(u32) -> bool,
+) -> Option<bool> {
     // (NVML_VALUE_NOT_AVAILABLE, all ones, is no figure.)
     let counted = listed.iter().try_fold(0u64, |sum, &(_, used)| {
         (used != u64::MAX).then(|| sum.saturating_add(used))
     })?;
-    let ours = !listed.is_empty() && listed.iter().all(|&(pid, _)| region_holds_pid(region, pid));
-    Some(ours && allocated.saturating_sub(counted) < UNLISTED_SLACK)
+    let all_ours = !listed.is_empty() && listed.iter().all(|&(pid, _)| ours(pid));
+    Some(all_ours && allocated.saturating_sub(counted) < slack)
 }
 
 /// Whether `pid` is the host pid of a process of this container (one that
@@ -438,6 +465,34 @@ mod tests {
         // Only older libraries admitted: their cost is all there is.
         assert_eq!(held_share(0, 0.3, half_s), 0.3);
         assert_eq!(held_share(5, 0.0, 0), 5.0);
+    }
+
+    #[test]
+    fn alone_takes_a_list_of_the_container_s_own_that_accounts_for_the_memory() {
+        const MIB: u64 = 1 << 20;
+        let ours = |pid| pid == 10 || pid == 11;
+        let slack = 256 * MIB;
+        let two = [(10, 600 * MIB), (11, 600 * MIB)];
+        assert_eq!(alone_by(&two, 1209 * MIB, slack, ours), Some(true));
+        // Another container's process in the list.
+        assert_eq!(
+            alone_by(&[(10, 600 * MIB), (77, 500 * MIB)], 1100 * MIB, slack, ours),
+            Some(false)
+        );
+        // A list filtered to our pid namespace: the neighbour's context
+        // shows only in the device's memory.
+        assert_eq!(alone_by(&two, 1709 * MIB, slack, ours), Some(false));
+        assert_eq!(alone_by(&two, 1200 * MIB + slack, slack, ours), Some(false));
+        assert_eq!(
+            alone_by(&two, 1200 * MIB + slack - 1, slack, ours),
+            Some(true)
+        );
+        // An empty list shows not even us: it says nothing.
+        assert_eq!(alone_by(&[], 0, slack, ours), Some(false));
+        // A process whose memory NVML cannot give: no verdict.
+        assert_eq!(alone_by(&[(10, u64::MAX)], 600 * MIB, slack, ours), None);
+        // More listed than allocated (a free between the reads) is fine.
+        assert_eq!(alone_by(&two, 1000 * MIB, slack, ours), Some(true));
     }
 
     #[test]
