@@ -158,7 +158,7 @@ pub struct DeviceEntry {
     pub held_ns: AtomicU64,
     /// When the device's leader last found the container alone on the
     /// device: only its processes in NVML's list of compute processes,
-    /// holding all the memory allocated there but less than a context
+    /// leaving less than a context of the memory allocated there unaccounted
     /// (CLOCK_MONOTONIC ns, 0: not alone, or not known; 2.4). While it is
     /// recent ([`TURN_ALONE_NS`]), a probe of the container's windows that
     /// lost time lost it to the container's own work on another stream.

@@ -152,8 +152,8 @@ pub struct Turns {
     /// (layout 2.2).
     pub shared: bool,
     /// Its leader found, in the last 2 s, only the container's processes
-    /// in NVML's list for the device, holding all the memory allocated
-    /// there but less than a context (layout 2.4): what its probes lose
+    /// in NVML's list for the device, leaving less than a context of the
+    /// memory allocated there unaccounted (layout 2.4): what its probes lose
     /// then is its own work on another stream, and its windows neither
     /// move nor leave time unspent.
     pub alone: bool,
