@@ -24,30 +24,9 @@ for grid in 132 2112; do
     echo "spin grid $grid $lim: $(sum "$D/spin-$grid-$lim.out")/s ($(tr '\n' ' ' < "$D/spin-$grid-$lim.out"))"
   done
 done
-cat > "$D/two.py" <<'PY'
-import sys, threading, time, torch
-secs = float(sys.argv[1])
-n = 128 << 20
-count = [0, 0]
-def loop(i, stream):
-    x = torch.zeros(n, device="cuda")
-    end = time.time() + secs
-    with torch.cuda.stream(stream):
-        while time.time() < end:
-            for _ in range(10):
-                x.add_(1)
-            stream.synchronize()
-            count[i] += 10
-streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-torch.zeros(1, device="cuda")
-th = [threading.Thread(target=loop, args=(i, s)) for i, s in enumerate(streams)]
-[t.start() for t in th]
-[t.join() for t in th]
-print(f"rate={count[0] / secs:.1f}\nside_rate={count[1] / secs:.1f}")
-PY
 for lim in free 30; do
   env=(LD_PRELOAD=$LIB CUDA_DEVICE_MEMORY_SHARED_CACHE=$(mktemp -d)/c.cache LIBCUDA_LOG_LEVEL=4)
   [ $lim = 30 ] && env+=(CUDA_DEVICE_SM_LIMIT=30)
-  env "${env[@]}" python3 "$D/two.py" $SECS > "$D/torch-$lim.out" 2> "$D/torch-$lim.err"
+  env "${env[@]}" python3 "$ROOT/gpu-tests/torch_probe.py" streams $SECS > "$D/torch-$lim.out" 2> "$D/torch-$lim.err"
   echo "torch $lim: $(sum "$D/torch-$lim.out")/s ($(tr '\n' ' ' < "$D/torch-$lim.out"))"
 done
