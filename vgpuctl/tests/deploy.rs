@@ -181,6 +181,15 @@ fn the_exporter_service_and_monitor_point_at_one_port() {
     let (host, read_only) = host_path_at(pod, serve.root.to_str().unwrap());
     assert_eq!(host, "/usr/local/vgpu");
     assert!(read_only, "the exporter must not be able to write regions");
+    // Both region trees lie in that one mount: HAMi's plugin writes
+    // {gpuHookPath}/vgpu/containers, Volcano's HOOK_PATH/vgpu/containers
+    // with HOOK_PATH=/usr/local/vgpu; `--root` scans both layouts.
+    for tree in [
+        "/usr/local/vgpu/containers",
+        "/usr/local/vgpu/vgpu/containers",
+    ] {
+        assert!(Path::new(tree).starts_with(&host), "{tree} is not mounted");
+    }
     assert_eq!(pod["hostPID"], true);
     // The oversubscription board it reads is the node's, read-only.
     let board = serve
