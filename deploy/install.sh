@@ -13,14 +13,22 @@
 # bind-mounted at its start (its inode). What was replaced is kept, as hard
 # links, in DIR/.vgpu-backup/ so that `restore` can rename it back.
 # HAMi's device plugin mounts DIR/libvgpu.so.<its version> when it exists,
-# else DIR/libvgpu.so: both are replaced. ld.so.preload names the library
-# by the path it has inside containers, /usr/local/vgpu/libvgpu.so.
+# else DIR/libvgpu.so: both are replaced.
+#
+# ld.so.preload names the library by the path it has inside containers,
+# which is its path on the host: HAMi's plugin mounts the host's
+# {gpuHookPath}/vgpu/libvgpu.so at that same path, Volcano's mounts
+# HOOK_PATH/libvgpu.so (/usr/local/vgpu) there. So DIR must be the host
+# directory as mounted under $VGPU_HOST_ROOT (default /host), and the line
+# is DIR without that prefix: /host/opt/hami/vgpu -> /opt/hami/vgpu/libvgpu.so.
+# A line naming a file containers lack would be ignored by ld.so, and the
+# containers would run unlimited: a DIR outside $VGPU_HOST_ROOT is refused.
 set -eu
 
 MODE=${1:-}
 DIR=${2:-}
 LIB=${3:-/vgpu/libvgpu.so}
-PRELOAD_LINE=${VGPU_PRELOAD_LINE:-/usr/local/vgpu/libvgpu.so}
+HOST_ROOT=${VGPU_HOST_ROOT:-/host}
 INTERVAL=${VGPU_KEEP_INTERVAL:-30}
 
 say() { echo "vgpu-install: $*"; }
@@ -29,6 +37,20 @@ die() { echo "vgpu-install: $*" >&2; exit 1; }
 [ -n "$MODE" ] && [ -n "$DIR" ] || die "usage: install.sh install|keep|restore DIR [LIB]"
 [ -d "$DIR" ] || die "$DIR is not a directory (mount the host's /usr/local/vgpu there)"
 BACKUP=$DIR/.vgpu-backup
+
+# The line for ld.so.preload: DIR's path on the host, + /libvgpu.so.
+preload_line() {
+    root=${HOST_ROOT%/}
+    dir=${DIR%/}
+    case $dir in
+        "$root"/?*) line=${dir#"$root"}/libvgpu.so ;;
+        *) die "$DIR is not under VGPU_HOST_ROOT=$HOST_ROOT: the path containers see the library at cannot be told (mount the host's {gpuHookPath}/vgpu at $root{gpuHookPath}/vgpu and pass that)" ;;
+    esac
+    case $line in
+        *[[:space:]]*) die "$line: ld.so.preload cannot name a path with white space" ;;
+    esac
+    printf '%s\n' "$line"
+}
 
 # Atomically makes DST a copy of SRC (a temporary file in DST's directory,
 # then rename), keeping the first thing DST replaced in the backup.
@@ -52,7 +74,6 @@ put() {
 }
 
 install_once() {
-    [ -f "$LIB" ] || die "$LIB: no library to install"
     put "$LIB" "$DIR/libvgpu.so"
     for f in "$DIR"/libvgpu.so.*; do
         [ -f "$f" ] || continue
@@ -78,6 +99,12 @@ restore() {
     rmdir "$BACKUP" 2>/dev/null || true
 }
 
+case $MODE in
+    install|keep)
+        [ -f "$LIB" ] || die "$LIB: no library to install"
+        PRELOAD_LINE=$(preload_line) || exit 1
+        ;;
+esac
 case $MODE in
     install) install_once ;;
     keep)

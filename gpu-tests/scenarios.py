@@ -4,7 +4,7 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours restarts safety hami demo oversub (every one but demo and oversub by default),
+compute pair neighbours restarts safety hami demo oversub (every one but demo, oversub and loaded_line by default),
 the probes mechanism and nvml_raw (issue 9's measurements), and exporter
 (issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
@@ -1333,6 +1333,29 @@ def oversub_small():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter]}
+
+
+def loaded_line():
+    """Issue 28 item 5: at LIBCUDA_LOG_LEVEL=2 vgpu prints one line naming
+    the limits and the region when it attaches (docs/kubernetes.md's check,
+    with PyTorch as there); at level 1 none. On the simulator: cuclient."""
+    sec = "loaded_line"
+    region = new_region()
+    lim = {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "CUDA_DEVICE_SM_LIMIT": "30"}
+    if SIM:
+        cmd = [client("procaddr"), "info"]
+    else:
+        cmd = [PY, "-c", 'import torch; torch.zeros(1, device="cuda"); torch.cuda.synchronize()']
+    want = f" loaded, region {region}: memory limit 3.00 GiB, SM limit 30%, policy default"
+    for level, n in (("2", 1), ("1", 0)):
+        rc, _, err = run(cmd, make_env(True, dict(lim, LIBCUDA_LOG_LEVEL=level), region), 120, f"loaded-{level}")
+        lines = [l for l in err.splitlines() if " loaded, " in l]
+        ok = rc == 0 and len(lines) == n and all(l.endswith(want) and "] INFO: vgpu " in l for l in lines)
+        record(sec, f"level {level}: rc, lines naming limits and region", f"{rc}, {len(lines)} {lines[:1]}",
+               f"0, {n}", ok)
+
+
+SECTIONS["loaded_line"] = loaded_line
 
 
 def main():

@@ -126,7 +126,8 @@ impl Runtime {
         match found {
             Ok(found) => Runtime {
                 attach: found.map(|(r, shared_config)| {
-                    log::debug!("attached to region {}", r.path().display());
+                    // The line that proves vgpu is loaded (level 2).
+                    log::info!("{}", crate::loaded::line(&r, &shared_config));
                     Attach::new(r, shared_config, ON_SLOT)
                 }),
                 config,

@@ -74,6 +74,7 @@ mod hostpid;
 mod init;
 mod interpose;
 mod limiter;
+mod loaded;
 mod numbering;
 mod nvml;
 mod oversub;

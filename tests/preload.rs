@@ -253,3 +253,29 @@ fn every_lookup_answers_the_address_a_linked_program_calls() {
         assert_eq!(r.u64(k), 1, "{k}\n{}", r.stdout);
     }
 }
+
+#[test]
+fn at_log_level_2_one_line_names_the_limits_and_the_region() {
+    let run = |level: &str| {
+        let mut sim = Sim::new(1, "8g");
+        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+            .set("CUDA_DEVICE_SM_LIMIT", "30")
+            .set("LIBCUDA_LOG_LEVEL", level);
+        let r = sim.client(Path3::Link, true, &["info"]).ok();
+        assert_eq!(r.u64("ctx_total"), 2 * GIB, "level {level}: limited");
+        (sim.region().display().to_string(), r.stderr)
+    };
+    for level in ["2", "3"] {
+        let (region, stderr) = run(level);
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(" loaded, ")).collect();
+        assert_eq!(lines.len(), 1, "level {level}: {stderr}");
+        let expected = format!(
+            "] INFO: vgpu {} loaded, region {region}: memory limit 2.00 GiB, SM limit 30%, policy default",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(lines[0].ends_with(&expected), "level {level}: {}", lines[0]);
+    }
+    // Level 1 (warnings) says nothing.
+    let (_, stderr) = run("1");
+    assert!(!stderr.contains(" loaded, "), "{stderr}");
+}
