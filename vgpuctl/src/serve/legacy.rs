@@ -1,13 +1,13 @@
 //! HAMi's metric names before its `hami_` families (`--legacy-metrics`),
 //! with their labels: `podnamespace, podname, ctrname, vdeviceid,
-//! deviceuuid` for containers, `deviceidx, deviceuuid, devicetype` for
+//! deviceuuid` for containers, `nodeid, deviceidx, deviceuuid, devicetype` for
 //! the host's GPUs.
 #![forbid(unsafe_code)]
 
 use prometheus_client::registry::Registry;
 
+use super::family::{ContainerDevice, Gauges, Labels, gauge, set};
 use super::host::HostGpu;
-use super::metrics::{ContainerDevice, Gauges, Labels, gauge, set};
 use crate::snapshot::{Device, Snapshot};
 
 /// HAMi's names before its `hami_` families.
@@ -74,8 +74,9 @@ impl Legacy {
     }
 
     /// The host families under their old names.
-    pub(super) fn host(&self, h: &HostGpu) {
+    pub(super) fn host(&self, h: &HostGpu, node: &str) {
         let old = vec![
+            ("nodeid", node.to_string()),
             ("deviceidx", h.index.to_string()),
             ("deviceuuid", h.uuid.clone()),
             ("devicetype", h.device_type.clone()),
