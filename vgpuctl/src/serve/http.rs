@@ -202,3 +202,31 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn requests_share_a_scrape_begun_after_they_arrived_and_never_an_older_one() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let n = Arc::new(AtomicU32::new(0));
+        let count = n.clone();
+        let c = Coalesced::new(move || format!("{}", count.fetch_add(1, Ordering::SeqCst)));
+        rt.block_on(async {
+            let early = Instant::now();
+            let a = c.get(early).await;
+            // Arrived before scrape 0 began: it is shared.
+            let b = c.get(early).await;
+            assert_eq!((a.as_ref(), b.as_ref()), (&b"0"[..], &b"0"[..]));
+            // Arrived after: a fresh one.
+            let late = Instant::now();
+            assert_eq!(c.get(late).await.as_ref(), b"1");
+        });
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+}
