@@ -310,6 +310,24 @@ fn two_containers_are_exported_with_hami_names_and_vgpu_figures() {
         s.get("vGPU_device_memory_usage_in_bytes", &old),
         (768 * MIB) as f64
     );
+    // Its memory's parts as labels, as HAMi's monitor writes them; no
+    // families HAMi never had.
+    let (ctx, data) = ((256 * MIB).to_string(), (512 * MIB).to_string());
+    let parts = [
+        &old[..],
+        &[
+            ("context", ctx.as_str()),
+            ("module", "0"),
+            ("data", data.as_str()),
+            ("offset", "0"),
+        ],
+    ]
+    .concat();
+    assert_eq!(
+        s.get("Device_memory_desc_of_container", &parts),
+        (768 * MIB) as f64
+    );
+    assert!(!s.text.contains("vGPU_device_memory_context_size_bytes"));
     assert_eq!(
         s.get(
             "HostGPUMemoryUsage",

@@ -35,27 +35,29 @@ pub(super) fn set(family: &Gauges, labels: &Labels, v: f64) {
 }
 
 /// A container's device in the families HAMi's names and its older ones
-/// share: memory used and limit, utilisation, context, module and buffer
-/// bytes, seconds since the last kernel.
+/// share: memory used and limit, utilisation, seconds since the last
+/// kernel.
 pub(super) struct ContainerDevice<'a> {
     pub used: &'a Gauges,
     pub limit: &'a Gauges,
     pub utilization: &'a Gauges,
-    pub context: &'a Gauges,
-    pub module: &'a Gauges,
-    pub buffer: &'a Gauges,
     pub last_kernel: &'a Gauges,
+}
+
+/// Context, module and buffer bytes of a device's live processes.
+pub(super) fn memory_parts(s: &Snapshot, d: &Device) -> [u64; 3] {
+    [
+        s.live_sum(d.index, |p| p.context_bytes),
+        s.live_sum(d.index, |p| p.module_bytes),
+        s.live_sum(d.index, |p| p.buffer_bytes),
+    ]
 }
 
 impl ContainerDevice<'_> {
     pub(super) fn set(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
-        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
         set(self.used, labels, d.used_bytes as f64);
         set(self.limit, labels, d.memory_limit_bytes as f64);
         set(self.utilization, labels, d.utilization_percent);
-        set(self.context, labels, sum(|p| p.context_bytes));
-        set(self.module, labels, sum(|p| p.module_bytes));
-        set(self.buffer, labels, sum(|p| p.buffer_bytes));
         if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
             set(
                 self.last_kernel,

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use prometheus_client::encoding::text;
 use prometheus_client::registry::Registry;
 
-use super::family::{ContainerDevice, Counters, Gauges, Labels, counter, gauge, set};
+use super::family::{ContainerDevice, Counters, Gauges, Labels, counter, gauge, memory_parts, set};
 use super::host::HostGpu;
 use super::legacy::Legacy;
 use super::oversub::Oversub;
@@ -363,12 +363,13 @@ impl Families {
             used: &self.used,
             limit: &self.limit,
             utilization: &self.utilization,
-            context: &self.context,
-            module: &self.module,
-            buffer: &self.buffer,
             last_kernel: &self.last_kernel,
         };
         container.set(s, d, labels, now);
+        let [context, module, buffer] = memory_parts(s, d);
+        set(&self.context, labels, context as f64);
+        set(&self.module, labels, module as f64);
+        set(&self.buffer, labels, buffer as f64);
         set(
             &self.sm_limit,
             labels,
