@@ -282,3 +282,31 @@ fn oversized_headers_are_refused_and_never_buffered() {
     e.scrape_promptly("after oversized headers");
     assert!(e.rss_kib() < 100 * 1024, "RSS {} KiB", e.rss_kib());
 }
+
+#[test]
+fn connections_past_the_cap_are_closed_and_the_cap_frees_when_they_go() {
+    let mut e = Exporter::start();
+    // 512 (the cap) idle connections, accepted and held.
+    let held: Vec<TcpStream> = (0..512).map(|_| connect(e.addr)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // One more is closed at once, without an answer.
+    let mut extra = connect(e.addr);
+    extra
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut got = Vec::new();
+    let t = Instant::now();
+    let closed = extra.read_to_end(&mut got);
+    assert!(
+        closed.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) || got.is_empty(),
+        "past the cap: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(t.elapsed() < LIMIT, "closed after {:?}", t.elapsed());
+    assert!(e.alive());
+    // The held ones go: scrapes are served again.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    e.scrape_promptly("after the cap's connections closed");
+}
