@@ -70,6 +70,8 @@ fn main() {
     let targets = Targets::new(root.path().join("containers"), Vec::new());
     let opts = Options {
         zone: "vGPU".into(),
+        node: "node-1".into(),
+        hami: true,
         legacy: false,
     };
     let host = Host::none();

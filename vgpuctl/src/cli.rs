@@ -107,8 +107,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 5.0, value_parser = positive_secs)]
     pub rescan: f64,
     /// Also the metric names of HAMi's monitor before 2.6 (vGPU_device_memory_usage_in_bytes, ...).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "without_hami_families")]
     pub legacy_metrics: bool,
+    /// Leave out HAMi's families (hami_*, hami_build_info): for a node where
+    /// HAMi's own monitor exports them, so that no series is exported twice.
+    /// vgpu's own families (vgpu_*) stay.
+    #[arg(long)]
+    pub without_hami_families: bool,
+    /// The `node` label of the host families, as HAMi's monitor sets it
+    /// [default: the host name].
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node: Option<String>,
     /// The `zone` label every series carries, as HAMi's monitor sets it.
     #[arg(long, default_value = "vGPU")]
     pub zone: String,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use vgpu_shm::hami::monitor::{self, Seen};
 
-use super::Targets;
+use super::targets::Targets;
 
 /// Runs a round every `period`, on a thread of its own.
 pub fn start(targets: Targets, period: Duration) {

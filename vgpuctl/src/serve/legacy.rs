@@ -1,13 +1,16 @@
 //! HAMi's metric names before its `hami_` families (`--legacy-metrics`),
-//! with their labels: `podnamespace, podname, ctrname, vdeviceid,
-//! deviceuuid` for containers, `deviceidx, deviceuuid, devicetype` for
-//! the host's GPUs.
+//! as HAMi 2.10's monitor still exports them with its `--legacy-metrics`
+//! (`cmd/vGPUmonitor/metrics.go`), with their labels: `podnamespace,
+//! podname, ctrname, vdeviceid, deviceuuid` for containers (and `context,
+//! module, data, offset` on `Device_memory_desc_of_container`), `nodeid,
+//! deviceidx, deviceuuid, devicetype` for the host's GPUs. (`MigInfo` is
+//! left out, as `hami_mig_device_info` is: docs/vgpuctl.md.)
 #![forbid(unsafe_code)]
 
 use prometheus_client::registry::Registry;
 
+use super::family::{ContainerDevice, Gauges, Labels, gauge, memory_parts, set};
 use super::host::HostGpu;
-use super::metrics::{ContainerDevice, Gauges, Labels, gauge, set};
 use crate::snapshot::{Device, Snapshot};
 
 /// HAMi's names before its `hami_` families.
@@ -16,9 +19,7 @@ pub(super) struct Legacy {
     limit: Gauges,
     utilization: Gauges,
     last_kernel: Gauges,
-    context: Gauges,
-    module: Gauges,
-    buffer: Gauges,
+    memory: Gauges,
     host_memory: Gauges,
     host_util: Gauges,
 }
@@ -39,20 +40,10 @@ impl Legacy {
                 "Device_last_kernel_of_container",
                 "Container device last kernel description",
             ),
-            context: gauge(
+            memory: gauge(
                 r,
-                "vGPU_device_memory_context_size_bytes",
-                "Container device memory context size",
-            ),
-            module: gauge(
-                r,
-                "vGPU_device_memory_module_size_bytes",
-                "Container device memory module size",
-            ),
-            buffer: gauge(
-                r,
-                "vGPU_device_memory_buffer_size_bytes",
-                "Container device memory buffer size",
+                "Device_memory_desc_of_container",
+                "Container device memory description",
             ),
             host_memory: gauge(r, "HostGPUMemoryUsage", "GPU device memory usage"),
             host_util: gauge(r, "HostCoreUtilization", "GPU core utilization"),
@@ -65,17 +56,31 @@ impl Legacy {
             used: &self.used,
             limit: &self.limit,
             utilization: &self.utilization,
-            context: &self.context,
-            module: &self.module,
-            buffer: &self.buffer,
             last_kernel: &self.last_kernel,
         }
         .set(s, d, labels, now);
+        // The memory's parts as labels, as HAMi's monitor writes them: the
+        // offset is what the parts leave of the usage.
+        let [context, module, data] = memory_parts(s, d);
+        let offset = d
+            .used_bytes
+            .saturating_sub(context)
+            .saturating_sub(module)
+            .saturating_sub(data);
+        let mut parts = labels.clone();
+        parts.extend([
+            ("context", context.to_string()),
+            ("module", module.to_string()),
+            ("data", data.to_string()),
+            ("offset", offset.to_string()),
+        ]);
+        set(&self.memory, &parts, d.used_bytes as f64);
     }
 
     /// The host families under their old names.
-    pub(super) fn host(&self, h: &HostGpu) {
+    pub(super) fn host(&self, h: &HostGpu, node: &str) {
         let old = vec![
+            ("nodeid", node.to_string()),
             ("deviceidx", h.index.to_string()),
             ("deviceuuid", h.uuid.clone()),
             ("devicetype", h.device_type.clone()),

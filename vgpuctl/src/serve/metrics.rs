@@ -17,31 +17,47 @@
 #![forbid(unsafe_code)]
 
 use std::borrow::Cow;
-use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::family::{ContainerDevice, Counters, Gauges, Labels, counter, gauge, memory_parts, set};
 use super::host::HostGpu;
 use super::legacy::Legacy;
 use super::oversub::Oversub;
 use crate::snapshot::{Alive, Device, Snapshot};
-
-/// Label names and values of one series.
-pub(super) type Labels = Vec<(&'static str, String)>;
-pub(super) type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
-type Counters = Family<Labels, Counter<f64, AtomicU64>>;
 
 /// What every scrape's exposition carries besides the regions.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// The `zone` label on every series.
     pub zone: String,
+    /// The `node` label of the host families.
+    pub node: String,
+    /// HAMi's families (`hami_*`), off where HAMi's own monitor exports
+    /// them on the node.
+    pub hami: bool,
     /// Also the legacy names.
     pub legacy: bool,
+}
+
+impl Options {
+    /// The options `vgpuctl serve`'s arguments ask for.
+    pub fn from_args(a: &crate::cli::ServeArgs) -> Options {
+        Options {
+            zone: a.zone.clone(),
+            node: a.node.clone().unwrap_or_else(hostname),
+            hami: !a.without_hami_families,
+            legacy: a.legacy_metrics,
+        }
+    }
+}
+
+/// The kernel's host name (a pod on the host network has the node's).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Region files that were found but could not be read, this scrape.
@@ -57,13 +73,15 @@ pub fn encode(
     opts: &Options,
 ) -> String {
     let zone = [(Cow::Borrowed("zone"), Cow::Owned(opts.zone.clone()))];
-    let mut registry = Registry::with_labels(zone.into_iter());
-    let mut f = Families::new(&mut registry, opts.legacy);
+    let mut registry = Registry::with_labels(zone.clone().into_iter());
+    // HAMi's families, encoded only when asked for.
+    let mut hami = Registry::with_labels(zone.into_iter());
+    let mut f = Families::new(&mut hami, &mut registry, opts.legacy);
     for s in regions {
         f.region(s);
     }
     for h in host {
-        f.host(h);
+        f.host(h, &opts.node);
     }
     f.exporter_regions
         .get_or_create(&Vec::new())
@@ -75,8 +93,43 @@ pub fn encode(
         Oversub::register(&mut registry).board(b, vgpu_shm::board::monotonic_ns());
     }
     let mut out = String::new();
-    text::encode(&mut out, &registry).expect("writing into a String cannot fail");
+    // Writing into a String cannot fail.
+    if opts.hami {
+        let _ = text::encode_registry(&mut out, &hami);
+    }
+    let _ = text::encode_registry(&mut out, &registry);
+    if opts.hami {
+        // As HAMi's monitor registers it: without `zone`.
+        let _ = text::encode_registry(&mut out, &build_info());
+    }
+    let _ = text::encode_eof(&mut out);
     out
+}
+
+/// `hami_build_info`, with the labels of HAMi's (`pkg/metrics`): vgpu's
+/// version, and Rust's where HAMi names Go's.
+fn build_info() -> Registry {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let labels = [
+        ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ("revision", "unknown".to_string()),
+        ("build_date", "unknown".to_string()),
+        ("go_version", "none".to_string()),
+        ("compiler", "rustc".to_string()),
+        ("platform", format!("{}/{arch}", std::env::consts::OS)),
+    ];
+    let mut r = Registry::default();
+    let g = gauge(
+        &mut r,
+        "hami_build_info",
+        "hami build metadata exposed as labels with a constant value of 1.",
+    );
+    set(&g, &labels.to_vec(), 1.0);
+    r
 }
 
 /// The families of one exposition.
@@ -112,123 +165,75 @@ struct Families {
     legacy: Option<Legacy>,
 }
 
-/// A container's device in the families HAMi's names and its older ones
-/// share: memory used and limit, utilisation, context, module and buffer
-/// bytes, seconds since the last kernel.
-pub(super) struct ContainerDevice<'a> {
-    pub used: &'a Gauges,
-    pub limit: &'a Gauges,
-    pub utilization: &'a Gauges,
-    pub context: &'a Gauges,
-    pub module: &'a Gauges,
-    pub buffer: &'a Gauges,
-    pub last_kernel: &'a Gauges,
-}
-
-impl ContainerDevice<'_> {
-    pub(super) fn set(&self, s: &Snapshot, d: &Device, labels: &Labels, now: u64) {
-        let sum = |f: fn(&crate::snapshot::ProcessDevice) -> u64| s.live_sum(d.index, f) as f64;
-        set(self.used, labels, d.used_bytes as f64);
-        set(self.limit, labels, d.memory_limit_bytes as f64);
-        set(self.utilization, labels, d.utilization_percent);
-        set(self.context, labels, sum(|p| p.context_bytes));
-        set(self.module, labels, sum(|p| p.module_bytes));
-        set(self.buffer, labels, sum(|p| p.buffer_bytes));
-        if let Some(h) = s.hami.filter(|h| h.last_kernel_time > 0) {
-            set(
-                self.last_kernel,
-                labels,
-                now.saturating_sub(h.last_kernel_time) as f64,
-            );
-        }
-    }
-}
-
-pub(super) fn gauge(r: &mut Registry, name: &str, help: &str) -> Gauges {
-    let f = Gauges::default();
-    r.register(name, help, f.clone());
-    f
-}
-
-/// A counter family; its samples are named `{name}_total`.
-fn counter(r: &mut Registry, name: &str, help: &str) -> Counters {
-    let f = Counters::default();
-    r.register(name, help, f.clone());
-    f
-}
-
 impl Families {
-    fn new(r: &mut Registry, legacy: bool) -> Families {
-        let legacy = legacy.then(|| Legacy::register(r));
+    /// HAMi's families into `h`, vgpu's into `r`.
+    fn new(h: &mut Registry, r: &mut Registry, legacy: bool) -> Families {
+        let legacy = legacy.then(|| Legacy::register(h));
         Families {
             used: gauge(
-                r,
+                h,
                 "hami_vgpu_memory_used_bytes",
                 "vGPU device memory usage in bytes",
             ),
             limit: gauge(
-                r,
+                h,
                 "hami_vgpu_memory_limit_bytes",
                 "vGPU device memory limit in bytes",
             ),
             container_memory: gauge(
-                r,
+                h,
                 "hami_container_device_memory_bytes",
                 "Container device memory usage in bytes",
             ),
             utilization: gauge(
-                r,
+                h,
                 "hami_container_device_utilization_ratio",
                 "Container device SM utilization ratio (0-100)",
             ),
             last_kernel: gauge(
-                r,
+                h,
                 "hami_container_last_kernel_elapsed_seconds",
                 "Seconds since last kernel execution in container",
             ),
             context: gauge(
-                r,
+                h,
                 "hami_vgpu_memory_context_bytes",
                 "Container device memory context size in bytes",
             ),
             module: gauge(
-                r,
+                h,
                 "hami_vgpu_memory_module_bytes",
                 "Container device memory module size in bytes",
             ),
             buffer: gauge(
-                r,
+                h,
                 "hami_vgpu_memory_buffer_bytes",
                 "Container device memory buffer size in bytes",
             ),
             host_memory: gauge(
-                r,
+                h,
                 "hami_host_gpu_memory_used_bytes",
                 "GPU device memory usage in bytes",
             ),
             host_util: gauge(
-                r,
+                h,
                 "hami_host_gpu_utilization_ratio",
                 "GPU core utilization ratio (0-100)",
             ),
             host_memory_util: gauge(
-                r,
+                h,
                 "hami_host_gpu_memory_controller_utilization_ratio",
                 "GPU memory controller utilization ratio (0-100)",
             ),
             host_temperature: gauge(
                 r,
-                "hami_host_gpu_temperature_celsius",
+                "vgpu_host_gpu_temperature_celsius",
                 "GPU temperature in degrees Celsius",
             ),
-            host_power: gauge(
-                r,
-                "hami_host_gpu_power_usage_watts",
-                "GPU power usage in watts",
-            ),
+            host_power: gauge(r, "vgpu_host_gpu_power_watts", "GPU power usage in watts"),
             host_ecc: counter(
                 r,
-                "hami_host_gpu_ecc_errors",
+                "vgpu_host_gpu_ecc_errors",
                 "Uncorrected GPU ECC errors since the driver loaded",
             ),
             oom_denials: counter(
@@ -253,8 +258,8 @@ impl Families {
             ),
             sm_limit: gauge(
                 r,
-                "vgpu_container_sm_limit_percent",
-                "The container's SM limit on the device in percent (0: none)",
+                "vgpu_container_sm_limit_ratio",
+                "The container's SM limit on the device as a fraction of its SMs (0-1; 0: none)",
             ),
             counted: gauge(
                 r,
@@ -279,7 +284,7 @@ impl Families {
             process_sm: gauge(
                 r,
                 "vgpu_process_sm_utilization_ratio",
-                "A process's SM utilization of the device (0-100), from NVML",
+                "A process's SM utilization of the device (0-1), from NVML",
             ),
             processes: gauge(
                 r,
@@ -347,7 +352,7 @@ impl Families {
                 ));
                 set(&self.process_used, &pl, pd.used_bytes as f64);
                 set(&self.process_context, &pl, pd.context_bytes as f64);
-                set(&self.process_sm, &pl, f64::from(pd.sm_util_percent));
+                set(&self.process_sm, &pl, f64::from(pd.sm_util_percent) / 100.0);
             }
         }
     }
@@ -358,13 +363,18 @@ impl Families {
             used: &self.used,
             limit: &self.limit,
             utilization: &self.utilization,
-            context: &self.context,
-            module: &self.module,
-            buffer: &self.buffer,
             last_kernel: &self.last_kernel,
         };
         container.set(s, d, labels, now);
-        set(&self.sm_limit, labels, f64::from(d.sm_limit_percent));
+        let [context, module, buffer] = memory_parts(s, d);
+        set(&self.context, labels, context as f64);
+        set(&self.module, labels, module as f64);
+        set(&self.buffer, labels, buffer as f64);
+        set(
+            &self.sm_limit,
+            labels,
+            f64::from(d.sm_limit_percent) / 100.0,
+        );
         let counters = [
             (&self.oom_denials, d.oom_denials.map(|v| v as f64)),
             (&self.throttled, d.launches_throttled.map(|v| v as f64)),
@@ -390,36 +400,49 @@ impl Families {
         }
     }
 
-    fn host(&mut self, h: &HostGpu) {
+    /// One GPU of the node. HAMi's families carry `node` where HAMi's
+    /// monitor puts it (memory used and utilisation); vgpu's all do.
+    fn host(&mut self, h: &HostGpu, node: &str) {
         let labels = vec![
             ("device_index", h.index.to_string()),
             ("device_uuid", h.uuid.clone()),
             ("device_type", h.device_type.clone()),
         ];
+        let mut with_node = vec![("node", node.to_string())];
+        with_node.extend(labels.iter().cloned());
         let gauges = [
-            (&self.host_memory, h.memory_used_bytes.map(|v| v as f64)),
-            (&self.host_util, h.utilization_percent.map(f64::from)),
+            (
+                &self.host_memory,
+                &with_node,
+                h.memory_used_bytes.map(|v| v as f64),
+            ),
+            (
+                &self.host_util,
+                &with_node,
+                h.utilization_percent.map(f64::from),
+            ),
             (
                 &self.host_memory_util,
+                &labels,
                 h.memory_utilization_percent.map(f64::from),
             ),
-            (&self.host_temperature, h.temperature_celsius.map(f64::from)),
-            (&self.host_power, h.power_watts),
+            (
+                &self.host_temperature,
+                &with_node,
+                h.temperature_celsius.map(f64::from),
+            ),
+            (&self.host_power, &with_node, h.power_watts),
         ];
-        for (family, value) in gauges {
+        for (family, labels, value) in gauges {
             if let Some(v) = value {
-                set(family, &labels, v);
+                set(family, labels, v);
             }
         }
         if let Some(n) = h.ecc_errors {
-            self.host_ecc.get_or_create(&labels).inc_by(n as f64);
+            self.host_ecc.get_or_create(&with_node).inc_by(n as f64);
         }
         if let Some(l) = &self.legacy {
-            l.host(h);
+            l.host(h, node);
         }
     }
-}
-
-pub(super) fn set(family: &Gauges, labels: &Labels, v: f64) {
-    family.get_or_create(labels).set(v);
 }

@@ -8,7 +8,10 @@
 //! NVML's figures for the host, and encodes them (`metrics`). Nothing is
 //! written to any region, unless `--feedback` runs HAMi's priority loop.
 //!
-//! - `metrics`: the families and their labels
+//! - `http`: the HTTP server, its limits and timeouts (`deadline`)
+//! - `targets`: the region files to read, rescanned on a thread
+//! - `metrics`: the families and their labels (`family`: the helpers
+//!   every family module shares)
 //! - `host`: NVML, for the `hami_host_gpu_*` families
 //! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
@@ -16,28 +19,32 @@
 //! - `oversub`: the node's oversubscription board (`--oversub-dir`), as
 //!   `vgpu_oversub_*` families
 
+mod deadline;
+mod family;
 pub mod feedback;
 pub mod host;
+pub mod http;
 mod legacy;
 pub mod metrics;
 mod oversub;
 pub mod pods;
+mod targets;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::cli::ServeArgs;
 use crate::scan::{self, Found};
-use crate::snapshot::{Owner, Snapshot};
+use crate::snapshot::Snapshot;
+pub use targets::Targets;
 
 /// The exposition's content type (what `prometheus-client` encodes).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = http::CONTENT_TYPE_METRICS;
 
 /// Runs the exporter until the process is stopped.
 pub fn run(a: &ServeArgs) -> Result<(), String> {
-    let server = tiny_http::Server::http(a.listen)
+    let listener = std::net::TcpListener::bind(a.listen)
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
     let dir = scan::containers_dir(&a.root);
     let targets = Targets::new(dir.clone(), a.regions.clone());
@@ -60,14 +67,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
         );
     }
     let host = host::Host::open(&a.nvml);
-    let opts = metrics::Options {
-        zone: a.zone.clone(),
-        legacy: a.legacy_metrics,
-    };
-    let addr = server
-        .server_addr()
-        .to_ip()
-        .map_or_else(|| a.listen.to_string(), |s| s.to_string());
+    let opts = metrics::Options::from_args(a);
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| a.listen.to_string(), |s| s.to_string());
     // One line on stdout, flushed: scripts and tests learn the port from it.
     println!(
         "vgpuctl serve: http://{addr}/metrics, regions under {}, oversubscription board in {}",
@@ -75,42 +78,16 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
         board_dir.display()
     );
     let mut warned = HashSet::new();
-    for request in server.incoming_requests() {
-        let response = match (request.method(), request.url()) {
-            (tiny_http::Method::Get, "/metrics") => {
-                let body = scrape(
-                    &targets.current(),
-                    Some(&board_dir),
-                    &host,
-                    &opts,
-                    &mut warned,
-                );
-                text(200, body, CONTENT_TYPE)
-            }
-            (tiny_http::Method::Get, "/healthz") => text(200, "ok\n".into(), "text/plain"),
-            (tiny_http::Method::Get, "/") => text(
-                200,
-                "vgpuctl serve: metrics at /metrics\n".into(),
-                "text/plain",
-            ),
-            _ => text(404, "not found\n".into(), "text/plain"),
-        };
-        // A client that went away is no error of ours.
-        let _ = request.respond(response);
-    }
-    Ok(())
-}
-
-fn text(
-    status: u16,
-    body: String,
-    content_type: &str,
-) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let header = tiny_http::Header::from_bytes("Content-Type", content_type)
-        .expect("a constant header is valid");
-    tiny_http::Response::from_string(body)
-        .with_status_code(status)
-        .with_header(header)
+    let exposition = http::Coalesced::new(move || {
+        scrape(
+            &targets.current(),
+            Some(&board_dir),
+            &host,
+            &opts,
+            &mut warned,
+        )
+    });
+    http::serve(listener, exposition)
 }
 
 /// Reads every target, and the oversubscription board in `board_dir`
@@ -157,92 +134,4 @@ pub fn scrape(
         }
     });
     metrics::encode(&regions, &host.read(), unreadable, board.as_ref(), opts)
-}
-
-/// The region files to export: the last scan of the containers directory
-/// and the files named on the command line.
-#[derive(Clone)]
-pub struct Targets {
-    dir: PathBuf,
-    named: Vec<Found>,
-    scanned: Arc<Mutex<Vec<Found>>>,
-    names: pods::PodNames,
-}
-
-impl Targets {
-    /// Scans `dir` once now.
-    pub fn new(dir: PathBuf, named: Vec<PathBuf>) -> Targets {
-        let scanned = Arc::new(Mutex::new(scan::containers(&dir)));
-        Targets {
-            dir,
-            named: named.into_iter().map(named_target).collect(),
-            scanned,
-            names: pods::PodNames::default(),
-        }
-    }
-
-    /// Reads the pod list from `pods` (if any) now, so that the first
-    /// scrape has the names, then rescans the directory and the pod list
-    /// every `period` on a thread of its own.
-    pub fn watch(&self, period: Duration, pods: Option<pods::Source>) {
-        let me = self.clone();
-        let name_pods = move |said: &mut Option<String>| {
-            let Some(source) = &pods else { return };
-            let got = me.names.refresh(source).err();
-            if got.is_some() && got != *said {
-                eprintln!(
-                    "vgpuctl serve: pod list unreadable, keeping the last names: {}",
-                    got.as_deref().unwrap_or_default()
-                );
-            }
-            *said = got;
-        };
-        let mut said = None;
-        name_pods(&mut said);
-        let me = self.clone();
-        std::thread::spawn(move || {
-            loop {
-                std::thread::sleep(period);
-                name_pods(&mut said);
-                let found = scan::containers(&me.dir);
-                *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
-            }
-        });
-    }
-
-    /// Every target now; a file both named and found counts once.
-    pub fn current(&self) -> Vec<Found> {
-        let mut all = self
-            .scanned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        for n in &self.named {
-            if !all.iter().any(|f| f.path == n.path) {
-                all.push(n.clone());
-            }
-        }
-        for f in &mut all {
-            self.names.name(&mut f.owner);
-        }
-        all
-    }
-}
-
-/// A file named on the command line: its owner from its directory's name
-/// when that is `{podUID}_{container}`, else the file's name as the
-/// container's.
-fn named_target(path: PathBuf) -> Found {
-    let parent = path
-        .parent()
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str())
-        .and_then(scan::owner_of);
-    let owner = parent.unwrap_or_else(|| Owner {
-        container: path
-            .file_stem()
-            .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
-        ..Owner::default()
-    });
-    Found { path, owner }
 }

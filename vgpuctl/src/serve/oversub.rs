@@ -9,16 +9,12 @@
 //! started on the node) these families are not registered at all.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use vgpu_shm::board::{Board, ProcState};
 
-use super::metrics::{Gauges, Labels, gauge, set};
-
-type Counters = Family<Labels, Counter<f64, AtomicU64>>;
+use super::family::{Counters, Gauges, counter, gauge, set};
 
 /// The states a process can be in, each one series of
 /// `vgpu_oversub_process_state` (1 for the current one, 0 for the others).
@@ -42,12 +38,6 @@ pub(super) struct Oversub {
     restores: Counters,
     node_host_bytes: Gauges,
     processes: Gauges,
-}
-
-fn counter(r: &mut Registry, name: &str, help: &str) -> Counters {
-    let f = Counters::default();
-    r.register(name, help, f.clone());
-    f
 }
 
 impl Oversub {

@@ -2,6 +2,7 @@
 //! on the simulated GPU: HAMi's metric names, labels and values, vgpu's own
 //! families, the host families from (simulated) NVML, and a HAMi-core file.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
@@ -210,7 +211,7 @@ fn two_containers_are_exported_with_hami_names_and_vgpu_figures() {
     let refused = finish(refused).ok();
     assert_eq!(refused.i64("alloc_rc"), 2, "{}", refused.stderr);
 
-    let exporter = Exporter::start(&sim, &root, &["--legacy-metrics"]);
+    let exporter = Exporter::start(&sim, &root, &["--legacy-metrics", "--node", "node-7"]);
     let s = exporter.scrape();
     assert!(
         s.content_type.starts_with("application/openmetrics-text"),
@@ -246,8 +247,8 @@ fn two_containers_are_exported_with_hami_names_and_vgpu_figures() {
     // What only vgpu knows.
     assert_eq!(s.get("vgpu_container_oom_denials_total", &la), 0.0);
     assert_eq!(s.get("vgpu_container_oom_denials_total", &lb), 1.0);
-    assert_eq!(s.get("vgpu_container_sm_limit_percent", &la), 30.0);
-    assert_eq!(s.get("vgpu_container_sm_limit_percent", &lb), 0.0);
+    assert_eq!(s.get("vgpu_container_sm_limit_ratio", &la), 0.3);
+    assert_eq!(s.get("vgpu_container_sm_limit_ratio", &lb), 0.0);
     assert_eq!(s.get("vgpu_container_bucket_scale", &la), 1.0);
     assert_eq!(
         s.get("vgpu_container_context_estimate_bytes", &la),
@@ -264,11 +265,26 @@ fn two_containers_are_exported_with_hami_names_and_vgpu_figures() {
     assert_eq!(s.get("vgpu_exporter_unreadable_regions", &[]), 0.0);
     // The host family, from the simulated NVML: both containers' memory.
     let (_, physical) = sim.physical(0);
-    let host = [("device_index", "0"), ("device_uuid", uuid.as_str())];
+    // HAMi's host families carry `node` where HAMi 2.10's monitor puts it.
+    let host = [
+        ("node", "node-7"),
+        ("device_index", "0"),
+        ("device_uuid", uuid.as_str()),
+    ];
     assert_eq!(
         s.get("hami_host_gpu_memory_used_bytes", &host),
         physical as f64
     );
+    assert!(s.value("hami_host_gpu_utilization_ratio", &host).is_some());
+    // HAMi's build information, as its monitor exports it (no zone).
+    let build = s
+        .samples
+        .iter()
+        .find(|x| x.name == "hami_build_info")
+        .unwrap_or_else(|| panic!("no hami_build_info in\n{}", s.text));
+    assert_eq!(build.value, 1.0);
+    assert_eq!(build.labels["version"], env!("CARGO_PKG_VERSION"));
+    assert!(!build.labels.contains_key("zone"), "{build:?}");
     assert_eq!(physical, (512 + 256 + 2 * 256) * MIB);
     assert!(
         s.samples
@@ -294,8 +310,29 @@ fn two_containers_are_exported_with_hami_names_and_vgpu_figures() {
         s.get("vGPU_device_memory_usage_in_bytes", &old),
         (768 * MIB) as f64
     );
+    // Its memory's parts as labels, as HAMi's monitor writes them; no
+    // families HAMi never had.
+    let (ctx, data) = ((256 * MIB).to_string(), (512 * MIB).to_string());
+    let parts = [
+        &old[..],
+        &[
+            ("context", ctx.as_str()),
+            ("module", "0"),
+            ("data", data.as_str()),
+            ("offset", "0"),
+        ],
+    ]
+    .concat();
     assert_eq!(
-        s.get("HostGPUMemoryUsage", &[("deviceidx", "0")]),
+        s.get("Device_memory_desc_of_container", &parts),
+        (768 * MIB) as f64
+    );
+    assert!(!s.text.contains("vGPU_device_memory_context_size_bytes"));
+    assert_eq!(
+        s.get(
+            "HostGPUMemoryUsage",
+            &[("nodeid", "node-7"), ("deviceidx", "0")]
+        ),
         physical as f64
     );
 
@@ -416,7 +453,7 @@ fn a_hami_core_file_is_exported_and_nothing_is_ever_written() {
     assert_eq!(s.get("hami_container_device_utilization_ratio", &l), 35.0);
     let since = s.get("hami_container_last_kernel_elapsed_seconds", &l);
     assert!((7.0..=10.0).contains(&since), "{since}");
-    assert_eq!(s.get("vgpu_container_sm_limit_percent", &l), 40.0);
+    assert_eq!(s.get("vgpu_container_sm_limit_ratio", &l), 0.4);
     assert_eq!(s.value("vgpu_container_oom_denials_total", &l), None);
     assert_eq!(s.get("vgpu_exporter_regions", &[]), 1.0);
     assert_eq!(s.get("vgpu_exporter_unreadable_regions", &[]), 1.0);
@@ -796,4 +833,32 @@ fn the_oversubscription_board_is_exported_per_process_and_without_one_nothing_is
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("board"), "{err}");
     let _ = finish(b);
+}
+
+#[test]
+fn without_hami_families_only_vgpus_own_are_exported() {
+    let sim = Sim::new(1, "8g");
+    let root = sim.dir.path().join("vgpu");
+    let hami = container_region(&root, "hami-uid", "old");
+    write_hami_core_file(&hami, unix_now() - 7);
+    let exporter = Exporter::start(&sim, &root, &["--without-hami-families"]);
+    let s = exporter.scrape();
+    let names: std::collections::BTreeSet<&str> =
+        s.samples.iter().map(|x| x.name.as_str()).collect();
+    assert!(
+        names.iter().all(|n| n.starts_with("vgpu_")),
+        "not vgpu's own: {names:?}"
+    );
+    assert_eq!(
+        s.value("vgpu_container_sm_limit_ratio", &[("container", "old")]),
+        Some(0.4)
+    );
+    // Together with the legacy names it makes no sense: refused.
+    let out = Command::new(&artifacts().vgpuctl)
+        .args(["serve", "--without-hami-families", "--legacy-metrics"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--legacy-metrics"), "{err}");
 }
