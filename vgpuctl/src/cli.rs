@@ -60,8 +60,8 @@ pub struct Regions {
     /// else /tmp/cudevshr.cache].
     pub regions: Vec<PathBuf>,
     /// Also every container's region under ROOT/containers/{podUID}_{container}/
-    /// (HAMi's layout; $HAMI_VGPU_CACHE_ROOT names the containers directory
-    /// itself).
+    /// (HAMi's layout) and ROOT/vgpu/containers/... (Volcano's);
+    /// $HAMI_VGPU_CACHE_ROOT names the containers directory itself.
     #[arg(long, value_name = "ROOT")]
     pub root: Option<PathBuf>,
 }
@@ -96,8 +96,9 @@ pub struct WatchArgs {
 pub struct ServeArgs {
     /// More region files to export, besides those found under ROOT.
     pub regions: Vec<PathBuf>,
-    /// HAMi's hook path: regions are found under ROOT/containers/ (or
-    /// $HAMI_VGPU_CACHE_ROOT), rescanned every --rescan seconds.
+    /// HAMi's hook path: regions are found under ROOT/containers/ (HAMi)
+    /// and ROOT/vgpu/containers/ (Volcano), or $HAMI_VGPU_CACHE_ROOT,
+    /// rescanned every --rescan seconds.
     #[arg(long, value_name = "ROOT", env = "HOOK_PATH", default_value = crate::scan::DEFAULT_ROOT)]
     pub root: PathBuf,
     /// Address to serve /metrics on (HAMi's monitor uses :9394).

@@ -131,7 +131,7 @@ fn collect(which: &Regions) -> Result<(Vec<Snapshot>, Vec<snapshot::Unreadable>)
     }
     let mut errors = Vec::new();
     if let Some(root) = &which.root {
-        for found in scan::containers(&scan::containers_dir(root)) {
+        for found in scan::containers(&scan::containers_dirs(root)) {
             match read::read(&found.path) {
                 Ok(mut s) => {
                     s.owner = Some(found.owner);

@@ -1,8 +1,8 @@
 //! `vgpuctl serve`: a Prometheus exporter that can stand in for HAMi's
 //! vGPUmonitor on a node.
 //!
-//! Regions are found the way HAMi's monitor finds them
-//! (`{root}/containers/{podUID}_{container}/*.cache`, rescanned every few
+//! Regions are found the way HAMi's and Volcano's monitors find them
+//! (`{root}/containers/...` and `{root}/vgpu/containers/...`, rescanned every few
 //! seconds by a thread of their own) plus any named on the command line.
 //! Each scrape reads every region afresh, read-only (`crate::read`), and
 //! NVML's figures for the host, and encodes them (`metrics`). Nothing is
@@ -39,8 +39,8 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 pub fn run(a: &ServeArgs) -> Result<(), String> {
     let server = tiny_http::Server::http(a.listen)
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
-    let dir = scan::containers_dir(&a.root);
-    let targets = Targets::new(dir.clone(), a.regions.clone());
+    let dirs = scan::containers_dirs(&a.root);
+    let targets = Targets::new(dirs.clone(), a.regions.clone());
     let board_dir = a
         .oversub_dir
         .clone()
@@ -71,7 +71,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     // One line on stdout, flushed: scripts and tests learn the port from it.
     println!(
         "vgpuctl serve: http://{addr}/metrics, regions under {}, oversubscription board in {}",
-        dir.display(),
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
         board_dir.display()
     );
     let mut warned = HashSet::new();
@@ -163,18 +166,18 @@ pub fn scrape(
 /// and the files named on the command line.
 #[derive(Clone)]
 pub struct Targets {
-    dir: PathBuf,
+    dirs: Vec<PathBuf>,
     named: Vec<Found>,
     scanned: Arc<Mutex<Vec<Found>>>,
     names: pods::PodNames,
 }
 
 impl Targets {
-    /// Scans `dir` once now.
-    pub fn new(dir: PathBuf, named: Vec<PathBuf>) -> Targets {
-        let scanned = Arc::new(Mutex::new(scan::containers(&dir)));
+    /// Scans `dirs` (containers directories) once now.
+    pub fn new(dirs: Vec<PathBuf>, named: Vec<PathBuf>) -> Targets {
+        let scanned = Arc::new(Mutex::new(scan::containers(&dirs)));
         Targets {
-            dir,
+            dirs,
             named: named.into_iter().map(named_target).collect(),
             scanned,
             names: pods::PodNames::default(),
@@ -204,7 +207,7 @@ impl Targets {
             loop {
                 std::thread::sleep(period);
                 name_pods(&mut said);
-                let found = scan::containers(&me.dir);
+                let found = scan::containers(&me.dirs);
                 *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
             }
         });
