@@ -135,6 +135,26 @@ pub struct ServeArgs {
     /// $VGPU_OVERSUBSCRIBE_DIR, else /tmp/vgpu-oversub].
     #[arg(long, value_name = "DIR")]
     pub oversub_dir: Option<PathBuf>,
+    /// Leave the regions of gone pods in place (by default serve removes
+    /// a container's directory once its pod is gone: docs/vgpuctl.md).
+    #[arg(long)]
+    pub no_housekeeping: bool,
+    /// Seconds a gone pod's directory must be untouched before removal.
+    #[arg(long, default_value_t = 300.0, value_parser = grace_secs)]
+    pub housekeeping_grace: f64,
+    /// The same without a pod list (only regions with no live slot).
+    #[arg(long, default_value_t = 86_400.0, value_parser = grace_secs)]
+    pub housekeeping_grace_no_api: f64,
+    /// Seconds between housekeeping passes.
+    #[arg(long, default_value_t = 60.0, value_parser = positive_secs)]
+    pub housekeeping_interval: f64,
+}
+
+fn grace_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=30.0 * 86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: expected seconds, 0 to 2592000")),
+    }
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -13,6 +13,7 @@
 //! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
 //! - `pods`: namespaces and pod names from the Kubernetes API's pod list
+//! - `podwatch`: keeps them current with one LIST, then a WATCH
 //! - `oversub`: the node's oversubscription board (`--oversub-dir`), as
 //!   `vgpu_oversub_*` families
 
@@ -22,6 +23,7 @@ mod legacy;
 pub mod metrics;
 mod oversub;
 pub mod pods;
+pub mod podwatch;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -52,7 +54,19 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
             None
         }
     };
+    let has_pods = pods.is_some();
     targets.watch(Duration::from_secs_f64(a.rescan), pods);
+    if !a.no_housekeeping {
+        crate::housekeeping::start(
+            dirs.clone(),
+            has_pods.then(|| targets.names()),
+            crate::housekeeping::Policy {
+                grace: Duration::from_secs_f64(a.housekeeping_grace),
+                grace_no_api: Duration::from_secs_f64(a.housekeeping_grace_no_api),
+            },
+            Duration::from_secs_f64(a.housekeeping_interval),
+        );
+    }
     if a.feedback {
         feedback::start(
             targets.clone(),
@@ -185,32 +199,27 @@ impl Targets {
     }
 
     /// Reads the pod list from `pods` (if any) now, so that the first
-    /// scrape has the names, then rescans the directory and the pod list
-    /// every `period` on a thread of its own.
+    /// scrape has the names, and keeps it current (`podwatch`); rescans
+    /// the directories every `period` on a thread of its own.
     pub fn watch(&self, period: Duration, pods: Option<pods::Source>) {
-        let me = self.clone();
-        let name_pods = move |said: &mut Option<String>| {
-            let Some(source) = &pods else { return };
-            let got = me.names.refresh(source).err();
-            if got.is_some() && got != *said {
-                eprintln!(
-                    "vgpuctl serve: pod list unreadable, keeping the last names: {}",
-                    got.as_deref().unwrap_or_default()
-                );
-            }
-            *said = got;
-        };
-        let mut said = None;
-        name_pods(&mut said);
+        if let Some(source) = pods
+            && let Err(e) = podwatch::start(source, self.names.clone())
+        {
+            eprintln!("vgpuctl serve: pod list unreadable, keeping the last names: {e}");
+        }
         let me = self.clone();
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(period);
-                name_pods(&mut said);
                 let found = scan::containers(&me.dirs);
                 *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
             }
         });
+    }
+
+    /// The pod names, as the watch keeps them.
+    pub fn names(&self) -> pods::PodNames {
+        self.names.clone()
     }
 
     /// Every target now; a file both named and found counts once.
