@@ -64,6 +64,10 @@ pub struct Regions {
     /// $HAMI_VGPU_CACHE_ROOT names the containers directory itself.
     #[arg(long, value_name = "ROOT")]
     pub root: Option<PathBuf>,
+    /// Kubernetes API server for the pod names of regions under ROOT (in a
+    /// cluster the pod's own service account is used without it).
+    #[arg(long, value_name = "URL")]
+    pub api_server: Option<String>,
 }
 
 /// `vgpuctl status`.

@@ -5,7 +5,8 @@
 //! In a cluster (`KUBERNETES_SERVICE_HOST` set) the list is read over
 //! HTTPS with the pod's service-account token and CA, limited to this node
 //! when `NODE_NAME` is set (the DaemonSet passes it); `--api-server URL`
-//! names another server instead (`kubectl proxy`, tests), without a token.
+//! names another server instead (`kubectl proxy`, tests), with the token in
+//! `$VGPU_API_TOKEN_FILE` if set, else none.
 //! The token file is read again for every request (the kubelet rotates
 //! it). `podwatch` keeps the names current with one LIST and then a WATCH
 //! from its resourceVersion; when the list cannot be read the last names
@@ -50,10 +51,14 @@ impl Source {
             None => String::new(),
         };
         if let Some(base) = api_server {
+            // A token for it, if any, from $VGPU_API_TOKEN_FILE.
+            let token = std::env::var_os("VGPU_API_TOKEN_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
             return Ok(Some(Source {
                 base: base.trim_end_matches('/').to_string(),
                 selector,
-                token: None,
+                token,
                 agent: agent(None, Some(TIMEOUT)),
                 stream_agent: agent(None, None),
             }));
