@@ -827,6 +827,12 @@ def exporter():
     ex.exporter(sys.modules[__name__])
 
 
+def util_panel():
+    import util_panel as up
+
+    up.util_panel(sys.modules[__name__])
+
+
 def nvml_raw():
     import neighbours
 
@@ -1332,7 +1338,8 @@ def oversub_small():
 
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter,
+                                    util_panel]}
 
 
 def loaded_line():

@@ -84,7 +84,8 @@ static void read_once(const hami_region *r) {
     }
 }
 
-/* The container's figures on one line: what a monitor exports per device. */
+/* The container's figures on one line: what a monitor exports per device,
+ * summed as HAMi's vGPUmonitor sums them (procs[0..proc_num), status != 0). */
 static void summary(const hami_region *r, double t) {
     printf("t=%.3f recent_kernel=%d proc_num=%d", t, LOAD(r->recent_kernel), LOAD(r->proc_num));
     int n = LOAD(r->proc_num);
@@ -96,6 +97,8 @@ static void summary(const hami_region *r, double t) {
         for (int k = 0; k < n; k++) {
             hami_proc p;
             copy_proc(&r->procs[k], &p);
+            /* HAMi's monitor skips a slot whose status is 0 (its v1 spec). */
+            if (p.status == 0) continue;
             used += p.used[d].total;
             monitor += p.monitorused[d];
             sm += p.device_util[d].sm_util;

@@ -67,7 +67,7 @@ fn report(what: &str, mut ms: Vec<f64>) {
 fn main() {
     let root = tempfile::tempdir().unwrap();
     node(root.path());
-    let targets = Targets::new(root.path().join("containers"), Vec::new());
+    let targets = Targets::new(vec![root.path().join("containers")], Vec::new());
     let opts = Options {
         zone: "vGPU".into(),
         node: "node-1".into(),

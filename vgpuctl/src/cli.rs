@@ -60,10 +60,14 @@ pub struct Regions {
     /// else /tmp/cudevshr.cache].
     pub regions: Vec<PathBuf>,
     /// Also every container's region under ROOT/containers/{podUID}_{container}/
-    /// (HAMi's layout; $HAMI_VGPU_CACHE_ROOT names the containers directory
-    /// itself).
+    /// (HAMi's layout) and ROOT/vgpu/containers/... (Volcano's);
+    /// $HAMI_VGPU_CACHE_ROOT names the containers directory itself.
     #[arg(long, value_name = "ROOT")]
     pub root: Option<PathBuf>,
+    /// Kubernetes API server for the pod names of regions under ROOT (in a
+    /// cluster the pod's own service account is used without it).
+    #[arg(long, value_name = "URL")]
+    pub api_server: Option<String>,
 }
 
 /// `vgpuctl status`.
@@ -96,8 +100,9 @@ pub struct WatchArgs {
 pub struct ServeArgs {
     /// More region files to export, besides those found under ROOT.
     pub regions: Vec<PathBuf>,
-    /// HAMi's hook path: regions are found under ROOT/containers/ (or
-    /// $HAMI_VGPU_CACHE_ROOT), rescanned every --rescan seconds.
+    /// HAMi's hook path: regions are found under ROOT/containers/ (HAMi)
+    /// and ROOT/vgpu/containers/ (Volcano), or $HAMI_VGPU_CACHE_ROOT,
+    /// rescanned every --rescan seconds.
     #[arg(long, value_name = "ROOT", env = "HOOK_PATH", default_value = crate::scan::DEFAULT_ROOT)]
     pub root: PathBuf,
     /// Address to serve /metrics on (HAMi's monitor uses :9394).
@@ -143,6 +148,26 @@ pub struct ServeArgs {
     /// $VGPU_OVERSUBSCRIBE_DIR, else /tmp/vgpu-oversub].
     #[arg(long, value_name = "DIR")]
     pub oversub_dir: Option<PathBuf>,
+    /// Leave the regions of gone pods in place (by default serve removes
+    /// a container's directory once its pod is gone: docs/vgpuctl.md).
+    #[arg(long)]
+    pub no_housekeeping: bool,
+    /// Seconds a gone pod's directory must be untouched before removal.
+    #[arg(long, default_value_t = 300.0, value_parser = grace_secs)]
+    pub housekeeping_grace: f64,
+    /// The same without a pod list (only regions with no live slot).
+    #[arg(long, default_value_t = 86_400.0, value_parser = grace_secs)]
+    pub housekeeping_grace_no_api: f64,
+    /// Seconds between housekeeping passes.
+    #[arg(long, default_value_t = 60.0, value_parser = positive_secs)]
+    pub housekeeping_interval: f64,
+}
+
+fn grace_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=30.0 * 86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: expected seconds, 0 to 2592000")),
+    }
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

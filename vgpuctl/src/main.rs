@@ -131,7 +131,11 @@ fn collect(which: &Regions) -> Result<(Vec<Snapshot>, Vec<snapshot::Unreadable>)
     }
     let mut errors = Vec::new();
     if let Some(root) = &which.root {
-        for found in scan::containers(&scan::containers_dir(root)) {
+        let names = pod_names(which.api_server.as_deref());
+        for mut found in scan::containers(&scan::containers_dirs(root)) {
+            if let Some(n) = &names {
+                n.name(&mut found.owner);
+            }
             match read::read(&found.path) {
                 Ok(mut s) => {
                     s.owner = Some(found.owner);
@@ -145,6 +149,27 @@ fn collect(which: &Regions) -> Result<(Vec<Snapshot>, Vec<snapshot::Unreadable>)
         }
     }
     Ok((regions, errors))
+}
+
+/// One pod list, when an API server is named or the command runs in a
+/// cluster; None (names stay UIDs) otherwise, or when it cannot be read
+/// (said on stderr).
+fn pod_names(api_server: Option<&str>) -> Option<serve::pods::PodNames> {
+    let source = match serve::pods::Source::find(api_server) {
+        Ok(s) => s?,
+        Err(e) => {
+            eprintln!("vgpuctl: no pod names: {e}");
+            return None;
+        }
+    };
+    let names = serve::pods::PodNames::default();
+    match names.refresh(&source) {
+        Ok(_) => Some(names),
+        Err(e) => {
+            eprintln!("vgpuctl: no pod names: {e}");
+            None
+        }
+    }
 }
 
 fn watch(a: &cli::WatchArgs, out: &mut impl Write) -> Result<(), Stop> {

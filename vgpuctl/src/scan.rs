@@ -1,7 +1,13 @@
-//! Finding the regions of a node's containers the way HAMi's monitor does:
-//! `{root}/containers/{podUID}_{container}/*.cache`. HAMi's device plugin
-//! makes one such directory per container and mounts it into the
-//! container, where the library creates its region file.
+//! Finding the regions of a node's containers the way the node monitors do,
+//! in both layouts:
+//! - HAMi's: `{root}/containers/{podUID}_{container}/*.cache` (its device
+//!   plugin makes the directory and mounts it at the library's directory);
+//! - Volcano's: `{root}/vgpu/containers/{podUID}_{container}/{uuid}.cache`
+//!   (its plugin makes `{HOOK_PATH}/vgpu/containers/...` on the node and
+//!   mounts it at `/tmp/vgpu` in the container; its monitor takes any name
+//!   containing `.cache`).
+//!
+//! With `HOOK_PATH=/usr/local/vgpu` for both, one `--root` finds both.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -20,21 +26,42 @@ pub struct Found {
     pub owner: Owner,
 }
 
-/// The containers directory: `$HAMI_VGPU_CACHE_ROOT` when set (as HAMi's
-/// monitor), else `{root}/containers`.
-pub fn containers_dir(root: &Path) -> PathBuf {
-    std::env::var_os("HAMI_VGPU_CACHE_ROOT")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| root.join("containers"), PathBuf::from)
+/// The containers directories: `$HAMI_VGPU_CACHE_ROOT` when set (as HAMi's
+/// monitor), else `{root}/containers` (HAMi's layout) and
+/// `{root}/vgpu/containers` (Volcano's).
+pub fn containers_dirs(root: &Path) -> Vec<PathBuf> {
+    match std::env::var_os("HAMI_VGPU_CACHE_ROOT").filter(|v| !v.is_empty()) {
+        Some(dir) => vec![PathBuf::from(dir)],
+        None => vec![
+            root.join("containers"),
+            root.join("vgpu").join("containers"),
+        ],
+    }
 }
 
-/// Every `*.cache` file in `{dir}/*_*/`, sorted by path. A directory that
-/// cannot be read is skipped (a container going away).
-pub fn containers(dir: &Path) -> Vec<Found> {
-    let Ok(dirs) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
+/// Whether a file name is a region's, as the monitors take them: HAMi's
+/// wants `*.cache`, Volcano's any name containing `.cache`.
+fn is_region_name(name: &str) -> bool {
+    name.contains(".cache")
+}
+
+/// Every region file in `{dir}/*_*/` for each of `dirs`, sorted by path. A
+/// directory that cannot be read is skipped (missing, or a container going
+/// away).
+pub fn containers(dirs: &[PathBuf]) -> Vec<Found> {
     let mut found = Vec::new();
+    for dir in dirs {
+        in_dir(dir, &mut found);
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    found.dedup_by(|a, b| a.path == b.path);
+    found
+}
+
+fn in_dir(dir: &Path, found: &mut Vec<Found>) {
+    let Ok(dirs) = std::fs::read_dir(dir) else {
+        return;
+    };
     for dir in dirs.flatten() {
         let name = dir.file_name();
         let Some(owner) = name.to_str().and_then(owner_of) else {
@@ -49,10 +76,7 @@ pub fn containers(dir: &Path) -> Vec<Found> {
             continue;
         };
         for f in files.flatten() {
-            let is_cache = f
-                .file_name()
-                .to_str()
-                .is_some_and(|n| n.ends_with(".cache"));
+            let is_cache = f.file_name().to_str().is_some_and(is_region_name);
             if is_cache && f.file_type().is_ok_and(|t| t.is_file()) {
                 found.push(Found {
                     path: f.path(),
@@ -61,8 +85,6 @@ pub fn containers(dir: &Path) -> Vec<Found> {
             }
         }
     }
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    found
 }
 
 /// `{podUID}_{container}`: a pod UID has no `_`, a container name cannot
@@ -108,7 +130,7 @@ mod tests {
         std::fs::write(c.join("stray/z.cache"), b"").unwrap();
         std::os::unix::fs::symlink(c.join("u2_b"), c.join("u3_link")).unwrap();
         std::os::unix::fs::symlink(c.join("u2_b/y.cache"), c.join("u1_a/l.cache")).unwrap();
-        let found = containers(&c);
+        let found = containers(std::slice::from_ref(&c));
         let names: Vec<(String, String)> = found
             .iter()
             .map(|f| {
@@ -125,7 +147,32 @@ mod tests {
                 ("u2_b/y.cache".to_string(), "b".to_string())
             ]
         );
-        assert!(containers(&root.path().join("missing")).is_empty());
-        assert_eq!(containers_dir(root.path()), c);
+        assert!(containers(&[root.path().join("missing")]).is_empty());
+        assert_eq!(containers_dirs(root.path())[0], c);
+    }
+
+    #[test]
+    fn hami_and_volcano_layouts_are_found_under_one_root() {
+        let root = tempfile::tempdir().unwrap();
+        let hami = root.path().join("containers/u1_a");
+        // Volcano: {HOOK_PATH}/vgpu/containers/{uid}_{ctr}/{uuid}.cache,
+        // beside the library (which is no region).
+        let volcano = root.path().join("vgpu/containers/u2_b");
+        std::fs::create_dir_all(&hami).unwrap();
+        std::fs::create_dir_all(&volcano).unwrap();
+        std::fs::write(hami.join("x.cache"), b"").unwrap();
+        std::fs::write(volcano.join("0b7e-42.cache"), b"").unwrap();
+        std::fs::write(root.path().join("vgpu/libvgpu.so"), b"").unwrap();
+        let found = containers(&containers_dirs(root.path()));
+        let owners: Vec<(&str, &str)> = found
+            .iter()
+            .map(|f| (f.owner.pod_uid.as_str(), f.owner.container.as_str()))
+            .collect();
+        assert_eq!(owners, [("u1", "a"), ("u2", "b")]);
+        assert_eq!(found[1].path, volcano.join("0b7e-42.cache"));
+        // Volcano's root given itself still works.
+        let v = containers(&containers_dirs(&root.path().join("vgpu")));
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].owner.container, "b");
     }
 }

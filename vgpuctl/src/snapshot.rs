@@ -112,8 +112,9 @@ pub struct Device {
     /// What the quota counts: slots of dead processes not yet reclaimed too
     /// (vgpu).
     pub counted_bytes: Option<u64>,
-    /// The container's SM utilisation of the device, percent (vgpu: as its
-    /// leader last measured it; HAMi: the sum of its processes').
+    /// The container's SM utilisation of the device, percent: what HAMi's
+    /// monitor computes from the same file, the sum of its processes'
+    /// `sm_util` (`read::hami::sm_util_sum`).
     pub utilization_percent: f64,
     /// The controller's multiplier on the bucket's refill rate (vgpu).
     pub bucket_scale: Option<f64>,

@@ -180,15 +180,20 @@ fn the_exporter_service_and_monitor_point_at_one_port() {
     };
     let (host, read_only) = host_path_at(pod, serve.root.to_str().unwrap());
     assert_eq!(host, "/usr/local/vgpu");
-    assert!(read_only, "the exporter must not be able to write regions");
-    // Both region trees lie in that one mount: HAMi's plugin writes
-    // {gpuHookPath}/vgpu/containers, Volcano's HOOK_PATH/vgpu/containers
-    // with HOOK_PATH=/usr/local/vgpu; `--root` scans both layouts.
+    assert!(read_only, "the exporter must not be able to write the library");
+    // Both region trees are mounted at their own host paths, read-write
+    // for housekeeping alone (it removes the directories of gone pods):
+    // HAMi's plugin writes {gpuHookPath}/containers, Volcano's
+    // HOOK_PATH/vgpu/containers with HOOK_PATH=/usr/local/vgpu; `--root`
+    // scans both layouts.
     for tree in [
         "/usr/local/vgpu/containers",
         "/usr/local/vgpu/vgpu/containers",
     ] {
-        assert!(Path::new(tree).starts_with(&host), "{tree} is not mounted");
+        assert!(Path::new(tree).starts_with(&host), "{tree} is not under the root");
+        let (at, read_only) = host_path_at(pod, tree);
+        assert_eq!(at, tree, "{tree} is not mounted at its host path");
+        assert!(!read_only, "housekeeping cannot remove gone pods' directories in {tree}");
     }
     assert_eq!(pod["hostPID"], true);
     // The oversubscription board it reads is the node's, read-only.
@@ -396,7 +401,9 @@ fn the_exporter_may_list_the_pods_of_its_node() {
     assert_eq!(s(&binding["roleRef"]["name"]), s(&role["metadata"]["name"]));
     let rule = &role["rules"][0];
     assert_eq!(rule["resources"][0], "pods");
+    // One LIST, then a WATCH from its resourceVersion (podwatch.rs).
     assert_eq!(rule["verbs"][0], "list");
+    assert_eq!(rule["verbs"][1], "watch");
     // NODE_NAME narrows the list to this node's pods (pods.rs).
     let env = pod["containers"][0]["env"].as_sequence().unwrap();
     assert!(

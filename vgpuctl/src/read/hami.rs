@@ -25,12 +25,7 @@ pub fn snapshot(path: &Path, h: &hami::Snapshot) -> Snapshot {
                 .iter()
                 .flat_map(|p| &p.devices)
                 .filter(|x| x.index == d.index);
-            let (used, util) = on_it.fold((0u64, 0u32), |(u, s), x| {
-                (
-                    u.saturating_add(x.used_bytes),
-                    s.saturating_add(x.sm_util_percent),
-                )
-            });
+            let used = on_it.fold(0u64, |u, x| u.saturating_add(x.used_bytes));
             Device {
                 index: d.index,
                 vdevice_index: d.index,
@@ -41,7 +36,7 @@ pub fn snapshot(path: &Path, h: &hami::Snapshot) -> Snapshot {
                 total_memory_bytes: None,
                 used_bytes: used,
                 counted_bytes: None,
-                utilization_percent: f64::from(util),
+                utilization_percent: sm_util_sum(h, d.index) as f64,
                 bucket_scale: None,
                 leader_pid: None,
                 launches_throttled: None,
@@ -62,6 +57,19 @@ pub fn snapshot(path: &Path, h: &hami::Snapshot) -> Snapshot {
         devices,
         processes,
     }
+}
+
+/// The container's SM utilisation of HAMi device `index`, percent, as
+/// HAMi's monitor computes it (`DeviceSmUtil` of its v1 spec): the sum of
+/// `device_util[index].sm_util` over `procs[0..proc_num)`, skipping slots
+/// whose `status` is 0, unclamped (`h.procs` is already cut at
+/// `proc_num`).
+pub fn sm_util_sum(h: &hami::Snapshot, index: usize) -> u64 {
+    h.procs
+        .iter()
+        .filter(|p| p.status != 0)
+        .filter_map(|p| p.devices.get(index))
+        .fold(0u64, |s, d| s.saturating_add(d.sm_util))
 }
 
 /// The feedback fields of a HAMi part.

@@ -18,6 +18,7 @@ pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
     let devices: Vec<EntryIndex> = EntryIndex::all()
         .filter(|&d| region.device(d).is_used())
         .collect();
+    let part = region.hami().map(|part| part.snapshot());
     Snapshot {
         path: region.path().display().to_string(),
         format: Format::Vgpu,
@@ -28,10 +29,11 @@ pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
         ),
         owner: None,
         slots_reclaimed: Some(h.reclaims.load(Ordering::Relaxed)),
-        hami: region
-            .hami()
-            .map(|part| super::hami::fields(&part.snapshot())),
-        devices: devices.iter().map(|&d| device(region, d)).collect(),
+        hami: part.as_ref().map(super::hami::fields),
+        devices: devices
+            .iter()
+            .map(|&d| device(region, d, part.as_ref(), view))
+            .collect(),
         processes: region
             .occupied_slots()
             .map(|i| process(region, i, &devices, view))
@@ -39,7 +41,34 @@ pub fn snapshot(region: &Region, view: &ProcView) -> Snapshot {
     }
 }
 
-fn device(region: &Region, dev: EntryIndex) -> Device {
+/// The container's SM utilisation of `dev`, percent: what HAMi's monitor
+/// computes from the HAMi part (the sum of its processes' `sm_util`, which
+/// the library keeps current in every policy and switch state), or where
+/// there is none (layout 1.x, no index yet) the same sum over vgpu's slots
+/// whose owner may live. Not the leader's figure: there is no leader
+/// without an SM limit, and none while the switch lifts the limit.
+fn utilization(
+    region: &Region,
+    dev: EntryIndex,
+    part: Option<&vgpu_shm::hami::Snapshot>,
+    view: &ProcView,
+) -> f64 {
+    if let (Some(h), Some(i)) = (part, region.hami_index(dev)) {
+        return super::hami::sm_util_sum(h, i) as f64;
+    }
+    region
+        .occupied_slots()
+        .filter(|&s| procinfo::liveness(&region.owner(s), view) != procinfo::Liveness::Dead)
+        .map(|s| u64::from(region.sm_util(s, dev)))
+        .sum::<u64>() as f64
+}
+
+fn device(
+    region: &Region,
+    dev: EntryIndex,
+    part: Option<&vgpu_shm::hami::Snapshot>,
+    view: &ProcView,
+) -> Device {
     let d = region.device(dev);
     let limits = d.limits();
     Device {
@@ -56,7 +85,7 @@ fn device(region: &Region, dev: EntryIndex) -> Device {
         total_memory_bytes: Some(d.total_mem()),
         used_bytes: region.device_usage(dev, Owners::Live),
         counted_bytes: Some(region.device_usage(dev, Owners::All)),
-        utilization_percent: f64::from(d.util_milli()) / 10.0,
+        utilization_percent: utilization(region, dev, part, view),
         bucket_scale: Some(f64::from(d.rate_scale_milli()) / 1000.0),
         leader_pid: Some(d.leader_pid()),
         launches_throttled: Some(d.waits()),

@@ -1,8 +1,8 @@
 //! `vgpuctl serve`: a Prometheus exporter that can stand in for HAMi's
 //! vGPUmonitor on a node.
 //!
-//! Regions are found the way HAMi's monitor finds them
-//! (`{root}/containers/{podUID}_{container}/*.cache`, rescanned every few
+//! Regions are found the way HAMi's and Volcano's monitors find them
+//! (`{root}/containers/...` and `{root}/vgpu/containers/...`, rescanned every few
 //! seconds by a thread of their own) plus any named on the command line.
 //! Each scrape reads every region afresh, read-only (`crate::read`), and
 //! NVML's figures for the host, and encodes them (`metrics`). Nothing is
@@ -16,6 +16,7 @@
 //! - `legacy`: HAMi's older metric names (`--legacy-metrics`)
 //! - `feedback`: HAMi's priority loop, with `--feedback` (the one writer)
 //! - `pods`: namespaces and pod names from the Kubernetes API's pod list
+//! - `podwatch`: keeps them current with one LIST, then a WATCH
 //! - `oversub`: the node's oversubscription board (`--oversub-dir`), as
 //!   `vgpu_oversub_*` families
 
@@ -28,6 +29,7 @@ mod legacy;
 pub mod metrics;
 mod oversub;
 pub mod pods;
+pub mod podwatch;
 mod targets;
 
 use std::collections::HashSet;
@@ -46,8 +48,8 @@ pub const CONTENT_TYPE: &str = http::CONTENT_TYPE_METRICS;
 pub fn run(a: &ServeArgs) -> Result<(), String> {
     let listener = std::net::TcpListener::bind(a.listen)
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
-    let dir = scan::containers_dir(&a.root);
-    let targets = Targets::new(dir.clone(), a.regions.clone());
+    let dirs = scan::containers_dirs(&a.root);
+    let targets = Targets::new(dirs.clone(), a.regions.clone());
     let board_dir = a
         .oversub_dir
         .clone()
@@ -59,7 +61,19 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
             None
         }
     };
+    let has_pods = pods.is_some();
     targets.watch(Duration::from_secs_f64(a.rescan), pods);
+    if !a.no_housekeeping {
+        crate::housekeeping::start(
+            dirs.clone(),
+            has_pods.then(|| targets.names()),
+            crate::housekeeping::Policy {
+                grace: Duration::from_secs_f64(a.housekeeping_grace),
+                grace_no_api: Duration::from_secs_f64(a.housekeeping_grace_no_api),
+            },
+            Duration::from_secs_f64(a.housekeeping_interval),
+        );
+    }
     if a.feedback {
         feedback::start(
             targets.clone(),
@@ -74,7 +88,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     // One line on stdout, flushed: scripts and tests learn the port from it.
     println!(
         "vgpuctl serve: http://{addr}/metrics, regions under {}, oversubscription board in {}",
-        dir.display(),
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
         board_dir.display()
     );
     let mut warned = HashSet::new();

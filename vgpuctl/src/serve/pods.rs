@@ -5,15 +5,19 @@
 //! In a cluster (`KUBERNETES_SERVICE_HOST` set) the list is read over
 //! HTTPS with the pod's service-account token and CA, limited to this node
 //! when `NODE_NAME` is set (the DaemonSet passes it); `--api-server URL`
-//! names another server instead (`kubectl proxy`, tests), without a token.
-//! The list is refreshed at every rescan; when it cannot be read the last
-//! names stay, and a region whose pod is not listed keeps its UID as its
-//! pod's name and an empty namespace.
+//! names another server instead (`kubectl proxy`, tests), with the token in
+//! `$VGPU_API_TOKEN_FILE` if set, else none.
+//! The token file is read again for every request (the kubelet rotates
+//! it). `podwatch` keeps the names current with one LIST and then a WATCH
+//! from its resourceVersion; when the list cannot be read the last names
+//! stay, and a region whose pod is not listed keeps its UID as its pod's
+//! name and an empty namespace.
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::snapshot::Owner;
 
@@ -22,26 +26,41 @@ const ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_BYTES: u64 = 64 << 20;
 
+/// UID -> (namespace, name).
+pub type Names = HashMap<String, (String, String)>;
+
 /// Where the pod list comes from.
 pub struct Source {
-    url: String,
-    token: Option<String>,
+    /// `https://host:port` (or `--api-server`).
+    base: String,
+    /// The node's field selector, URL-encoded, or empty.
+    selector: String,
+    /// The service-account token file, read for every request.
+    token: Option<PathBuf>,
     agent: ureq::Agent,
+    /// For watches: no global timeout (the server ends them).
+    stream_agent: ureq::Agent,
 }
 
 impl Source {
     /// `--api-server`, else the cluster the exporter runs in, else none.
     pub fn find(api_server: Option<&str>) -> Result<Option<Source>, String> {
         let node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
-        let query = match &node {
-            Some(n) => format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{n}"),
-            None => "/api/v1/pods".to_string(),
+        let selector = match &node {
+            Some(n) => format!("fieldSelector=spec.nodeName%3D{n}"),
+            None => String::new(),
         };
         if let Some(base) = api_server {
+            // A token for it, if any, from $VGPU_API_TOKEN_FILE.
+            let token = std::env::var_os("VGPU_API_TOKEN_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
             return Ok(Some(Source {
-                url: format!("{}{query}", base.trim_end_matches('/')),
-                token: None,
-                agent: agent(None),
+                base: base.trim_end_matches('/').to_string(),
+                selector,
+                token,
+                agent: agent(None, Some(TIMEOUT)),
+                stream_agent: agent(None, None),
             }));
         }
         let (Ok(host), Ok(port)) = (
@@ -50,8 +69,8 @@ impl Source {
         ) else {
             return Ok(None);
         };
-        let token = std::fs::read_to_string(format!("{ACCOUNT}/token"))
-            .map_err(|e| format!("{ACCOUNT}/token: {e}"))?;
+        let token = PathBuf::from(format!("{ACCOUNT}/token"));
+        std::fs::read_to_string(&token).map_err(|e| format!("{}: {e}", token.display()))?;
         let ca = std::fs::read(format!("{ACCOUNT}/ca.crt"))
             .map_err(|e| format!("{ACCOUNT}/ca.crt: {e}"))?;
         let certs: Vec<_> = ureq::tls::parse_pem(&ca)
@@ -69,31 +88,67 @@ impl Source {
             host
         };
         Ok(Some(Source {
-            url: format!("https://{host}:{port}{query}"),
-            token: Some(token.trim().to_string()),
-            agent: agent(Some(certs)),
+            base: format!("https://{host}:{port}"),
+            selector,
+            token: Some(token),
+            agent: agent(Some(certs.clone()), Some(TIMEOUT)),
+            stream_agent: agent(Some(certs), None),
         }))
     }
 
-    /// UID -> (namespace, name) of every pod listed.
-    fn list(&self) -> Result<HashMap<String, (String, String)>, String> {
-        let mut req = self.agent.get(&self.url);
-        if let Some(t) = &self.token {
-            req = req.header("Authorization", &format!("Bearer {t}"));
+    /// The pods URL with `extra` query parameters (`&`-joined).
+    pub fn url(&self, extra: &str) -> String {
+        let q: Vec<&str> = [self.selector.as_str(), extra]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect();
+        match q.is_empty() {
+            true => format!("{}/api/v1/pods", self.base),
+            false => format!("{}/api/v1/pods?{}", self.base, q.join("&")),
         }
-        let mut resp = req.call().map_err(|e| format!("{}: {e}", self.url))?;
+    }
+
+    /// A GET of `url`, with the token as it is now on disk.
+    pub fn get(&self, url: &str, stream: bool) -> Result<ureq::http::Response<ureq::Body>, String> {
+        let agent = if stream {
+            &self.stream_agent
+        } else {
+            &self.agent
+        };
+        let mut req = agent.get(url);
+        if let Some(path) = &self.token {
+            let t =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            req = req.header("Authorization", &format!("Bearer {}", t.trim()));
+        }
+        req.call().map_err(|e| format!("{url}: {e}"))
+    }
+
+    /// Every pod listed, and the list's resourceVersion.
+    pub fn list(&self) -> Result<(Names, String), String> {
+        let url = self.url("");
+        let mut resp = self.get(&url, false)?;
         let mut body = String::new();
         resp.body_mut()
             .as_reader()
             .take(MAX_BYTES)
             .read_to_string(&mut body)
-            .map_err(|e| format!("{}: {e}", self.url))?;
-        parse_pod_list(&body).map_err(|e| format!("{}: {e}", self.url))
+            .map_err(|e| format!("{url}: {e}"))?;
+        let names = parse_pod_list(&body).map_err(|e| format!("{url}: {e}"))?;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let rv = v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok((names, rv))
     }
 }
 
-fn agent(roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> ureq::Agent {
-    let mut config = ureq::Agent::config_builder().timeout_global(Some(TIMEOUT));
+fn agent(
+    roots: Option<Vec<ureq::tls::Certificate<'static>>>,
+    timeout: Option<Duration>,
+) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder().timeout_global(timeout);
     if let Some(certs) = roots {
         config = config.tls_config(
             ureq::tls::TlsConfig::builder()
@@ -104,42 +159,80 @@ fn agent(roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> ureq::Agent {
     config.build().into()
 }
 
+/// (UID, (namespace, name)) of one pod object, if it has them.
+pub fn pod_entry(pod: &serde_json::Value) -> Option<(String, (String, String))> {
+    let m = pod.get("metadata")?;
+    let field = |k: &str| m.get(k)?.as_str().map(str::to_string);
+    Some((field("uid")?, (field("namespace")?, field("name")?)))
+}
+
 /// UID -> (namespace, name) from a `PodList` (the API's JSON).
-pub fn parse_pod_list(json: &str) -> Result<HashMap<String, (String, String)>, String> {
+pub fn parse_pod_list(json: &str) -> Result<Names, String> {
     let v: serde_json::Value =
         serde_json::from_str(json).map_err(|e| format!("not a pod list: {e}"))?;
     let items = v
         .get("items")
         .and_then(|i| i.as_array())
         .ok_or("not a pod list: no items")?;
-    Ok(items
-        .iter()
-        .filter_map(|pod| {
-            let m = pod.get("metadata")?;
-            let field = |k: &str| m.get(k)?.as_str().map(str::to_string);
-            Some((field("uid")?, (field("namespace")?, field("name")?)))
-        })
-        .collect())
+    Ok(items.iter().filter_map(pod_entry).collect())
 }
 
-/// The names learnt so far, shared by the rescan thread and scrapes.
+#[derive(Default)]
+struct State {
+    by_uid: Names,
+    /// When the names last were known to be complete (a LIST, or a watch
+    /// event or its end); None while they are not.
+    synced: Option<Instant>,
+}
+
+/// The names learnt so far, shared by the pod watcher and scrapes.
 #[derive(Clone, Default)]
 pub struct PodNames {
-    by_uid: Arc<Mutex<HashMap<String, (String, String)>>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl PodNames {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Reads the list again; on failure keeps the last one (Err says why).
-    pub fn refresh(&self, source: &Source) -> Result<(), String> {
-        let list = source.list()?;
-        *self.by_uid.lock().unwrap_or_else(PoisonError::into_inner) = list;
-        Ok(())
+    /// Returns the list's resourceVersion.
+    pub fn refresh(&self, source: &Source) -> Result<String, String> {
+        let (list, rv) = source.list()?;
+        let mut s = self.lock();
+        s.by_uid = list;
+        s.synced = Some(Instant::now());
+        Ok(rv)
+    }
+
+    /// A pod added or changed (`Some`) or deleted (`None`).
+    pub fn apply(&self, uid: String, entry: Option<(String, String)>) {
+        let mut s = self.lock();
+        match entry {
+            Some(e) => s.by_uid.insert(uid, e),
+            None => s.by_uid.remove(&uid),
+        };
+    }
+
+    /// The watch is current (`true`) or broken (`false`).
+    pub fn set_synced(&self, yes: bool) {
+        self.lock().synced = yes.then(Instant::now);
+    }
+
+    /// Whether pod `uid` is listed, None unless the names were complete
+    /// within `fresh`.
+    pub fn listed(&self, uid: &str, fresh: Duration) -> Option<bool> {
+        let s = self.lock();
+        s.synced
+            .filter(|t| t.elapsed() <= fresh)
+            .map(|_| s.by_uid.contains_key(uid))
     }
 
     /// Gives `owner` its pod's namespace and name, when listed.
     pub fn name(&self, owner: &mut Owner) {
-        let names = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((namespace, name)) = names.get(&owner.pod_uid) {
+        let names = self.lock();
+        if let Some((namespace, name)) = names.by_uid.get(&owner.pod_uid) {
             owner.namespace.clone_from(namespace);
             owner.pod.clone_from(name);
         }
@@ -159,7 +252,7 @@ mod tests {
         let list = parse_pod_list(json).unwrap();
         assert_eq!(list.len(), 1);
         let names = PodNames::default();
-        *names.by_uid.lock().unwrap() = list;
+        names.lock().by_uid = list;
         let mut o = crate::scan::owner_of("u1_main").unwrap();
         names.name(&mut o);
         assert_eq!((o.namespace.as_str(), o.pod.as_str()), ("ml", "trainer-0"));

@@ -1,12 +1,13 @@
 //! The region files to export: the last scan of the containers
-//! directory, rescanned on a thread of its own with the pod list, and the
-//! files named on the command line.
+//! directories (HAMi's and Volcano's trees), rescanned on a thread of its
+//! own while `podwatch` keeps the pod names, and the files named on the
+//! command line.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::pods;
+use super::{podwatch, pods};
 use crate::scan::{self, Found};
 use crate::snapshot::Owner;
 
@@ -14,18 +15,18 @@ use crate::snapshot::Owner;
 /// and the files named on the command line.
 #[derive(Clone)]
 pub struct Targets {
-    dir: PathBuf,
+    dirs: Vec<PathBuf>,
     named: Vec<Found>,
     scanned: Arc<Mutex<Vec<Found>>>,
     names: pods::PodNames,
 }
 
 impl Targets {
-    /// Scans `dir` once now.
-    pub fn new(dir: PathBuf, named: Vec<PathBuf>) -> Targets {
-        let scanned = Arc::new(Mutex::new(scan::containers(&dir)));
+    /// Scans `dirs` (containers directories) once now.
+    pub fn new(dirs: Vec<PathBuf>, named: Vec<PathBuf>) -> Targets {
+        let scanned = Arc::new(Mutex::new(scan::containers(&dirs)));
         Targets {
-            dir,
+            dirs,
             named: named.into_iter().map(named_target).collect(),
             scanned,
             names: pods::PodNames::default(),
@@ -33,32 +34,27 @@ impl Targets {
     }
 
     /// Reads the pod list from `pods` (if any) now, so that the first
-    /// scrape has the names, then rescans the directory and the pod list
-    /// every `period` on a thread of its own.
+    /// scrape has the names, and keeps it current (`podwatch`); rescans
+    /// the directories every `period` on a thread of its own.
     pub fn watch(&self, period: Duration, pods: Option<pods::Source>) {
-        let me = self.clone();
-        let name_pods = move |said: &mut Option<String>| {
-            let Some(source) = &pods else { return };
-            let got = me.names.refresh(source).err();
-            if got.is_some() && got != *said {
-                eprintln!(
-                    "vgpuctl serve: pod list unreadable, keeping the last names: {}",
-                    got.as_deref().unwrap_or_default()
-                );
-            }
-            *said = got;
-        };
-        let mut said = None;
-        name_pods(&mut said);
+        if let Some(source) = pods
+            && let Err(e) = podwatch::start(source, self.names.clone())
+        {
+            eprintln!("vgpuctl serve: pod list unreadable, keeping the last names: {e}");
+        }
         let me = self.clone();
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(period);
-                name_pods(&mut said);
-                let found = scan::containers(&me.dir);
+                let found = scan::containers(&me.dirs);
                 *me.scanned.lock().unwrap_or_else(PoisonError::into_inner) = found;
             }
         });
+    }
+
+    /// The pod names, as the watch keeps them.
+    pub fn names(&self) -> pods::PodNames {
+        self.names.clone()
     }
 
     /// Every target now; a file both named and found counts once.
