@@ -196,7 +196,7 @@ fn restart_chain(ns: Ns, bytes: u64, ends: &[End]) {
         }
         if let Some((ended, how, before)) = prev {
             let after = granted.duration_since(ended);
-            let reused = before.is_some() && before == inode;
+            let reused = ns != Ns::Host && before.is_some() && before == inode;
             seen.push(format!(
                 "{how:?}->{:.2}s{}",
                 after.as_secs_f64(),
