@@ -116,11 +116,11 @@ class Run:
                     f.write("0")
             except OSError:
                 pass
-            with open(f"{self.cg}/memory.max", "w") as f:
-                f.write("0")
             try:
+                with open(f"{self.cg}/memory.max", "w") as f:
+                    f.write("0")
                 self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            except (OSError, subprocess.TimeoutExpired):
                 pass
             if self.p.poll() is not None and oom_kills(self.cg) > 0:
                 return time.time(), "oom"
