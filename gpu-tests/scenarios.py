@@ -734,58 +734,11 @@ def children(pid):
 
 
 def restarts():
-    """A container restarted in a fresh pid namespace (with and without its
-    own /proc) gets its quota back from the previous run, which exited or
-    was killed; the card never holds more than the limit meanwhile."""
-    sec = "restarts"
-    if SIM:
-        return  # CI covers it (tests/restarts.rs)
-    if subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode != 0:
-        record(sec, "unshare --pid permitted", "no", "(skipped)", True)
-        return
-    import threading
+    """A container's restarts: every end, own /proc or not, the next context
+    fitting or not, five in a row (gpu-tests/restarts.py)."""
+    import restarts as rs
 
-    for mount_proc in (True, False):
-        own = "own /proc" if mount_proc else "the host's /proc"
-        ns = ["unshare", "-pf"] + (["--mount-proc"] if mount_proc else [])
-        # Driver 580 refuses cuInit (304) in a pid namespace that sees the
-        # host's /proc, without vgpu too (run 19): nothing to test there.
-        rc, out, err = run(ns + [client(), "info"], base_env(), 60, f"restart-bare-{int(mount_proc)}")
-        if rc != 0:
-            record(sec, f"restarts with {own}: CUDA without the library",
-                   f"refused by the driver ({((err + out).strip().splitlines() or ['?'])[-1]})", "(skipped)", True)
-            continue
-        region = new_region()
-        env = make_env(True, {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, region)
-        peak, done = [0], [False]
-
-        def sample():
-            while not done[0]:
-                peak[0] = max(peak[0], nvml_used())
-                time.sleep(0.05)
-
-        t = threading.Thread(target=sample)
-        t.start()
-        waits = []
-        for i, end in enumerate(["exit", "kill9", "exit"]):
-            p = spawn(ns + [client(), "await", str(3 * GIB), "10", "2" if end == "exit" else "60"], env,
-                      f"restart-{int(mount_proc)}-{i}")
-            r = kv(wait_line(p, "await_rc", 20) or "")
-            print(f"# restart mount_proc={mount_proc} run {i}: {r}", flush=True)
-            waits.append(float(r.get("await_ms", "nan")) if r.get("await_rc") == "0" else float("inf"))
-            if end == "kill9":
-                time.sleep(0.5)
-                for c in children(p.pid):
-                    os.kill(c, signal.SIGKILL)
-            p.wait(timeout=70)
-        done[0] = True
-        t.join()
-        status = region_status(region)
-        record(sec, f"restarts with {own}: ms until 3 GiB of 4 GiB came back after exit, kill -9",
-               ", ".join(f"{w:.0f}" for w in waits[1:]), "<= 5000 each", all(w <= 5000 for w in waits[1:]))
-        record(sec, f"restarts with {own}: NVML peak of the container's processes",
-               f"{peak[0] / GIB:.2f} GiB (region counts {status['used'] / GIB:.2f} GiB at the end)", "<= 4.00 GiB",
-               peak[0] <= 4 * GIB)
+    rs.restarts(sys.modules[__name__])
 
 
 def demo():

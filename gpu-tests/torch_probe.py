@@ -15,6 +15,9 @@
     torch_probe.py work KIND SIZE SECONDS GO_FILE [OFFSET]
                                         back-to-back kernels (neighbours scenario)
     torch_probe.py busy GIB SECONDS     hold GIB and run GEMMs back to back (exporter scenario)
+    torch_probe.py restart GIB SECONDS  a restarted container's run: its first CUDA call
+                                        asks GIB (context created in it); prints
+                                        restart_rc, then holds it SECONDS and exits
     torch_probe.py streams SECONDS      two threads, each x.add_(1) on its own 0.5 GB tensor
                                         and stream, ten at a time (compute scenario)
 """
@@ -108,6 +111,24 @@ def hold(gib, secs, quota=False):
     x = torch.empty(size, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     print(f"holding={x.numel()}", flush=True)
+    time.sleep(secs)
+
+
+def restart(gib, secs):
+    """The restarts scenario's run: the first CUDA call is the big
+    allocation (the context is created inside it), one attempt."""
+    ino = os.stat("/proc/self/ns/pid").st_ino
+    import torch
+
+    t = time.time()
+    try:
+        x = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+    except Exception as e:
+        print(f"restart_rc={2 if refused(e) else 1} alloc_s={time.time() - t:.3f} ns_ino={ino} "
+              f"error={type(e).__name__}", flush=True)
+        sys.exit(1)
+    print(f"restart_rc=0 alloc_s={time.time() - t:.3f} ns_ino={ino} held={x.numel()}", flush=True)
     time.sleep(secs)
 
 
@@ -429,6 +450,7 @@ if __name__ == "__main__":
         "storm": lambda: storm(float(args[0]), int(args[1])),
         "calibrate": lambda: calibrate(),
         "busy": lambda: busy(float(args[0]), float(args[1])),
+        "restart": lambda: restart(float(args[0]), float(args[1])),
         "streams": lambda: streams(float(args[0])),
         "work": lambda: work(args[0], float(args[1]), float(args[2]), args[3], float(args[4]) if len(args) > 4 else 0.0),
     }[cmd]()

@@ -77,14 +77,16 @@ pub fn try_reserve(
     attach.reclaim_dead();
     overhead::reconcile_now(attach, slot, dev);
     intact()?;
-    let deadline = Instant::now() + FADING_WAIT;
+    let start = Instant::now();
+    let deadline = start + FADING_WAIT;
     loop {
         match region.reserve(slot, dev, kind, bytes) {
             Reservation::Granted => return Ok(()),
             Reservation::Denied { limit, used, asked } => {
                 // A predecessor that just exited or died still holds the
                 // quota until it can be judged: wait for the verdict.
-                if Instant::now() < deadline && region.owners_fading(&ProcView::current()) {
+                let waited = start.elapsed().as_millis() as u64;
+                if Instant::now() < deadline && region.owners_fading(&ProcView::current(), waited) {
                     std::thread::sleep(FADING_POLL);
                     attach.reclaim_dead();
                     intact()?;

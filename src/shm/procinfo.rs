@@ -194,6 +194,17 @@ impl Owner {
     pub fn nvml_pid_is_local(&self) -> bool {
         !self.host_pid_verified && self.host_pid > 0 && self.host_pid == self.pid
     }
+
+    /// Whether NVML asked from here would list this owner by `host_pid`:
+    /// a host pid, yes; a pid in the owner's own namespace only when that
+    /// namespace is ours and the pid is nobody's now. A restarted
+    /// container's namespace may get its dead predecessor's inode (the
+    /// kernel reuses them), and its new pid 1 is then listed by the pid
+    /// the dead one had: that listing says nothing about the dead one.
+    pub fn nvml_lists_here(&self, view: &ProcView) -> bool {
+        !self.nvml_pid_is_local()
+            || (self.pidns != 0 && self.pidns == view.my_ns && !pid_exists(self.pid))
+    }
 }
 
 /// Judges `owner` by the rules in the module docs.

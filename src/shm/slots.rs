@@ -23,6 +23,8 @@ pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
 pub const STALE_MS: u64 = 3_000;
 /// A heartbeat this old has stopped (owners beat every 100 ms).
 pub const BEAT_STOPPED_MS: u64 = 500;
+/// How often a live owner beats (its watcher's tick).
+pub const BEAT_MS: u64 = 100;
 
 /// The heartbeat word: the owner's pid (low 24 bits) above 40 bits of
 /// CLOCK_MONOTONIC ms, so a beat left by a previous owner of the slot
@@ -185,7 +187,9 @@ impl Region {
     /// any of the container's devices (None: NVML cannot be asked).
     /// - An owner `/proc` shows dead keeps its slot while the driver lists
     ///   its host pid (it frees a killed process's memory moments later),
-    ///   or for [`UNKNOWN_PID_GRACE_MS`] when its host pid is unknown.
+    ///   or, when the list here cannot show it (host pid unknown, or a pid
+    ///   of its namespace that is another process's now), for
+    ///   [`UNKNOWN_PID_GRACE_MS`] or until its heartbeat is [`STALE_MS`] old.
     /// - An owner no `/proc` here can see is reclaimed once its heartbeat
     ///   is [`STALE_MS`] old and the driver does not list its host pid
     ///   (when NVML gave the owner its pid in its own namespace, this
@@ -231,10 +235,14 @@ impl Region {
                         }
                         t => t,
                     };
-                    if owner.host_pid > 0 {
+                    if owner.host_pid > 0 && owner.nvml_lists_here(view) {
                         !listed(owner.host_pid)
                     } else {
+                        // The driver's list cannot show it: a grace, cut
+                        // short by a beat stopped as long as an unseen
+                        // owner's must be (its memory is freed by then).
                         now.saturating_sub(since) >= UNKNOWN_PID_GRACE_MS
+                            || beat.is_some_and(|age| age >= STALE_MS)
                     }
                 }
                 Liveness::Unknown => {
@@ -261,8 +269,12 @@ impl Region {
     /// here sees it and its heartbeat stopped less than [`STALE_MS`] ago.
     /// An allocation refused meanwhile waits for the verdict (a restarted
     /// container's first context came right after its predecessor exited,
-    /// and was refused, run 19). Reads /proc; takes no lock.
-    pub fn owners_fading(&self, view: &ProcView) -> bool {
+    /// and was refused, run 19). During the first [`BEAT_STOPPED_MS`] of
+    /// such a wait (`waited_ms`), an unseen owner's fresh beat counts too:
+    /// one that just died looks alive until its beat is that old (a run
+    /// restarted at once had its first allocation refused). Reads /proc;
+    /// takes no lock.
+    pub fn owners_fading(&self, view: &ProcView, waited_ms: u64) -> bool {
         let now = monotonic_ms();
         SlotIndex::first(self.slot_hwm()).any(|i| {
             let owner = self.owner(i);
@@ -272,9 +284,10 @@ impl Region {
             match liveness(&owner, view) {
                 Liveness::Alive => false,
                 Liveness::Dead => true,
-                Liveness::Unknown => self
-                    .heartbeat_age_ms(i, now)
-                    .is_some_and(|age| (BEAT_STOPPED_MS..STALE_MS).contains(&age)),
+                Liveness::Unknown => self.heartbeat_age_ms(i, now).is_some_and(|age| {
+                    (BEAT_STOPPED_MS..STALE_MS).contains(&age)
+                        || (age < BEAT_STOPPED_MS && waited_ms < BEAT_STOPPED_MS + BEAT_MS)
+                }),
             }
         })
     }

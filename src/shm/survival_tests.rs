@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::procinfo::{monotonic_ms, my_pidns};
-use crate::slots::{STALE_MS, beat_word};
+use crate::slots::{BEAT_STOPPED_MS, STALE_MS, beat_word};
 
 fn temp_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("vgpu-shm-survival-{}", std::process::id()));
@@ -148,4 +148,61 @@ fn a_truncated_file_is_noticed_and_swapped_for_a_private_copy_in_place() {
         .unwrap();
     drop(Region::open(&p, OpenMode::CreateIfMissing).unwrap());
     assert_eq!(a.check_intact(), Err(Tamper::Replaced));
+}
+
+#[test]
+fn a_dead_owner_whose_namespace_pid_is_another_process_now_is_not_kept_by_that_ones_listing() {
+    let r = Region::anonymous().unwrap();
+    let dev = device(&r);
+    let me = ProcId::current();
+    let view = ProcView::current();
+    // A restarted container whose namespace got its predecessor's inode:
+    // the dead predecessor had our pid there (another start time), and
+    // NVML gave it that pid; NVML asked from here lists our pid (us).
+    let dead = ProcId {
+        start_time: me.start_time + 1,
+        ..me
+    };
+    let slot = r.claim_slot(&dead).unwrap();
+    r.set_host_pid(slot, me.pid, false);
+    r.add_usage(slot, dev, Kind::Buffer, 1000);
+    let us = [me.pid as u32];
+    // Just died: the driver may still be freeing its memory.
+    assert_eq!(r.reclaim_dead(&view, Some(&us)).unwrap(), 0);
+    assert!(r.owners_fading(&view, 0));
+    // Its beat stopped as long as an unseen owner's must: reclaimed,
+    // though the listing shows "its" pid.
+    let stale = beat_word(me.pid, monotonic_ms().saturating_sub(STALE_MS + 1));
+    r.slot(slot).heartbeat_ms.store(stale, Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&us)).unwrap(), 1);
+    assert_eq!(r.device_usage(dev, Owners::All), 0);
+
+    // A dead sibling of our namespace whose pid is free: the listing is
+    // its own (the driver still frees its memory), so it is kept.
+    let gone = ProcId {
+        pid: 4_194_303,
+        ..me
+    };
+    let slot = r.claim_slot(&gone).unwrap();
+    r.set_host_pid(slot, gone.pid, false);
+    let stale = beat_word(gone.pid, monotonic_ms().saturating_sub(STALE_MS + 1));
+    r.slot(slot).heartbeat_ms.store(stale, Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&[gone.pid as u32])).unwrap(), 0);
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 1);
+}
+
+#[test]
+fn a_refusal_waits_a_moment_for_an_unseen_owner_whose_beat_is_fresh() {
+    let r = Region::anonymous().unwrap();
+    let foreign = ProcId {
+        pid: 1,
+        start_time: 7,
+        pidns: my_pidns() ^ 0x5a5a,
+    };
+    r.claim_slot(&foreign).unwrap();
+    let view = ProcView::current();
+    // Fresh beat (just claimed): it may have died a moment ago.
+    assert!(r.owners_fading(&view, 0));
+    // Still fresh after a beat's stop time: alive.
+    assert!(!r.owners_fading(&view, BEAT_STOPPED_MS + 200));
 }
