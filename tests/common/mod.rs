@@ -126,7 +126,15 @@ pub fn artifacts() -> &'static Artifacts {
             );
         }
         let libvgpu = own.join("libvgpu.so");
-        bundle(&target, &libvgpu);
+        match std::env::var_os("VGPU_TEST_BUNDLE") {
+            // The deployable bundle (deploy/build.sh: target/dist/libvgpu.so),
+            // to run the tests against the file a node gets.
+            Some(dist) => {
+                std::fs::copy(&dist, &libvgpu)
+                    .unwrap_or_else(|e| panic!("VGPU_TEST_BUNDLE={dist:?}: {e}"));
+            }
+            None => bundle(&target, &libvgpu),
+        }
         Artifacts {
             libvgpu,
             libsim,
@@ -139,13 +147,15 @@ pub fn artifacts() -> &'static Artifacts {
 }
 
 /// The single file a deployment installs (and HAMi's device plugin
-/// mounts): the stub `libvgpu.so` with the core appended, which the stub
-/// loads through a memfd (preload/stub.c). Built here as deploy/ builds it,
-/// so every test that preloads vgpu runs that path; a copy of it alone in
-/// another directory still works.
+/// mounts): the stub `libvgpu.so` with the core and its trailer appended
+/// (`vgpu_preload::bundle`, as deploy/build.sh makes it), which the stub
+/// checks and loads through a memfd (preload/stub.c). Every test that
+/// preloads vgpu runs that path; a copy of it alone in another directory
+/// still works. `VGPU_TEST_BUNDLE=target/dist/libvgpu.so` makes the tests
+/// use deploy/build.sh's file instead.
 pub fn bundle(target: &Path, out: &Path) {
-    let mut bytes = std::fs::read(target.join("libvgpu.so")).expect("the stub");
-    // As deploy/image/Dockerfile builds it: the core without its debug
+    let stub = std::fs::read(target.join("libvgpu.so")).expect("the stub");
+    // As deploy/build.sh builds it: the core without its debug
     // sections (binutils' objcopy, which .ci/run installs).
     let core = out.with_extension(format!("core.{}.tmp", std::process::id()));
     let stripped = Command::new("objcopy")
@@ -155,7 +165,7 @@ pub fn bundle(target: &Path, out: &Path) {
         .status()
         .expect("objcopy (binutils)");
     assert!(stripped.success(), "objcopy --strip-debug of the core");
-    bytes.extend(std::fs::read(&core).expect("the core"));
+    let bytes = vgpu_preload::bundle(&stub, &std::fs::read(&core).expect("the core"));
     let _ = std::fs::remove_file(&core);
     let tmp = out.with_extension("so.tmp");
     std::fs::write(&tmp, bytes).unwrap();
