@@ -27,7 +27,8 @@ mkdir -p target/dist
 # Without debug sections: each CUDA process copies the core into a memfd.
 objcopy --strip-debug "$built/libvgpu_core.so" target/dist/libvgpu_core.stripped.so
 objcopy --strip-debug "$built/libvgpu.so" target/dist/libvgpu.stub.so
-cargo run --quiet --release -p vgpu-preload --bin vgpu-bundle -- \
+# (The debug build: the one the tests share.)
+cargo run --quiet -p vgpu-preload --bin vgpu-bundle -- \
   target/dist/libvgpu.stub.so target/dist/libvgpu_core.stripped.so target/dist/libvgpu.so
 rm -f target/dist/libvgpu_core.stripped.so target/dist/libvgpu.stub.so
 # The floor: no symbol version above GLIBC_2.17 (objdump reads the stub's
