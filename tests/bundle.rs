@@ -10,22 +10,23 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-/// The test bundle (stub + core + trailer) and where its core starts.
+/// The test bundle (stub + core + trailer) and where its core starts
+/// (read from the trailer: `VGPU_TEST_BUNDLE` may name another stub's).
 fn parts() -> (Vec<u8>, usize) {
-    let a = artifacts();
-    let bytes = std::fs::read(&a.libvgpu).unwrap();
-    let stub = std::fs::read(a.target.join("libvgpu.so")).unwrap();
+    let bytes = std::fs::read(&artifacts().libvgpu).unwrap();
+    let t = bytes.len() - vgpu_preload::TRAILER_SIZE;
     assert_eq!(
-        &bytes[..stub.len()],
-        &stub[..],
-        "the bundle starts with the stub"
-    );
-    assert_eq!(
-        &bytes[bytes.len() - 8..],
+        &bytes[t + 16..],
         vgpu_preload::TRAILER_MAGIC,
         "the bundle ends with its trailer"
     );
-    (bytes, stub.len())
+    let core = u64::from_le_bytes(bytes[t..t + 8].try_into().unwrap()) as usize;
+    assert_eq!(
+        &bytes[t - core..t - core + 4],
+        b"\x7fELF",
+        "the core starts there"
+    );
+    (bytes.clone(), t - core)
 }
 
 /// Writes `bytes` as libvgpu.so alone in a new directory (no core beside).
