@@ -16,10 +16,11 @@
  * registers, loads the core and jumps on.
  *
  * Where the core comes from, in order:
- *  1. appended to this very file (`cat libvgpu.so libvgpu_core.so`, the
- *     single file HAMi's device plugin mounts): the bytes past the end of
- *     this ELF image are copied into a memfd (else an unnamed O_TMPFILE)
- *     and dlopened as /proc/self/fd/N;
+ *  1. appended to this very file with a trailer (deploy/build.sh, the
+ *     single file HAMi's device plugin mounts): the core is copied into a
+ *     sealed memfd (else an unnamed O_TMPFILE), checked against the
+ *     trailer's length and checksum and its own program headers
+ *     (bundle.c), and dlopened as /proc/self/fd/N;
  *  2. libvgpu_core.so in this file's directory (what `cargo build` leaves).
  * Without a core, every export answers 999 (CUDA_ERROR_UNKNOWN,
  * NVML_ERROR_UNKNOWN: quotas are never silently dropped) and says why once
