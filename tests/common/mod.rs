@@ -172,6 +172,50 @@ pub fn bundle(target: &Path, out: &Path) {
     std::fs::rename(&tmp, out).unwrap();
 }
 
+/// `readelf FLAG -W lib`'s output.
+pub fn readelf(lib: &Path, flag: &str) -> String {
+    let out = Command::new("readelf").args([flag, "-W"]).arg(lib).output();
+    let out = out.expect("readelf (binutils) is needed for this test");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The preloaded stub stays what makes preloading cheap (issue 14,
+/// docs/benchmarks.md): few relocations, no constructor, libc alone, a
+/// few pages mapped, no TLS. For the `cargo build` stub (tests/preload.rs)
+/// and deploy/build.sh's (tests/dist.rs).
+pub fn stub_budget(stub: &Path) {
+    let relocs = readelf(stub, "-r")
+        .lines()
+        .filter(|l| l.contains("R_X86_64_"))
+        .count();
+    assert!(
+        relocs <= 32,
+        "{relocs} relocations: each one is paid by every exec"
+    );
+    let dynamic = readelf(stub, "-d");
+    for tag in ["(INIT)", "(INIT_ARRAY)", "(FINI_ARRAY)", "(TEXTREL)"] {
+        assert!(!dynamic.contains(tag), "{tag} in the stub:\n{dynamic}");
+    }
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter_map(|l| l.split_once("Shared library: [")?.1.strip_suffix(']'))
+        .collect();
+    assert_eq!(
+        needed,
+        ["libc.so.6"],
+        "no libgcc_s, no libm, no libdl, no libpthread"
+    );
+    // What the loader maps: a few pages.
+    let mapped: u64 = readelf(stub, "-l")
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|m| u64::from_str_radix(m.trim_start_matches("0x"), 16).unwrap())
+        .sum();
+    assert!(mapped <= 32 * 1024, "{mapped} bytes mapped");
+    assert!(!readelf(stub, "-l").contains(" TLS "), "no TLS");
+}
+
 /// One simulated machine: its state file, its drivers, its region.
 pub struct Sim {
     pub dir: tempfile::TempDir,
