@@ -333,9 +333,9 @@ typedef char *(*dlerror_fn)(void);
 static dlopen_fn real_dlopen(void) {
     dlopen_fn f = (dlopen_fn)libc_symbol("dlopen", NULL);
     if (f) return f;
-    /* glibc < 2.34 in a process that has not loaded libdl (no program
-     * that reaches CUDA is one, but never mind): libc's own loader entry
-     * brings it in. */
+    /* glibc < 2.34 in a process that has not loaded libdl (a program
+     * linked with libvgpu.so and libc alone; docs/benchmarks.md tried
+     * one under glibc 2.31): libc's own loader entry brings it in. */
     dlopen_fn own = (dlopen_fn)libc_symbol("__libc_dlopen_mode", NULL);
     if (own && own("libdl.so.2", RTLD_NOW | (int)0x80000000 /* __RTLD_DLOPEN */)) {
         f = (dlopen_fn)libc_symbol("dlopen", NULL);
