@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the GPU test programs and runs every GPU scenario of vgpu; prints a
 # table of checks last. Needs target/release/libvgpu.so, libvgpu_core.so
-# (the stub loads it from beside itself) and vgpuctl (build them with
-# `cargo build --release` and carry them to the GPU machine).
+# (the stub loads it from beside itself), vgpu-bundle and vgpuctl (build
+# them with `cargo build --release` and carry them to the GPU machine);
+# the dist section also needs target/dist/libvgpu.so (deploy/build.sh).
 #
 #   gpu-tests/run.sh [SECTION...]           on the real GPU
 #   gpu-tests/run.sh --sim DIR [SECTION...] driver-API sections on the simulator
@@ -19,7 +20,8 @@ P=$ROOT/tests/programs
 SIM_DIR=""
 [ "${1:-}" = "--sim" ] && SIM_DIR=$2
 
-for lib in "$ROOT/target/release/libvgpu.so" "$ROOT/target/release/libvgpu_core.so" "$ROOT/target/release/vgpuctl"; do
+for lib in "$ROOT/target/release/libvgpu.so" "$ROOT/target/release/libvgpu_core.so" "$ROOT/target/release/vgpuctl" \
+  "$ROOT/target/release/vgpu-bundle"; do
   [ -e "$lib" ] || { echo "missing $lib: run cargo build --release first" >&2; exit 2; }
 done
 

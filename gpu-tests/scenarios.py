@@ -4,7 +4,8 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours restarts safety hami demo oversub (every one but demo, oversub and loaded_line by default),
+compute pair neighbours restarts safety hami demo oversub dist (every one but demo, oversub, dist and
+loaded_line by default; dist needs deploy/build.sh's target/dist/libvgpu.so),
 the probes mechanism and nvml_raw (issue 9's measurements), and exporter
 (issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
@@ -300,15 +301,47 @@ def fill_families(sec, limit_gib=4, chunk=256 * MIB):
 
 
 def install_lib(dest):
-    """The single file deploy/ installs: the stub with its core appended
-    (the stub alone, away from libvgpu_core.so, fails every CUDA call)."""
+    """The single file deploy/ installs: the stub with its core and trailer
+    appended by vgpu-bundle (the stub alone, away from libvgpu_core.so,
+    fails every CUDA call); LIB as it is where it is a bundle already
+    (VGPU_LIB=target/dist/libvgpu.so)."""
     core = os.path.join(os.path.dirname(LIB), "libvgpu_core.so")
-    with open(dest + ".tmp", "wb") as out:
-        for part in [LIB] + ([core] if os.path.exists(core) else []):
-            with open(part, "rb") as f:
-                shutil.copyfileobj(f, out)
+    if os.path.exists(core):
+        bundler = os.path.join(os.path.dirname(LIB), "vgpu-bundle")
+        subprocess.run([bundler, LIB, core, dest + ".tmp"], check=True)
+    else:
+        shutil.copyfile(LIB, dest + ".tmp")
     os.chmod(dest + ".tmp", 0o755)
     os.replace(dest + ".tmp", dest)
+
+
+def dist():
+    """Issue 28 item 1: deploy/build.sh's bundle (glibc 2.17 floor, zig-built
+    core with LLVM's unwinder) on the real driver: every allocation family
+    limited, nvidia-smi's view, PyTorch's OOM."""
+    global LIB
+    sec = "dist"
+    bundle = os.path.join(ROOT, "target/dist/libvgpu.so")
+    if not os.path.exists(bundle):
+        record(sec, "target/dist/libvgpu.so (run deploy/build.sh)", "missing", "present", False)
+        return
+    saved, LIB = LIB, bundle
+    try:
+        fill_families(sec)
+        if SIM:
+            return
+        lim = {"CUDA_DEVICE_MEMORY_LIMIT": "2g"}
+        rc, out, _ = run([os.path.join(BIN, "smi")], make_env(True, lim, new_region()), 60, "dist-smi")
+        total = int(kv(out).get("gpu0_v2_total", kv(out).get("gpu0_v1_total", 0)))
+        record(sec, "NVML total under a 2g limit", f"{total // MIB} MiB", "2048 MiB", total == 2 * GIB)
+        rc, out, err = run([PY, PROBE, "fill", "256"], make_env(True, lim, new_region()), 300, "dist-torch-fill")
+        r = kv(out)
+        filled = int(r.get("filled_bytes", 0))
+        ok = rc == 0 and r.get("error") == "OutOfMemoryError" and filled <= 2 * GIB and r.get("again") == "ok"
+        record(sec, "PyTorch fill under 2g: filled / then", f"{filled / GIB:.2f} GiB / {r.get('error')}, "
+               f"again {r.get('again')}", "<= 2 GiB / OOM, ok", ok)
+    finally:
+        LIB = saved
 
 
 def memory():
@@ -1292,7 +1325,7 @@ def oversub_small():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter,
-                                    util_panel]}
+                                    util_panel, dist]}
 
 
 def loaded_line():

@@ -26,7 +26,11 @@ fn main() {
         root.join("../src/nvml/exports.rs"),
     ];
     let stub = root.join("stub.c");
-    for f in exports.iter().chain([&stub]) {
+    let bundle = root.join("bundle.c");
+    for f in exports
+        .iter()
+        .chain([&stub, &bundle, &root.join("bundle.h")])
+    {
         println!("cargo::rerun-if-changed={}", f.display());
     }
     let names: Vec<String> = exports.iter().flat_map(|f| hook_names(f)).collect();
@@ -43,6 +47,11 @@ fn main() {
     let lib = out.join("libvgpu.so");
     let compiler = cc::Build::new().opt_level(2).get_compiler();
     let mut cmd: Command = compiler.to_command();
+    if compiler.is_like_clang() {
+        // zig cc (deploy/build.sh) links a shared object without start
+        // files anyway, and says -nostartfiles is unused.
+        cmd.arg("-Wno-unused-command-line-argument");
+    }
     cmd.args([
         "-shared",
         "-fPIC",
@@ -62,9 +71,9 @@ fn main() {
     .arg("-o")
     .arg(&lib)
     .arg(&stub)
-    // Where glibc is older than 2.34, dlopen and pthread_once live there
-    // (a newer glibc has them in libc, and --as-needed drops these).
-    .args(["-ldl", "-lpthread"]);
+    // dlopen and friends are looked up at run time, not linked: libc.so.6
+    // is all the stub needs under any glibc (stub.c).
+    .arg(&bundle);
     let status = cmd.status().expect("running the C compiler");
     assert!(status.success(), "building libvgpu.so failed: {cmd:?}");
 

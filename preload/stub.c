@@ -16,10 +16,11 @@
  * registers, loads the core and jumps on.
  *
  * Where the core comes from, in order:
- *  1. appended to this very file (`cat libvgpu.so libvgpu_core.so`, the
- *     single file HAMi's device plugin mounts): the bytes past the end of
- *     this ELF image are copied into a memfd (else an unnamed O_TMPFILE)
- *     and dlopened as /proc/self/fd/N;
+ *  1. appended to this very file with a trailer (deploy/build.sh, the
+ *     single file HAMi's device plugin mounts): the core is copied into a
+ *     sealed memfd (else an unnamed O_TMPFILE), checked against the
+ *     trailer's length and checksum and its own program headers
+ *     (bundle.c), and dlopened as /proc/self/fd/N;
  *  2. libvgpu_core.so in this file's directory (what `cargo build` leaves).
  * Without a core, every export answers 999 (CUDA_ERROR_UNKNOWN,
  * NVML_ERROR_UNKNOWN: quotas are never silently dropped) and says why once
@@ -39,17 +40,15 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <link.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/sendfile.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/futex.h>
+
+#include "bundle.h"
 
 #if !defined(__x86_64__)
 #error "the libvgpu.so stub is x86-64 only"
@@ -61,7 +60,7 @@
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
-#define HIDDEN __attribute__((visibility("hidden")))
+#define HIDDEN VGPU_HIDDEN
 
 /* What the stub hands the core (src/interpose/stub.rs mirrors it). */
 #define VGPU_STUB_ABI 1
@@ -93,7 +92,6 @@ HIDDEN void *vgpu_real_dlvsym;
 static decide_fn core_decide;
 static decide_v_fn core_decide_versioned;
 static volatile int core_loaded; /* the table is filled (with or without a core) */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
 /* The names, in table order, one NUL-terminated string after another. */
 #define NAME(i, n) #n "\0"
@@ -323,10 +321,41 @@ static char own_path[4096];
 
 /* ---- loading the core ------------------------------------------------ */
 
+/* dlopen and dlerror are looked up like dlsym, not linked: below glibc
+ * 2.34 they live in libdl.so.2, and a DT_NEEDED on it (and on
+ * libpthread.so.0 for pthread_once) would cost every exec on a new glibc
+ * two more objects to load (docs/benchmarks.md). The stub links against
+ * libc.so.6 only, with symbol versions of glibc 2.17 or older, so it
+ * loads under every glibc from 2.17 on (deploy/build.sh). */
+typedef void *(*dlopen_fn)(const char *, int);
+typedef char *(*dlerror_fn)(void);
+
+static dlopen_fn real_dlopen(void) {
+    dlopen_fn f = (dlopen_fn)libc_symbol("dlopen", NULL);
+    if (f) return f;
+    /* glibc < 2.34 in a process that has not loaded libdl (a program
+     * linked with libvgpu.so and libc alone; docs/benchmarks.md tried
+     * one under glibc 2.31): libc's own loader entry brings it in. */
+    dlopen_fn own = (dlopen_fn)libc_symbol("__libc_dlopen_mode", NULL);
+    if (own && own("libdl.so.2", RTLD_NOW | (int)0x80000000 /* __RTLD_DLOPEN */)) {
+        f = (dlopen_fn)libc_symbol("dlopen", NULL);
+        /* dlsym and dlvsym were not there either before. */
+        __atomic_store_n(&vgpu_real_dlsym, NULL, __ATOMIC_RELEASE);
+        resolve_libc();
+    }
+    return f;
+}
+
+static const char *last_dlerror(void) {
+    dlerror_fn f = (dlerror_fn)libc_symbol("dlerror", NULL);
+    const char *e = f ? f() : NULL;
+    return e ? e : "?";
+}
+
 static int unavailable(void) { return 999; }
 
 static void say(const char *what, const char *detail) {
-    char line[512];
+    char line[640];
     int n = snprintf(line, sizeof line, "[vgpu] cannot load the core of %s: %s%s%s; every CUDA and NVML call fails\n",
                      own_path, what, detail ? ": " : "", detail ? detail : "");
     if (n > 0) {
@@ -335,70 +364,18 @@ static void say(const char *what, const char *detail) {
     }
 }
 
-/* A file of our own holding the core: a memfd, else an unnamed
- * O_TMPFILE (memfd_create blocked, or vm.memfd_noexec set); -1 if none. */
-static int private_file(void) {
-    int fd = (int)syscall(SYS_memfd_create, "libvgpu_core.so", 3u /* MFD_CLOEXEC | MFD_ALLOW_SEALING */);
-    if (fd >= 0) return fd;
-    int why = errno;
-    const char *dirs[] = {"/tmp", "/dev/shm", "/var/tmp"};
-    for (unsigned i = 0; i < sizeof dirs / sizeof *dirs && fd < 0; i++)
-        fd = open(dirs[i], O_TMPFILE | O_RDWR | O_CLOEXEC, 0700);
-    if (fd < 0) say("memfd_create", strerror(why));
-    return fd;
-}
-
-/* The core appended to this file, copied into a private file; -1 if
- * there is none. */
-static int appended_core(void) {
-    int fd = open(own_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ElfW(Ehdr) eh;
-    struct stat st;
-    int mfd = -1;
-    if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || fstat(fd, &st) != 0) goto out;
-    /* The section headers end this ELF image (GNU ld, lld); a core, if
-     * any, starts right after them. */
-    off_t end = (off_t)(eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize);
-    if (eh.e_shoff == 0 || end <= 0 || st.st_size <= end + (off_t)sizeof eh) goto out;
-    unsigned char magic[4];
-    if (pread(fd, magic, 4, end) != 4 || memcmp(magic, ELFMAG, SELFMAG) != 0) goto out;
-    mfd = private_file();
-    if (mfd < 0) goto out;
-    off_t off = end;
-    size_t left = (size_t)(st.st_size - end);
-    while (left > 0) {
-        ssize_t n = sendfile(mfd, fd, &off, left);
-        if (n <= 0) {
-            say("copying it out of the bundle", n < 0 ? strerror(errno) : "short file");
-            close(mfd);
-            mfd = -1;
-            goto out;
-        }
-        left -= (size_t)n;
-    }
-    /* Sealed (a memfd; an O_TMPFILE refuses, harmlessly): a stray write
-     * of the program to a reused descriptor number cannot change the
-     * core's pages. Kept above the low numbers a program that closed its
-     * standard streams would hand out again. */
-    (void)fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-    int high = fcntl(mfd, F_DUPFD_CLOEXEC, 100);
-    if (high >= 0) {
-        close(mfd);
-        mfd = high;
-    }
-out:
-    close(fd);
-    return mfd;
-}
-
 static void *open_core(void) {
-    char why[256] = "";
-    int mfd = appended_core();
+    dlopen_fn dl = real_dlopen();
+    if (!dl) {
+        say("no dlopen in this process", NULL);
+        return NULL;
+    }
+    char why[400];
+    int mfd = vgpu_bundle_core(own_path, why, sizeof why);
     if (mfd >= 0) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", mfd);
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        void *h = dl(path, RTLD_NOW | RTLD_LOCAL);
         /* On success the descriptor stays open (close-on-exec): the loader
          * knows the core by this path, and a later dlopen of the same
          * string by someone else, were the number reused, would get the
@@ -407,32 +384,48 @@ static void *open_core(void) {
         /* Refused (an LSM that forbids mapping a memfd executable, no
          * /proc): the core beside this file, if there is one; said only
          * if that fails too. */
-        const char *e = dlerror();
-        snprintf(why, sizeof why, "%s", e ? e : "?");
+        snprintf(why, sizeof why, "dlopen of the appended core: %s", last_dlerror());
         close(mfd);
     }
+    /* A damaged bundle, or none: the core beside this file, if any;
+     * else the bundle's own reason is the line said. */
     char path[sizeof own_path + 32];
     const char *slash = strrchr(own_path, '/');
     int dir = slash ? (int)(slash - own_path + 1) : 0;
     snprintf(path, sizeof path, "%.*slibvgpu_core.so", dir, own_path);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *h = dl(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         if (why[0])
-            say("dlopen of the appended core", why);
+            say(why, NULL);
         else
-            say("no core appended, and dlopen of libvgpu_core.so beside it", dlerror());
+            say("no core appended, and dlopen of libvgpu_core.so beside it", last_dlerror());
     }
     return h;
 }
 
+/* This file's path as the loader knows it: the object holding vgpu_table
+ * (what dladdr would say, without libdl). */
+static int find_self(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    (void)data;
+    uintptr_t me = (uintptr_t)vgpu_table;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && me >= lo && me - lo < ph->p_memsz) {
+            if (info->dlpi_name) snprintf(own_path, sizeof own_path, "%s", info->dlpi_name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void load(void) {
     resolve_libc();
-    Dl_info info;
-    if (dladdr((void *)vgpu_table, &info) && info.dli_fname)
-        snprintf(own_path, sizeof own_path, "%s", info.dli_fname);
-    /* glibc runs a once again in a child forked while it was running: a
-     * core the parent had already loaded is the child's too, not loaded
-     * a second time. */
+    dl_iterate_phdr(find_self, NULL);
+    /* A child forked while the parent was loading runs this again: a core
+     * the parent had already loaded is the child's too, not loaded a
+     * second time. */
     static void *opened;
     if (!opened) opened = open_core();
     void *core = opened;
@@ -461,7 +454,27 @@ static void load(void) {
     __atomic_store_n(&core_loaded, 1, __ATOMIC_RELEASE);
 }
 
-HIDDEN void vgpu_load(void) { pthread_once(&load_once, load); }
+/* Once per process, without libpthread's pthread_once (see above): 0
+ * before, the loading process's pid while load() runs, -1 after. Other
+ * threads of that process wait on a futex. A child forked while its
+ * parent was loading finds the parent's pid there and loads again
+ * itself, as glibc's pthread_once does in a child. */
+static int load_state;
+
+HIDDEN void vgpu_load(void) {
+    int me = (int)syscall(SYS_getpid);
+    for (;;) {
+        int s = __atomic_load_n(&load_state, __ATOMIC_ACQUIRE);
+        if (s == -1) return;
+        if (s != me && __atomic_compare_exchange_n(&load_state, &s, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            load();
+            __atomic_store_n(&load_state, -1, __ATOMIC_RELEASE);
+            syscall(SYS_futex, &load_state, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+            return;
+        }
+        if (s == me) syscall(SYS_futex, &load_state, FUTEX_WAIT_PRIVATE, me, NULL, NULL, 0);
+    }
+}
 
 /* ---- dlsym's decisions ------------------------------------------------ */
 

@@ -14,12 +14,6 @@ use common::*;
 
 const GIB: u64 = 1 << 30;
 
-fn readelf(lib: &Path, flag: &str) -> String {
-    let out = Command::new("readelf").args([flag, "-W"]).arg(lib).output();
-    let out = out.expect("readelf (binutils) is needed for this test");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The defined dynamic symbols of `lib`.
 fn exports(lib: &Path) -> BTreeSet<String> {
     let out = Command::new("nm")
@@ -36,34 +30,7 @@ fn exports(lib: &Path) -> BTreeSet<String> {
 
 #[test]
 fn the_stub_stays_within_its_budget() {
-    let a = artifacts();
-    let stub = a.target.join("libvgpu.so");
-    let relocs = readelf(&stub, "-r")
-        .lines()
-        .filter(|l| l.contains("R_X86_64_"))
-        .count();
-    assert!(
-        relocs <= 32,
-        "{relocs} relocations: each one is paid by every exec"
-    );
-    let dynamic = readelf(&stub, "-d");
-    for tag in ["(INIT)", "(INIT_ARRAY)", "(FINI_ARRAY)", "(TEXTREL)"] {
-        assert!(!dynamic.contains(tag), "{tag} in the stub:\n{dynamic}");
-    }
-    let needed: Vec<&str> = dynamic
-        .lines()
-        .filter_map(|l| l.split_once("Shared library: [")?.1.strip_suffix(']'))
-        .collect();
-    assert_eq!(needed, ["libc.so.6"], "no libgcc_s, no libm, no libdl");
-    // What the loader maps: a few pages.
-    let mapped: u64 = readelf(&stub, "-l")
-        .lines()
-        .filter(|l| l.trim_start().starts_with("LOAD"))
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .map(|m| u64::from_str_radix(m.trim_start_matches("0x"), 16).unwrap())
-        .sum();
-    assert!(mapped <= 32 * 1024, "{mapped} bytes mapped");
-    assert!(!readelf(&stub, "-l").contains(" TLS "), "no TLS");
+    stub_budget(&artifacts().target.join("libvgpu.so"));
 }
 
 #[test]

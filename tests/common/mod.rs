@@ -132,7 +132,15 @@ pub fn artifacts() -> &'static Artifacts {
             );
         }
         let libvgpu = own.join("libvgpu.so");
-        bundle(&target, &libvgpu);
+        match std::env::var_os("VGPU_TEST_BUNDLE") {
+            // The deployable bundle (deploy/build.sh: target/dist/libvgpu.so),
+            // to run the tests against the file a node gets.
+            Some(dist) => {
+                std::fs::copy(&dist, &libvgpu)
+                    .unwrap_or_else(|e| panic!("VGPU_TEST_BUNDLE={dist:?}: {e}"));
+            }
+            None => bundle(&target, &libvgpu),
+        }
         Artifacts {
             libvgpu,
             libsim,
@@ -145,13 +153,15 @@ pub fn artifacts() -> &'static Artifacts {
 }
 
 /// The single file a deployment installs (and HAMi's device plugin
-/// mounts): the stub `libvgpu.so` with the core appended, which the stub
-/// loads through a memfd (preload/stub.c). Built here as deploy/ builds it,
-/// so every test that preloads vgpu runs that path; a copy of it alone in
-/// another directory still works.
+/// mounts): the stub `libvgpu.so` with the core and its trailer appended
+/// (`vgpu_preload::bundle`, as deploy/build.sh makes it), which the stub
+/// checks and loads through a memfd (preload/stub.c). Every test that
+/// preloads vgpu runs that path; a copy of it alone in another directory
+/// still works. `VGPU_TEST_BUNDLE=target/dist/libvgpu.so` makes the tests
+/// use deploy/build.sh's file instead.
 pub fn bundle(target: &Path, out: &Path) {
-    let mut bytes = std::fs::read(target.join("libvgpu.so")).expect("the stub");
-    // As deploy/image/Dockerfile builds it: the core without its debug
+    let stub = std::fs::read(target.join("libvgpu.so")).expect("the stub");
+    // As deploy/build.sh builds it: the core without its debug
     // sections (binutils' objcopy, which .ci/run installs).
     let core = out.with_extension(format!("core.{}.tmp", std::process::id()));
     let stripped = Command::new("objcopy")
@@ -161,11 +171,55 @@ pub fn bundle(target: &Path, out: &Path) {
         .status()
         .expect("objcopy (binutils)");
     assert!(stripped.success(), "objcopy --strip-debug of the core");
-    bytes.extend(std::fs::read(&core).expect("the core"));
+    let bytes = vgpu_preload::bundle(&stub, &std::fs::read(&core).expect("the core"));
     let _ = std::fs::remove_file(&core);
     let tmp = out.with_extension("so.tmp");
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, out).unwrap();
+}
+
+/// `readelf FLAG -W lib`'s output.
+pub fn readelf(lib: &Path, flag: &str) -> String {
+    let out = Command::new("readelf").args([flag, "-W"]).arg(lib).output();
+    let out = out.expect("readelf (binutils) is needed for this test");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The preloaded stub stays what makes preloading cheap (issue 14,
+/// docs/benchmarks.md): few relocations, no constructor, libc alone, a
+/// few pages mapped, no TLS. For the `cargo build` stub (tests/preload.rs)
+/// and deploy/build.sh's (tests/dist.rs).
+pub fn stub_budget(stub: &Path) {
+    let relocs = readelf(stub, "-r")
+        .lines()
+        .filter(|l| l.contains("R_X86_64_"))
+        .count();
+    assert!(
+        relocs <= 32,
+        "{relocs} relocations: each one is paid by every exec"
+    );
+    let dynamic = readelf(stub, "-d");
+    for tag in ["(INIT)", "(INIT_ARRAY)", "(FINI_ARRAY)", "(TEXTREL)"] {
+        assert!(!dynamic.contains(tag), "{tag} in the stub:\n{dynamic}");
+    }
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter_map(|l| l.split_once("Shared library: [")?.1.strip_suffix(']'))
+        .collect();
+    assert_eq!(
+        needed,
+        ["libc.so.6"],
+        "no libgcc_s, no libm, no libdl, no libpthread"
+    );
+    // What the loader maps: a few pages.
+    let mapped: u64 = readelf(stub, "-l")
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|m| u64::from_str_radix(m.trim_start_matches("0x"), 16).unwrap())
+        .sum();
+    assert!(mapped <= 32 * 1024, "{mapped} bytes mapped");
+    assert!(!readelf(stub, "-l").contains(" TLS "), "no TLS");
 }
 
 /// One simulated machine: its state file, its drivers, its region.
