@@ -87,7 +87,10 @@ fn finish_within(mut child: Child, secs: f64) -> Run {
     if !exited {
         let _ = child.kill();
         let r = finish(child);
-        panic!("still running after {secs} s (hung):\n{}\n{}", r.stdout, r.stderr);
+        panic!(
+            "still running after {secs} s (hung):\n{}\n{}",
+            r.stdout, r.stderr
+        );
     }
     finish(child)
 }
@@ -197,7 +200,8 @@ fn a_board_cut_short_under_running_processes_kills_nobody() {
     let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "2"]);
     let c = node.spawn("c", &[], &["keep", "67108864", "0", "8", "2"]);
     let file = node.board_dir().join("vgpu-oversub.board");
-    assert!(wait_until(10.0, || file.exists() && node.board().contains("state=running")));
+    assert!(wait_until(10.0, || file.exists()
+        && node.board().contains("state=running")));
     std::thread::sleep(Duration::from_millis(300));
     std::fs::OpenOptions::new()
         .write(true)

@@ -135,7 +135,13 @@ pub(super) fn room_on(h: &Here, card: &[u8; 16], wait: Duration, waited: Duratio
 /// holds the lock for longer than [`LOCK_BOUND`] does not stop a restore.
 /// Err: not yet (try again).
 pub(super) fn restore_lock(h: &Here) -> Result<Option<vgpu_shm::board::RestoreLock<'_>>, ()> {
-    if let Some(l) = h.board.restore_lock() {
+    let missed_since = *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner);
+    // Past the bound, one try each time: the room was judged just now.
+    let wait = match missed_since {
+        Some(t) if t.elapsed() >= LOCK_BOUND => Duration::ZERO,
+        _ => Duration::from_secs(1),
+    };
+    if let Some(l) = h.board.restore_lock_within(wait) {
         *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner) = None;
         return Ok(Some(l));
     }

@@ -131,8 +131,15 @@ fn short_of_room(
 /// the node, so two restores never count on the same room. The room
 /// judged, or None when no claim was made.
 fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
-    let _node = room::restore_lock(h).ok()?;
-    let (short, judged) = short_of_room(h, saved, Duration::ZERO, waited);
+    let node = room::restore_lock(h).ok()?;
+    // Without the lock (held too long by another) the figure may be as old
+    // as the wait for it: ask again.
+    let wait = if node.is_some() {
+        Duration::ZERO
+    } else {
+        NVML_WAIT
+    };
+    let (short, judged) = short_of_room(h, saved, wait, waited);
     if short.is_some() {
         return None;
     }

@@ -604,7 +604,12 @@ impl Board {
     /// another holder; None past that. The kernel drops it if the holder
     /// dies.
     pub fn restore_lock(&self) -> Option<RestoreLock<'_>> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        self.restore_lock_within(std::time::Duration::from_secs(1))
+    }
+
+    /// [`Board::restore_lock`], waiting up to `wait` (zero: one try).
+    pub fn restore_lock_within(&self, wait: std::time::Duration) -> Option<RestoreLock<'_>> {
+        let deadline = std::time::Instant::now() + wait;
         loop {
             if self.record_lock(RESTORE_LOCK, libc::F_SETLK, libc::F_WRLCK) {
                 return Some(RestoreLock { board: self });
