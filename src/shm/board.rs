@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+pub use crate::board_dir::default_dir;
+
 /// `"VGPUOVS\0"` read as a little-endian `u64`.
 pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
 /// Bumped when the layout changes; other versions are refused.

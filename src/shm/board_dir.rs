@@ -8,7 +8,9 @@
 //! - the directory must belong to root or to this process's user;
 //! - if others may write in it, it must be sticky (as `/tmp`), so nobody
 //!   replaces a board another made;
-//! - made here, it is mode 0755 (less the umask).
+//! - made here, it is mode 0755 (less the umask);
+//! - where none is named, root's default is `/run/vgpu-oversub`, which
+//!   only root can make ([`default_dir`]).
 //!
 //! The board is then opened relative to the directory checked
 //! (`openat`), so a directory swapped after the check is not followed.
@@ -20,6 +22,18 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::Path;
+
+/// The board's directory when none is named: `/run/vgpu-oversub` for root
+/// (only root can make it, so nobody squats it), else `/tmp/vgpu-oversub`.
+pub fn default_dir() -> std::path::PathBuf {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    std::path::PathBuf::from(if root {
+        "/run/vgpu-oversub"
+    } else {
+        "/tmp/vgpu-oversub"
+    })
+}
 
 /// Opens `dir` (making it if missing) after the checks above.
 pub(crate) fn prepare(dir: &Path) -> io::Result<OwnedFd> {
