@@ -121,7 +121,9 @@ pub struct BoardEntry {
     /// Restores so far.
     pub restores: AtomicU64,
     /// Free bytes on each of its cards as NVML told this (running)
-    /// process, for a suspended process whose own NVML queries block.
+    /// process. No longer written by vgpu nor read by anyone: a figure of
+    /// another container must not drive a restore (issue 26); kept so
+    /// that the layout (version 2) does not change.
     pub free_seen: [AtomicU64; BOARD_CARDS],
     /// When each `free_seen` was read (0: never).
     pub free_seen_ns: [AtomicU64; BOARD_CARDS],
