@@ -298,7 +298,15 @@ fn maybe_suspend(h: &'static Here, now: u64) -> bool {
     }
     // Its restore will need a figure of its own from a child process: no
     // suspension where that cannot be had.
-    if crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none() {
+    // (One child at most every 10 s where none answers.)
+    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
+    let failed = FRESH_FAILED.load(Ordering::Relaxed);
+    if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
+        || crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none()
+    {
+        if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
+            FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
+        }
         crate::warn_once!(
             "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {}, which a restore needs: this process is not suspended",
             vgpu_shm::format_uuid(&card)
