@@ -342,6 +342,12 @@ fn priority_blocking_stops_a_containers_launches_until_it_is_lifted() {
     let cpu_before = cpu_s(b.id());
     std::thread::sleep(Duration::from_millis(2000));
     let cpu_blocked = cpu_s(b.id()) - cpu_before;
+    // vgpuctl shows the block and how long a process honours it.
+    let shown = sim.ctl(&["status", low.to_str().unwrap()]).stdout;
+    assert!(
+        shown.contains("launches blocked by a node monitor"),
+        "{shown}"
+    );
     assert_eq!(
         read(&low).i64("recent_kernel"),
         -1,
