@@ -454,3 +454,40 @@ fn limits_a_monitor_writes_take_effect() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+#[test]
+fn a_block_nobody_lifts_ends_after_its_bound_when_the_container_is_alone() {
+    // Issue 26, finding 6: a -1 written once (then the monitor died) froze
+    // the container for ever. Alone on its GPU (no other container's
+    // process there, so no higher-priority one alive), a process lifts it
+    // after 15 s, with a warning.
+    let _serial = serial();
+    let mut sim = Sim::new(1, "8g");
+    // The compute leader (an SM limit, enforced) is what looks whether the
+    // container is alone.
+    sim.set("CUDA_DEVICE_SM_LIMIT", "90")
+        .set("GPU_CORE_UTILIZATION_POLICY", "force");
+    let region = sim.region();
+    let b = sim
+        .client_cmd(
+            Path3::ProcAddr,
+            true,
+            &["spin", "1000000", "132", "26", "kernel"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(10.0, || procs_shown(&region) == Some(1)));
+    std::thread::sleep(Duration::from_secs(2));
+    set(&region, "recent_kernel", -1);
+    let r = finish(b).ok();
+    let rb = per_sec(&r);
+    let first = rb.iter().position(|&v| v > 0.0).unwrap();
+    let last = rb.iter().rposition(|&v| v > 0.0).unwrap();
+    let idle = rb[first..=last].iter().filter(|&&v| v == 0.0).count();
+    // Blocked for about 15 s, then launching again to the end.
+    assert!((10..=22).contains(&idle), "per second: {rb:?}");
+    assert!(last + 3 >= rb.len(), "per second: {rb:?}");
+    assert!(r.stderr.contains("the block is lifted"), "{}", r.stderr);
+}
