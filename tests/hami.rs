@@ -481,7 +481,15 @@ fn a_block_nobody_lifts_ends_after_its_bound_when_the_container_is_alone() {
     assert!(wait_until(10.0, || procs_shown(&region) == Some(1)));
     std::thread::sleep(Duration::from_secs(2));
     set(&region, "recent_kernel", -1);
-    let r = finish(b).ok();
+    // Bounded: before the bound, the blocked process never ended.
+    let mut b = b;
+    let ended = wait_until(60.0, || matches!(b.try_wait(), Ok(Some(_))));
+    if !ended {
+        let _ = b.kill();
+    }
+    let r = finish(b);
+    assert!(ended, "still blocked after 60 s: {}", r.stderr);
+    let r = r.ok();
     let rb = per_sec(&r);
     let first = rb.iter().position(|&v| v > 0.0).unwrap();
     let last = rb.iter().rposition(|&v| v > 0.0).unwrap();
