@@ -31,11 +31,13 @@
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 //! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
+//! - `board_dir`: its directory, checked (no symlink, a safe owner and mode)
 
 #![warn(missing_docs)]
 
 mod adopt;
 pub mod board;
+mod board_dir;
 mod boot;
 mod compute;
 mod copy;

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use feedback::ACTIVE;
+pub use feedback::{ACTIVE, BLOCK_ALONE_S, BLOCK_MAX_S};
 pub use layout::{
     HAMI_DEVICES, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_PROCS, HAMI_SIZE, HAMI_STATUS_RUNNING,
     HamiProc, HamiRegion,
