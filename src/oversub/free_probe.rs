@@ -33,47 +33,63 @@ static PROBE: Mutex<Probe> = Mutex::new(Probe {
 });
 static ANSWERED: Condvar = Condvar::new();
 
-/// Free bytes on `card` as NVML says now, waiting at most `wait`, and
-/// when it was asked (monotonic ns); None when NVML does not answer in
-/// time (or cannot). `checkpointed`: this process's NVML waits for its
-/// restore, so a child process asks.
-pub fn free_within(card: [u8; 16], wait: Duration, checkpointed: bool) -> Option<(u64, u64)> {
+/// Free bytes on `card` as NVML says, asked at or after `after` (monotonic
+/// ns; 0: any figure under half a second old), waiting at most `wait`, and
+/// when it was asked; None when NVML does not answer in time (or cannot).
+/// `checkpointed`: this process's NVML waits for its restore, so a child
+/// process asks. A restore that has just claimed its room judges it on
+/// what NVML says since, not on a figure an allocation may have overtaken.
+pub fn free_asked_after(
+    card: [u8; 16],
+    after: u64,
+    wait: Duration,
+    checkpointed: bool,
+) -> Option<(u64, u64)> {
     let deadline = Instant::now() + wait;
     let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
     let fresh = |p: &Probe| {
         p.last
             .filter(|&(c, _, at)| {
-                c == card && crate::clock::monotonic_ns().saturating_sub(at) < FRESH_NS
+                c == card
+                    && at >= after
+                    && crate::clock::monotonic_ns().saturating_sub(at) < FRESH_NS
             })
             .map(|(_, free, at)| (free, at))
     };
-    if let Some(free) = fresh(&p) {
-        return Some(free);
-    }
-    if !p.asking {
-        p.asking = true;
-        let spawned = std::thread::Builder::new()
-            .name("vgpu-nvml-free".into())
-            .spawn(move || {
-                let at = crate::clock::monotonic_ns();
-                let free = if checkpointed {
-                    crate::nvml::fresh::free_memory(&card, CHILD_WAIT)
-                } else {
-                    crate::nvml::client::free_memory(&card)
-                };
-                let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
-                p.asking = false;
-                if let Some(free) = free {
-                    p.last = Some((card, free, at));
-                }
-                ANSWERED.notify_all();
-            });
-        if spawned.is_err() {
-            p.asking = false;
-            return None;
-        }
-    }
+    // Each query is asked once: a second answer without a figure is None.
+    let mut asked = false;
     loop {
+        if let Some(free) = fresh(&p) {
+            return Some(free);
+        }
+        if !p.asking {
+            if asked {
+                // Answered without a figure (NVML cannot say).
+                return None;
+            }
+            asked = true;
+            p.asking = true;
+            let spawned = std::thread::Builder::new()
+                .name("vgpu-nvml-free".into())
+                .spawn(move || {
+                    let at = crate::clock::monotonic_ns();
+                    let free = if checkpointed {
+                        crate::nvml::fresh::free_memory(&card, CHILD_WAIT)
+                    } else {
+                        crate::nvml::client::free_memory(&card)
+                    };
+                    let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
+                    p.asking = false;
+                    if let Some(free) = free {
+                        p.last = Some((card, free, at));
+                    }
+                    ANSWERED.notify_all();
+                });
+            if spawned.is_err() {
+                p.asking = false;
+                return None;
+            }
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return None;
@@ -82,12 +98,5 @@ pub fn free_within(card: [u8; 16], wait: Duration, checkpointed: bool) -> Option
             .wait_timeout(p, left)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
-        if let Some(free) = fresh(&p) {
-            return Some(free);
-        }
-        if !p.asking {
-            // Answered without a figure (NVML cannot say).
-            return None;
-        }
     }
 }

@@ -109,12 +109,19 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 }
 
 /// Room on `card` for this checkpointed process now: its own fresh NVML
-/// figure (asked for up to `wait`), less restores in flight there and,
-/// for the first [`WANTS_BOUND`] of the wait (`waited`), running
-/// processes' waiting allocations. 0 without a figure of its own.
-pub(super) fn room_on(h: &Here, card: &[u8; 16], wait: Duration, waited: Duration) -> u64 {
+/// figure (asked for up to `wait`, at or after `after`, monotonic ns),
+/// less restores in flight there and, for the first [`WANTS_BOUND`] of
+/// the wait (`waited`), running processes' waiting allocations. 0 without
+/// a figure of its own.
+pub(super) fn room_on(
+    h: &Here,
+    card: &[u8; 16],
+    wait: Duration,
+    waited: Duration,
+    after: u64,
+) -> u64 {
     observe(h, card, clock::monotonic_ns());
-    let Some((free, at)) = free_probe::free_within(*card, wait, true) else {
+    let Some((free, at)) = free_probe::free_asked_after(*card, after, wait, true) else {
         return 0;
     };
     let now = clock::monotonic_ns();

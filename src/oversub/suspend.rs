@@ -104,17 +104,18 @@ fn margin(bytes: u64) -> u64 {
 
 /// The first card without room for what this process saved there (cards
 /// it held nothing on need none), and the room judged on each (room.rs:
-/// this process's own figure only). `waited`: how long this restore has
-/// waited so far.
+/// this process's own figure only, asked at or after `after`). `waited`:
+/// how long this restore has waited so far.
 fn short_of_room(
     h: &Here,
     saved: &[([u8; 16], u64)],
     wait: Duration,
     waited: Duration,
+    after: u64,
 ) -> (Option<[u8; 16]>, u64) {
     let mut least = u64::MAX;
     for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
-        let r = room::room_on(h, &card, wait, waited);
+        let r = room::room_on(h, &card, wait, waited, after);
         least = least.min(r);
         if r < bytes.saturating_add(margin(bytes)) {
             return (Some(card), least);
@@ -124,32 +125,40 @@ fn short_of_room(
 }
 
 /// Claims the room on the board, under the node's restore lock (waited
-/// for within `room::LOCK_BOUND`): room is judged again (without waiting
-/// for NVML: the lock is held briefly), and if it is there the bytes go on
-/// the board with the want cleared, which every other restore and
-/// allocation on the card then counts as moving. One claim at a time on
-/// the node, so two restores never count on the same room. The room
-/// judged, or None when no claim was made.
+/// for within `room::LOCK_BOUND`). The bytes go on the board first, with
+/// the process restoring: allocations on the card wait for it from then
+/// on (admission.rs), and every other restore counts them as moving. Then,
+/// after [`CLAIM_SETTLE`] for an allocation that passed its check just
+/// before to land, room is judged on a figure asked since: a figure from
+/// before the claim may miss an allocation that took the room meanwhile
+/// (its want already gone from the board), and a restore the driver
+/// refuses loses the process. Without room the claim is taken back. One
+/// claim at a time on the node, so two restores never count on the same
+/// room. The room judged, or None when no claim was made.
 fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
-    let node = room::restore_lock(h).ok()?;
-    // Without the lock (held too long by another) the figure may be as old
-    // as the wait for it: ask again.
-    let wait = if node.is_some() {
-        Duration::ZERO
-    } else {
-        NVML_WAIT
-    };
-    let (short, judged) = short_of_room(h, saved, wait, waited);
-    if short.is_some() {
-        return None;
-    }
+    let _node = room::restore_lock(h).ok()?;
     let e = h.entry();
     for &(card, bytes) in saved {
         e.set_bytes_on(&card, bytes);
     }
+    std::thread::sleep(CLAIM_SETTLE);
+    let after = clock::monotonic_ns();
+    let (short, judged) = short_of_room(h, saved, CLAIM_NVML_WAIT, waited, after);
+    if short.is_some() {
+        for &(card, _) in saved {
+            e.set_bytes_on(&card, 0);
+        }
+        return None;
+    }
     e.set_want(&[0; 16], 0);
     Some(judged)
 }
+
+/// How long a claim lets an allocation that passed its check before the
+/// claim reach the driver, before room is judged anew.
+const CLAIM_SETTLE: Duration = Duration::from_millis(50);
+/// How long a claim waits for its new figure (a child process's NVML).
+const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a restore waits for its own figure (a child process's NVML)
 /// in one look; it looks again every 20 ms.
@@ -496,7 +505,7 @@ fn restore_now(h: &Here) {
         if let Some(a) = crate::init::attach() {
             a.tick();
         }
-        let (short, _) = short_of_room(h, &saved, NVML_WAIT, t0.elapsed());
+        let (short, _) = short_of_room(h, &saved, NVML_WAIT, t0.elapsed(), 0);
         if short.is_none() && Instant::now() >= next_try {
             if let Some(judged) = claim_room(h, &saved, t0.elapsed()) {
                 MOVING.store(true, Ordering::Release);
