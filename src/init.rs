@@ -64,6 +64,12 @@ pub fn attach() -> Option<&'static Attach> {
     runtime().attach.as_ref()
 }
 
+/// The attachment, if the runtime has started and enforces anything;
+/// never starts it (a free: nothing can have been counted before).
+pub fn attach_if_started() -> Option<&'static Attach> {
+    started()?.attach.as_ref()
+}
+
 /// The runtime if it has started, without starting it.
 pub fn started() -> Option<&'static Runtime> {
     RUNTIME.get()

@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 use crate::error::Refusal;
-use crate::hami::{HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_SIZE};
+use crate::hami::layout::{HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_SIZE};
 use crate::layout::{
     FILE_SIZE, HEADER_SIZE, LEGACY_MAJOR, LEGACY_SIZE, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN,
     Prefix, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VGPU_OFFSET,

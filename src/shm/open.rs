@@ -25,7 +25,16 @@ use crate::format::{Found, classify};
 use crate::layout::{FILE_SIZE, PREFIX_LEN, VGPU_OFFSET};
 use crate::lock::{LocalLock, RegionGuard};
 use crate::region::{Region, Shape, initialise};
-use crate::{adopt, boot, space};
+use crate::{adopt, space};
+
+impl Region {
+    /// [`Region::open`] with the file's creation mode and owner policy. A
+    /// file of an older layout is adopted (this file says how), or refused
+    /// with what to delete.
+    pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
+        open(path, opts, Purpose::Attach)
+    }
+}
 
 /// Why a region is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,17 +145,17 @@ fn attach(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, ShmError> {
             if !hami_ready {
                 // An upgrade or a creation stopped before the HAMi part
                 // was written: nobody reads it without its magic.
-                zero_range(l.file, 0, crate::hami::HAMI_SIZE as u64)
+                zero_range(l.file, 0, crate::hami::layout::HAMI_SIZE as u64)
                     .map_err(|e| ShmError::io(l.path, "write", e))?;
             }
             space::reserve_existing(l.file, FILE_SIZE as u64)
                 .map_err(|e| ShmError::no_space(l.path, e))?;
             let mut region = map(l.file, l.path, Shape::CURRENT)?;
             if !hami_ready && let Some(h) = region.hami() {
-                crate::hami::initialise(h);
+                crate::hami::fill::initialise(h);
                 region.created = true;
             }
-            region.settle_boot(guard, boot::current());
+            region.settle_boot(guard, crate::procinfo::boot_id());
             Ok(region)
         }
         Some(Found::VgpuLegacy { ready: true, .. }) => adopt::legacy(l, guard),
@@ -172,7 +181,7 @@ pub(crate) fn create(file: &File, path: &Path) -> Result<Region, ShmError> {
     // vgpu's part first: a HAMi magic promises a whole file.
     initialise(region.header());
     if let Some(h) = region.hami() {
-        crate::hami::initialise(h);
+        crate::hami::fill::initialise(h);
     }
     Ok(region)
 }
