@@ -27,6 +27,8 @@ use std::sync::atomic::Ordering;
 use memmap2::MmapOptions;
 
 use crate::error::{HamiLimit, Refusal, ShmError};
+use crate::file::zero_range;
+use crate::format::Locked;
 use crate::hami::fill;
 use crate::hami::layout::{HAMI_DEVICES, HAMI_PROCS, HAMI_SIZE, HamiRegion};
 use crate::index::EntryIndex;
@@ -34,9 +36,9 @@ use crate::layout::{
     FILE_SIZE, LEGACY_SIZE, ORIGIN_HAMI_CORE, ORIGIN_VGPU_1, REGION_SIZE, VGPU_OFFSET,
 };
 use crate::lock::RegionGuard;
-use crate::open::{Locked, map, zero_range};
+
 use crate::procinfo::{Liveness, ProcView, liveness, monotonic_ms};
-use crate::region::{Region, Shape, initialise};
+use crate::region::{Region, Shape, initialise, map};
 use crate::slots::STALE_MS;
 use crate::{DeviceInfo, Limits, parse_uuid, space};
 

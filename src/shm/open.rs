@@ -13,18 +13,14 @@
 //! | anything else | refused, untouched | refused |
 
 use std::fs::File;
-use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use memmap2::{MmapOptions, MmapRaw};
-
 use crate::error::ShmError;
-use crate::file::FileOptions;
-use crate::format::{Found, classify};
+use crate::file::{FileOptions, read_at, zero_range};
+use crate::format::{Found, Locked, classify};
 use crate::layout::{FILE_SIZE, PREFIX_LEN, VGPU_OFFSET};
 use crate::lock::{LocalLock, RegionGuard};
-use crate::region::{Region, Shape, initialise};
+use crate::region::{Region, Shape, initialise, map};
 use crate::{adopt, space};
 
 impl Region {
@@ -43,15 +39,6 @@ pub(crate) enum Purpose {
     Attach,
     /// By a tool: map what is there, change nothing.
     Inspect,
-}
-
-/// A file opened and locked, and what it was found to be (None: empty,
-/// to be created).
-pub(crate) struct Locked<'a> {
-    pub file: &'a File,
-    pub path: &'a Path,
-    pub len: u64,
-    pub found: Option<Found>,
 }
 
 /// Opens the region at `path`.
@@ -184,47 +171,4 @@ pub(crate) fn create(file: &File, path: &Path) -> Result<Region, ShmError> {
         crate::hami::fill::initialise(h);
     }
     Ok(region)
-}
-
-/// Maps `shape.len` bytes of `file` as a region of that shape.
-pub(crate) fn map(file: &File, path: &Path, shape: Shape) -> Result<Region, ShmError> {
-    let map: MmapRaw = MmapOptions::new()
-        .len(shape.len)
-        .map_raw(file)
-        .map_err(|e| ShmError::io(path, "mmap", e))?;
-    let watch = crate::sigbus::Watch::new(map.as_ptr(), shape.len);
-    Ok(Region::from_map(
-        map,
-        shape,
-        None,
-        path.to_path_buf(),
-        watch,
-    ))
-}
-
-/// Writes zeros over `[at, at + len)` of `file` (never through a mapping:
-/// the bytes may lie past a mapping's end).
-pub(crate) fn zero_range(file: &File, at: u64, len: u64) -> io::Result<()> {
-    let zeros = vec![0u8; 64 << 10];
-    let mut done = 0;
-    while done < len {
-        let n = zeros.len().min((len - done) as usize);
-        file.write_all_at(&zeros[..n], at + done)?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
-/// Reads up to `buf.len()` bytes at `at`; fewer only at the end of file.
-pub(crate) fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }

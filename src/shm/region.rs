@@ -266,3 +266,19 @@ pub(crate) fn initialise(h: &Header) {
     h.magic.store(MAGIC, Ordering::Relaxed);
     h.state.store(STATE_READY, Ordering::Release);
 }
+
+/// Maps `shape.len` bytes of `file` as a region of that shape.
+pub(crate) fn map(file: &File, path: &Path, shape: Shape) -> Result<Region, ShmError> {
+    let map: MmapRaw = MmapOptions::new()
+        .len(shape.len)
+        .map_raw(file)
+        .map_err(|e| ShmError::io(path, "mmap", e))?;
+    let watch = crate::sigbus::Watch::new(map.as_ptr(), shape.len);
+    Ok(Region::from_map(
+        map,
+        shape,
+        None,
+        path.to_path_buf(),
+        watch,
+    ))
+}
