@@ -38,6 +38,7 @@ build cc -O2 -D VIA_DLSYM -o "$VGPU_BIN/cuclient-dlsym" "$P/cuclient.c" -ldl -lp
 build cc -O2 -D VIA_PROCADDR -o "$VGPU_BIN/cuclient-procaddr" "$P/cuclient.c" -ldl -lpthread
 build cc -O2 -o "$VGPU_BIN/smi" "$P/smi.c" -ldl
 build cc -O2 -o "$VGPU_BIN/hami_reader" "$P/hami_reader.c"
+build cc -O2 -o "$VGPU_BIN/hostile_board" "$P/hostile_board.c"
 if [ -z "$SIM_DIR" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/logs/gpu.txt"
 fi

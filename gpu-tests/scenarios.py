@@ -4,8 +4,8 @@
     scenarios.py [--sim DIR] SECTION...
 
 Sections: transparency memory overhead startup launchcost graphs storm
-compute pair neighbours restarts safety hami demo oversub dist (every one but demo, oversub, dist and
-loaded_line by default; dist needs deploy/build.sh's target/dist/libvgpu.so),
+compute pair neighbours restarts safety hami demo oversub oversub_hostile dist (every one but demo, the
+oversub ones, dist and loaded_line by default; dist needs deploy/build.sh's target/dist/libvgpu.so),
 the probes mechanism and nvml_raw (issue 9's measurements), and exporter
 (issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
@@ -1323,9 +1323,81 @@ def oversub_small():
     stop(ballast)
 
 
+def oversub_hostile():
+    """Issue 26 on a real card: a hostile neighbour on the board
+    (tests/programs/hostile_board.c). (1) A PyTorch job (8 GiB, 3 s of
+    matmuls, 12 s idle, 2 rounds) is suspended for a neighbour holding
+    8 GiB for 20 s on a card a ballast leaves 14 GiB of; meanwhile the
+    hostile entry publishes "100 GiB free, read an hour from now". The job
+    must wait for real room and come back intact (before the fix it
+    restored onto the full card, the driver refused, its memory was lost).
+    (2) A 1 MiB fake want on a card with room: an idle job must not be
+    suspended. Every wait is bounded; about 1.5 min."""
+    sec = "oversub_hostile"
+    hostile = os.path.join(BIN, "hostile_board")
+    board = tempfile.mkdtemp(prefix="vgpu-board-")
+    jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
+    if not SIM:
+        free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True).stdout.split()[0]) * MIB
+        ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "300"], env=base_env(),
+                                   stdout=subprocess.PIPE, stderr=open(log_path("hostile-ballast"), "w"), text=True)
+        if not wait_line(ballast, "hold_rc=0", 60):
+            stop(ballast)
+            record(sec, "ballast allocated", "no", "yes", False)
+            return
+        extra = oversub_env(board, quota="20g", wait_ms=60000, host_limit="40g")
+        extra["VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS"] = "120000"
+        log_a = log_path("hostile-victim")
+        a = subprocess.Popen([PY, jobs, "turns", "8", "3", "12", "2"], env=make_env(True, extra, new_region()),
+                             stdout=subprocess.PIPE, stderr=open(log_a, "w"), text=True)
+        started = wait_line(a, "round=0", 90)
+        b_env = dict(extra, VGPU_OVERSUBSCRIBE_IDLE_MS="600000")
+        b = subprocess.Popen([client("link"), "hold", str(8 * GIB), "20"], env=make_env(True, b_env, new_region()),
+                             stdout=subprocess.PIPE, stderr=open(log_path("hostile-crowd"), "w"), text=True)
+        end = time.time() + 30
+        while started and time.time() < end and "suspended this process" not in open(log_a).read():
+            time.sleep(0.2)
+        suspended = "suspended this process" in open(log_a).read()
+        liar = subprocess.Popen([hostile, "figure", board, "60"], stdout=subprocess.PIPE,
+                                stderr=open(log_path("hostile-figure"), "w"), text=True)
+        ready = wait_line(liar, "hostile_ready=1", 25) is not None
+        out = finish_job(a, 120, log_a)
+        stop(liar)
+        b_out = finish_job(b, 40, log_path("hostile-crowd"))
+        stop(ballast)
+        err = open(log_a).read()
+        r1 = [line for line in out.splitlines() if line.startswith("round=1")]
+        record(sec, "victim suspended beside a 100 GiB hostile figure; round 1 intact; driver refused; crowd ok",
+               f"{suspended} ready={ready}; {r1[0] if r1 else '-'}; {'driver refused' in err}; "
+               f"{'hold_rc=0' in b_out}",
+               "True ready=True; intact=1; False; True",
+               suspended and ready and bool(r1) and "intact=1" in r1[0] and "driver refused" not in err
+               and "done=1" in out and "hold_rc=0" in b_out)
+    else:
+        record(sec, "hostile figure beside a PyTorch job", "skipped (simulator: tests/oversub_hostile.rs)", "-", True)
+    # (2) A fake want on a card with room.
+    board2 = tempfile.mkdtemp(prefix="vgpu-board-")
+    extra = oversub_env(board2, quota="20g", wait_ms=10000, host_limit="40g")
+    log_c = log_path("hostile-idle")
+    c = subprocess.Popen([client("link"), "keep", str(64 * MIB), str(GIB), "7", "8"],
+                         env=make_env(True, extra, new_region()), stdout=subprocess.PIPE,
+                         stderr=open(log_c, "w"), text=True)
+    ok = wait_line(c, "ready=1", 60) is not None
+    liar = subprocess.Popen([hostile, "want", board2, "30"], stdout=subprocess.PIPE,
+                            stderr=open(log_path("hostile-want"), "w"), text=True)
+    ready = wait_line(liar, "hostile_ready=1", 25) is not None
+    out = finish_job(c, 40, log_c)
+    stop(liar)
+    err = open(log_c).read()
+    record(sec, "idle job beside a fake 1 MiB want on a card with room: suspended; intact",
+           f"ready={ready and ok}; {err.count('suspended this process')}; {kv(out).get('intact', '-')}",
+           "ready=True; 0; 1", ready and ok and "suspended this process" not in err and kv(out).get("intact") == "1")
+
+
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
-                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter,
-                                    util_panel, dist]}
+                                    restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
+                                    oversub_hostile, exporter, util_panel, dist]}
 
 
 def loaded_line():

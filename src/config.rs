@@ -108,7 +108,8 @@ pub struct Oversub {
     /// may hold on the host (None: half of the node's memory).
     pub host_limit: Option<u64>,
     /// `VGPU_OVERSUBSCRIBE_DIR`: the directory of the node's board, shared
-    /// by every oversubscribed container on the node.
+    /// by every oversubscribed container on the node (default: root's
+    /// `/run/vgpu-oversub`, others' `/tmp/vgpu-oversub`).
     pub dir: PathBuf,
     /// `VGPU_TEST_WATCHER_STOP=1`: the watcher ends after its first
     /// suspension, as a dead actor would (tests only).
@@ -122,7 +123,7 @@ impl Default for Oversub {
             restore_wait_ms: 600_000,
             idle_ms: 2_000,
             host_limit: None,
-            dir: PathBuf::from("/tmp/vgpu-oversub"),
+            dir: vgpu_shm::board::default_dir(),
             test_watcher_stop: false,
         }
     }

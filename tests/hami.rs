@@ -342,6 +342,12 @@ fn priority_blocking_stops_a_containers_launches_until_it_is_lifted() {
     let cpu_before = cpu_s(b.id());
     std::thread::sleep(Duration::from_millis(2000));
     let cpu_blocked = cpu_s(b.id()) - cpu_before;
+    // vgpuctl shows the block and how long a process honours it.
+    let shown = sim.ctl(&["status", low.to_str().unwrap()]).stdout;
+    assert!(
+        shown.contains("launches blocked by a node monitor"),
+        "{shown}"
+    );
     assert_eq!(
         read(&low).i64("recent_kernel"),
         -1,
@@ -447,4 +453,49 @@ fn limits_a_monitor_writes_take_effect() {
     let mut holder = holder;
     let _ = holder.kill();
     let _ = holder.wait();
+}
+
+#[test]
+fn a_block_nobody_lifts_ends_after_its_bound_when_the_container_is_alone() {
+    // Issue 26, finding 6: a -1 written once (then the monitor died) froze
+    // the container for ever. Alone on its GPU (no other container's
+    // process there, so no higher-priority one alive), a process lifts it
+    // after 15 s, with a warning.
+    let _serial = serial();
+    let mut sim = Sim::new(1, "8g");
+    // The compute leader (an SM limit, enforced) is what looks whether the
+    // container is alone.
+    sim.set("CUDA_DEVICE_SM_LIMIT", "90")
+        .set("GPU_CORE_UTILIZATION_POLICY", "force");
+    let region = sim.region();
+    let b = sim
+        .client_cmd(
+            Path3::ProcAddr,
+            true,
+            &["spin", "1000000", "132", "26", "kernel"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(10.0, || procs_shown(&region) == Some(1)));
+    std::thread::sleep(Duration::from_secs(2));
+    set(&region, "recent_kernel", -1);
+    // Bounded: before the bound, the blocked process never ended.
+    let mut b = b;
+    let ended = wait_until(60.0, || matches!(b.try_wait(), Ok(Some(_))));
+    if !ended {
+        let _ = b.kill();
+    }
+    let r = finish(b);
+    assert!(ended, "still blocked after 60 s: {}", r.stderr);
+    let r = r.ok();
+    let rb = per_sec(&r);
+    let first = rb.iter().position(|&v| v > 0.0).unwrap();
+    let last = rb.iter().rposition(|&v| v > 0.0).unwrap();
+    let idle = rb[first..=last].iter().filter(|&&v| v == 0.0).count();
+    // Blocked for about 15 s, then launching again to the end.
+    assert!((10..=22).contains(&idle), "per second: {rb:?}");
+    assert!(last + 3 >= rb.len(), "per second: {rb:?}");
+    assert!(r.stderr.contains("the block is lifted"), "{}", r.stderr);
 }

@@ -5,7 +5,9 @@
 //! with them: when NVML answers, the restore has a fresh figure; when it
 //! does not, the board's estimate serves. At most one query is in flight,
 //! so a blocked NVML costs one parked thread, which finishes once the
-//! process runs again.
+//! process runs again. While the process is checkpointed the helper asks
+//! through a short-lived child process instead (`nvml::fresh`), whose NVML
+//! is not this process's and so does not wait for the restore.
 #![forbid(unsafe_code)]
 
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -13,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// An answer is used while it is this fresh.
 const FRESH_NS: u64 = 500_000_000;
+/// How long the child process of a checkpointed process may take.
+const CHILD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct Probe {
@@ -31,8 +35,9 @@ static ANSWERED: Condvar = Condvar::new();
 
 /// Free bytes on `card` as NVML says now, waiting at most `wait`, and
 /// when it was asked (monotonic ns); None when NVML does not answer in
-/// time (or cannot).
-pub fn free_within(card: [u8; 16], wait: Duration) -> Option<(u64, u64)> {
+/// time (or cannot). `checkpointed`: this process's NVML waits for its
+/// restore, so a child process asks.
+pub fn free_within(card: [u8; 16], wait: Duration, checkpointed: bool) -> Option<(u64, u64)> {
     let deadline = Instant::now() + wait;
     let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
     let fresh = |p: &Probe| {
@@ -51,7 +56,11 @@ pub fn free_within(card: [u8; 16], wait: Duration) -> Option<(u64, u64)> {
             .name("vgpu-nvml-free".into())
             .spawn(move || {
                 let at = crate::clock::monotonic_ns();
-                let free = crate::nvml::client::free_memory(&card);
+                let free = if checkpointed {
+                    crate::nvml::fresh::free_memory(&card, CHILD_WAIT)
+                } else {
+                    crate::nvml::client::free_memory(&card)
+                };
                 let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
                 p.asking = false;
                 if let Some(free) = free {

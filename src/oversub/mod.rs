@@ -16,6 +16,9 @@
 //! - `blocked`: threads of a suspended process that wait inside the driver
 //!   (calls that never reach a hook), for the watcher to restore it
 //! - `free_probe`: NVML's free memory, asked without blocking the watcher
+//! - `room`: whether a card has room for a restore, on this process's own
+//!   figure only (the board can make a restore wait, within bounds, never
+//!   hurry it)
 //!
 //! The process is its own actor: its watcher thread locks, checkpoints,
 //! restores and unlocks it (a process may drive the API on itself, as
@@ -29,6 +32,7 @@ mod blocked;
 mod checkpoint;
 mod free_probe;
 mod policy;
+mod room;
 mod suspend;
 
 use std::path::Path;

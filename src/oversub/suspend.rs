@@ -24,8 +24,8 @@ use vgpu_shm::board::ProcState;
 
 use super::admission::WAITING;
 use super::blocked::Baseline;
-use super::free_probe;
 use super::policy::{Seen, card_to_free};
+use super::room;
 use super::{
     ACTIVE, ACTIVITY, FAILED, Here, IN_CALL, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING,
     checkpoint, here, settings,
@@ -81,128 +81,6 @@ fn beating<R>(call: impl FnOnce() -> R) -> R {
     })
 }
 
-/// A card as the last suspension found it: NVML's free bytes with this
-/// process's own (which it gives back), and what the board's other
-/// processes held there.
-struct Room {
-    card: [u8; 16],
-    free: u64,
-    others: u64,
-}
-
-static ROOM: Mutex<Vec<Room>> = Mutex::new(Vec::new());
-
-/// What the board's other processes hold on `card`, less what running
-/// ones wait for there: a waiting allocation is reserved in its quota, so
-/// it is in its bytes, but not yet on the card (run 26: counting it as
-/// held at the suspension, then held again once granted, made 8 GiB of
-/// room that was not there, and the driver refused the restore). A
-/// restoring process's bytes are its claim, moving onto the card
-/// (`claim_room`); `claims` says whether to count them.
-fn others_bytes_on(h: &Here, card: &[u8; 16], claims: bool) -> u64 {
-    h.board
-        .others(Some(h.entry))
-        .filter(|(_, e)| claims || e.state() != ProcState::Restoring)
-        .map(|(_, e)| {
-            let waiting = match e.wants() {
-                Some((c, b)) if &c == card && e.state() == ProcState::Running => b,
-                _ => 0,
-            };
-            e.bytes_on(card).saturating_sub(waiting)
-        })
-        .fold(0u64, u64::saturating_add)
-}
-
-/// What the board's running processes wait for on `card` (the room this
-/// process's suspension was for is theirs first).
-fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
-    // Running processes' waiting allocations only: two suspended processes
-    // that each left room for the other's want would never restore. Among
-    // suspended ones the first to claim takes the room; the other then
-    // sees the claim on the board and waits.
-    h.board
-        .others(Some(h.entry))
-        .filter(|(_, e)| e.state() == ProcState::Running)
-        .filter_map(|(_, e)| e.wants())
-        .filter(|(c, _)| c == card)
-        .map(|(_, b)| b)
-        .fold(0u64, u64::saturating_add)
-}
-
-/// Room on `card` now: a fresh NVML figure (this process's own, asked for
-/// up to `wait`, or a running neighbour's) less what other restores there
-/// have claimed and what landed since it was read; else, from the board:
-/// what was free at the suspension (this process's own bytes included),
-/// plus what the board's other processes have given back since, less what
-/// they wait for. Memory of processes outside the board is taken as
-/// unchanged.
-fn room_on(h: &Here, card: &[u8; 16], wait: Duration) -> u64 {
-    let wanted = wanted_on(h, card);
-    let own = free_probe::free_within(*card, wait);
-    if let Some(room) = room_from_figure(h, card, own) {
-        return room.saturating_sub(wanted);
-    }
-    let then = ROOM.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(r) = then.iter().find(|r| &r.card == card) else {
-        return u64::MAX;
-    };
-    r.free
-        .saturating_add(r.others)
-        .saturating_sub(others_bytes_on(h, card, true).saturating_add(wanted))
-}
-
-/// One entry as read in one pass: its state, bytes on the card, when its
-/// state began, and its NVML figure for the card.
-struct Glance {
-    state: ProcState,
-    bytes: u64,
-    since: u64,
-    figure: Option<(u64, u64)>,
-}
-
-/// The newest NVML figure for `card` (this process's `own`, or one a
-/// running neighbour published), if it is fresh and no process with bytes
-/// there changed state after it was read (a restore that landed since took
-/// room it still shows), less the bytes other restores are moving there.
-/// The board is read once, so a restore landing meanwhile is either still
-/// a claim or a change.
-fn room_from_figure(h: &Here, card: &[u8; 16], own: Option<(u64, u64)>) -> Option<u64> {
-    let now = clock::monotonic_ns();
-    let others: Vec<Glance> = h
-        .board
-        .others(Some(h.entry))
-        .map(|(_, e)| {
-            let state = e.state();
-            Glance {
-                state,
-                bytes: e.bytes_on(card),
-                since: e.since_ns.load(Ordering::Acquire),
-                figure: (state == ProcState::Running)
-                    .then(|| e.free_seen(card))
-                    .flatten(),
-            }
-        })
-        .collect();
-    let changed = others
-        .iter()
-        .filter(|g| g.bytes > 0)
-        .map(|g| g.since)
-        .max()
-        .unwrap_or(0);
-    let (free, _) = others
-        .iter()
-        .filter_map(|g| g.figure)
-        .chain(own)
-        .filter(|&(_, at)| at > changed && now.saturating_sub(at) <= SEEN_FRESH_NS)
-        .max_by_key(|&(_, at)| at)?;
-    let claimed = others
-        .iter()
-        .filter(|g| g.state == ProcState::Restoring)
-        .map(|g| g.bytes)
-        .fold(0u64, u64::saturating_add);
-    Some(free.saturating_sub(claimed))
-}
-
 /// Whether a restore is moving memory onto `card` now: allocations there
 /// wait for it (admission.rs), since a restore the driver refuses loses
 /// the process.
@@ -225,28 +103,43 @@ fn margin(bytes: u64) -> u64 {
 }
 
 /// The first card without room for what this process saved there (cards
-/// it held nothing on need none), and the room judged on each.
-fn short_of_room(h: &Here, saved: &[([u8; 16], u64)], wait: Duration) -> (Option<[u8; 16]>, u64) {
+/// it held nothing on need none), and the room judged on each (room.rs:
+/// this process's own figure only). `waited`: how long this restore has
+/// waited so far.
+fn short_of_room(
+    h: &Here,
+    saved: &[([u8; 16], u64)],
+    wait: Duration,
+    waited: Duration,
+) -> (Option<[u8; 16]>, u64) {
     let mut least = u64::MAX;
     for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
-        let room = room_on(h, &card, wait);
-        least = least.min(room);
-        if room < bytes.saturating_add(margin(bytes)) {
+        let r = room::room_on(h, &card, wait, waited);
+        least = least.min(r);
+        if r < bytes.saturating_add(margin(bytes)) {
             return (Some(card), least);
         }
     }
     (None, least)
 }
 
-/// Claims the room on the board, under the node's restore lock: room is
-/// judged again (without waiting for NVML: the lock is held briefly), and
-/// if it is there the bytes go on the board with the want cleared, which
-/// every other restore and allocation on the card then counts as moving.
-/// One claim at a time on the node, so two restores never count on the
-/// same room. The room judged, or None when no claim was made.
-fn claim_room(h: &Here, saved: &[([u8; 16], u64)]) -> Option<u64> {
-    let _node = h.board.restore_lock()?;
-    let (short, room) = short_of_room(h, saved, Duration::ZERO);
+/// Claims the room on the board, under the node's restore lock (waited
+/// for within `room::LOCK_BOUND`): room is judged again (without waiting
+/// for NVML: the lock is held briefly), and if it is there the bytes go on
+/// the board with the want cleared, which every other restore and
+/// allocation on the card then counts as moving. One claim at a time on
+/// the node, so two restores never count on the same room. The room
+/// judged, or None when no claim was made.
+fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
+    let node = room::restore_lock(h).ok()?;
+    // Without the lock (held too long by another) the figure may be as old
+    // as the wait for it: ask again.
+    let wait = if node.is_some() {
+        Duration::ZERO
+    } else {
+        NVML_WAIT
+    };
+    let (short, judged) = short_of_room(h, saved, wait, waited);
     if short.is_some() {
         return None;
     }
@@ -255,36 +148,12 @@ fn claim_room(h: &Here, saved: &[([u8; 16], u64)]) -> Option<u64> {
         e.set_bytes_on(&card, bytes);
     }
     e.set_want(&[0; 16], 0);
-    Some(room)
+    Some(judged)
 }
 
-/// How long a restore waits for NVML's answer before it judges room from
-/// the board.
+/// How long a restore waits for its own figure (a child process's NVML)
+/// in one look; it looks again every 20 ms.
 const NVML_WAIT: Duration = Duration::from_millis(100);
-/// An NVML figure is used while it is this fresh (neighbours publish every
-/// watcher tick, 100 ms, while someone restores on their card).
-const SEEN_FRESH_NS: u64 = 300_000_000;
-
-/// A running process tells the board what NVML says is free on each of
-/// its cards where another process waits to be restored: that one's own
-/// NVML queries block while it is suspended.
-fn publish_free(h: &Here) {
-    let e = h.entry();
-    for (card, _) in e.cards() {
-        let restoring_here = h.board.others(Some(h.entry)).any(|(_, o)| {
-            o.state() == ProcState::Restoring && o.wants().is_some_and(|(c, _)| c == card)
-        });
-        if !restoring_here {
-            continue;
-        }
-        // Stamped before the query: a restore landing while it runs is a
-        // change after the figure, which then is not used.
-        let at = clock::monotonic_ns();
-        if let Some(free) = crate::nvml::client::free_memory(&card) {
-            e.set_free_seen(&card, free, at);
-        }
-    }
-}
 
 /// The threads when the last suspension began (blocked.rs).
 static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
@@ -320,9 +189,16 @@ pub fn tick(attach: &Attach) -> bool {
         h.entry().last_active_ns.store(now, Ordering::Release);
     }
     match STATE.load(Ordering::Acquire) {
+        RUNNING if !h.board.intact() => {
+            // Cut short or replaced by someone: shared with nobody now.
+            crate::warn_once!(
+                "CUDA_OVERSUBSCRIBE: the board {} was cut short or replaced: this process stops making room for others (its own allocations still wait for room)",
+                h.board.path().display()
+            );
+            true
+        }
         RUNNING => {
             publish_cards(attach, h);
-            publish_free(h);
             maybe_suspend(h, now)
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {
@@ -400,6 +276,43 @@ fn maybe_suspend(h: &'static Here, now: u64) -> bool {
     let Some(card) = card_to_free(&me, &others, now, s.idle_ns) else {
         return true;
     };
+    // A want on the board is another process's word: suspend only for a
+    // shortage this process sees itself (its NVML answers while it runs).
+    let wanted = others
+        .iter()
+        .filter_map(|o| o.wants)
+        .filter(|(c, _)| c == &card)
+        .map(|(_, b)| b)
+        .fold(0u64, u64::saturating_add);
+    match crate::nvml::client::free_memory(&card) {
+        Some(free) if free < wanted => {}
+        seen => {
+            log::debug!(
+                "CUDA_OVERSUBSCRIBE: not suspended: {} wanted on {}, NVML says {} free",
+                fmt_bytes(wanted),
+                vgpu_shm::format_uuid(&card),
+                seen.map_or("nothing".into(), fmt_bytes)
+            );
+            return true;
+        }
+    }
+    // Its restore will need a figure of its own from a child process: no
+    // suspension where that cannot be had.
+    // (One child at most every 10 s where none answers.)
+    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
+    let failed = FRESH_FAILED.load(Ordering::Relaxed);
+    if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
+        || crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none()
+    {
+        if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
+            FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
+        }
+        crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {}, which a restore needs: this process is not suspended",
+            vgpu_shm::format_uuid(&card)
+        );
+        return true;
+    }
     let bytes: u64 = me.cards.iter().map(|&(_, b)| b).sum();
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         crate::warn_once!(
@@ -423,20 +336,6 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
-    // What each card has free now, while NVML still answers (a suspended
-    // process's NVML calls block: run 26), and what the board's processes
-    // hold there: the restore's estimate when no fresh NVML figure is to
-    // be had.
-    *ROOM.lock().unwrap_or_else(PoisonError::into_inner) = cards
-        .iter()
-        .map(|&(c, own)| Room {
-            card: c,
-            free: crate::nvml::client::free_memory(&c).unwrap_or(0) + own,
-            // Restores moving onto the card are not on it yet: NVML's
-            // figure does not hold them, and once landed they count.
-            others: others_bytes_on(h, &c, false),
-        })
-        .collect();
     // The threads as they are while idle: one that moves into the driver
     // from now on waits on the lock (blocked.rs).
     let driver = crate::cuda::real::slot::cuInit
@@ -597,9 +496,9 @@ fn restore_now(h: &Here) {
         if let Some(a) = crate::init::attach() {
             a.tick();
         }
-        let (short, _) = short_of_room(h, &saved, NVML_WAIT);
+        let (short, _) = short_of_room(h, &saved, NVML_WAIT, t0.elapsed());
         if short.is_none() && Instant::now() >= next_try {
-            if let Some(judged) = claim_room(h, &saved) {
+            if let Some(judged) = claim_room(h, &saved, t0.elapsed()) {
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
                 // slot keeps beating meanwhile.
@@ -759,8 +658,8 @@ mod tests {
             pid: std::process::id(),
         };
         assert_eq!(h.board.others(Some(entry)).count(), 2);
-        assert_eq!(wanted_on(&h, &CARD), 1 << 30);
-        assert_eq!(wanted_on(&h, &[1; 16]), 0);
+        assert_eq!(room::wanted_on(&h, &CARD), 1 << 30);
+        assert_eq!(room::wanted_on(&h, &[1; 16]), 0);
         for c in &mut children {
             let _ = c.kill();
             let _ = c.wait();

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+pub use crate::board_dir::default_dir;
+
 /// `"VGPUOVS\0"` read as a little-endian `u64`.
 pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
 /// Bumped when the layout changes; other versions are refused.
@@ -119,7 +121,9 @@ pub struct BoardEntry {
     /// Restores so far.
     pub restores: AtomicU64,
     /// Free bytes on each of its cards as NVML told this (running)
-    /// process, for a suspended process whose own NVML queries block.
+    /// process. No longer written by vgpu nor read by anyone: a figure of
+    /// another container must not drive a restore (issue 26); kept so
+    /// that the layout (version 2) does not change.
     pub free_seen: [AtomicU64; BOARD_CARDS],
     /// When each `free_seen` was read (0: never).
     pub free_seen_ns: [AtomicU64; BOARD_CARDS],
@@ -378,6 +382,8 @@ impl std::error::Error for BoardError {}
 
 /// A mapped board.
 pub struct Board {
+    /// Declared before `map`: dropped (unwatched) before it is unmapped.
+    _watch: Option<crate::sigbus::Watch>,
     map: MmapRaw,
     /// The one descriptor of the file this process keeps: closing another
     /// would drop this process's record locks on it.
@@ -391,16 +397,8 @@ impl Board {
     pub fn open(dir: &Path) -> Result<Board, BoardError> {
         let path = dir.join(BOARD_FILE);
         let io_err = |e| BoardError::Io(path.clone(), e);
-        std::fs::create_dir_all(dir).map_err(io_err)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o666)
-            .open(&path)
-            .map_err(io_err)?;
+        let dir_fd = crate::board_dir::prepare(dir).map_err(io_err)?;
+        let file = crate::board_dir::open_in(&dir_fd, BOARD_FILE).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
         if !meta.is_file() {
             return Err(BoardError::Foreign(path));
@@ -430,7 +428,14 @@ impl Board {
                 return Err(io_err(e));
             }
         };
-        let board = Board { map, file, path };
+        // Anyone may cut the file short under its users: a fault in its
+        // pages is repaired (zeros), never a SIGBUS (`intact` then says so).
+        let board = Board {
+            _watch: crate::sigbus::Watch::new(map.as_ptr(), BOARD_SIZE),
+            map,
+            file,
+            path,
+        };
         let h = board.header();
         if h.magic.load(Ordering::Acquire) == 0 {
             h.version.store(BOARD_VERSION, Ordering::Relaxed);
@@ -484,6 +489,7 @@ impl Board {
             .map_err(io_err)?;
         file.read_exact_at(&mut copy[..], 0).map_err(io_err)?;
         let board = Board {
+            _watch: None,
             map: copy.into(),
             file,
             path,
@@ -499,6 +505,23 @@ impl Board {
             return Err(BoardError::Foreign(board.path));
         }
         Ok(Some(board))
+    }
+
+    /// Whether the board is still the one this process mapped, whole: the
+    /// file at its path, at its full size, with its header. A board cut
+    /// short (its pages then read as zeros, `sigbus.rs`) or replaced is
+    /// no longer shared with anyone: its users stop oversubscribing.
+    pub fn intact(&self) -> bool {
+        let (Ok(ours), Ok(named)) = (self.file.metadata(), std::fs::symlink_metadata(&self.path))
+        else {
+            return false;
+        };
+        use std::os::unix::fs::MetadataExt;
+        let h = self.header();
+        ours.len() >= BOARD_SIZE as u64
+            && (ours.dev(), ours.ino()) == (named.dev(), named.ino())
+            && h.magic.load(Ordering::Acquire) == BOARD_MAGIC
+            && h.version.load(Ordering::Acquire) == BOARD_VERSION
     }
 
     /// The file's path.
@@ -585,7 +608,12 @@ impl Board {
     /// another holder; None past that. The kernel drops it if the holder
     /// dies.
     pub fn restore_lock(&self) -> Option<RestoreLock<'_>> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        self.restore_lock_within(std::time::Duration::from_secs(1))
+    }
+
+    /// [`Board::restore_lock`], waiting up to `wait` (zero: one try).
+    pub fn restore_lock_within(&self, wait: std::time::Duration) -> Option<RestoreLock<'_>> {
+        let deadline = std::time::Instant::now() + wait;
         loop {
             if self.record_lock(RESTORE_LOCK, libc::F_SETLK, libc::F_WRLCK) {
                 return Some(RestoreLock { board: self });
@@ -745,6 +773,35 @@ mod tests {
         assert_eq!(c.entry(i).state(), ProcState::Failed);
         assert_eq!(file_now(), before);
         assert_eq!(b.entry(i).state(), ProcState::Suspended);
+    }
+
+    #[test]
+    fn a_board_cut_short_or_replaced_reads_as_zeros_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Board::open(dir.path()).unwrap();
+        let i = b.claim(42, 1000).unwrap();
+        b.entry(i).set_bytes_on(&[7u8; 16], 5 << 30);
+        assert!(b.intact());
+        let path = dir.path().join(BOARD_FILE);
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert!(!b.intact());
+        // Without the watch this read is a SIGBUS (issue 26, finding 2).
+        assert_eq!(b.entry(i).bytes_on(&[7u8; 16]), 0);
+        b.entry(i).set_state(ProcState::Suspended, 5);
+        assert!(!b.intact());
+        // Replaced by another file at full size: not the board we share.
+        let dir2 = tempfile::tempdir().unwrap();
+        let c = Board::open(dir2.path()).unwrap();
+        assert!(c.intact());
+        let other = dir2.path().join("other");
+        std::fs::write(&other, vec![0u8; BOARD_SIZE]).unwrap();
+        std::fs::rename(&other, dir2.path().join(BOARD_FILE)).unwrap();
+        assert!(!c.intact());
     }
 
     #[test]

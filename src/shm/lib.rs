@@ -31,6 +31,7 @@
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 //! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
+//! - `board_dir`: its directory, checked (no symlink, a safe owner and mode)
 //!
 //! Layers, from the top: a file imports only from its own layer or below
 //! (`tests/layers.rs` reads this list and checks every import; a module
@@ -39,13 +40,15 @@
 //! 2. opening: open, adopt
 //! 3. region: region, devices, slots, quota, compute, private, boot,
 //!    hami::mirror, hami::feedback, hami::fill
-//! 4. file: format, file, error, sigbus, lock, space, lease
-//! 5. layout: layout, hami::layout, hami::snapshot, index, procinfo, board
+//! 4. file: format, file, error, sigbus, lock, space, lease, board,
+//!    board_dir
+//! 5. layout: layout, hami::layout, hami::snapshot, index, procinfo
 
 #![warn(missing_docs)]
 
 mod adopt;
 pub mod board;
+mod board_dir;
 mod boot;
 mod compute;
 mod copy;

@@ -122,7 +122,7 @@ pub fn artifacts() -> &'static Artifacts {
             }
             run_ok(&mut cc);
         }
-        for prog in ["proc_address", "smi", "nodriver"] {
+        for prog in ["proc_address", "smi", "nodriver", "hostile_board"] {
             run_ok(
                 Command::new("cc")
                     .args(["-O1", "-Wall", "-o"])

@@ -43,7 +43,7 @@ pub enum Command {
     /// container, its state and bytes (docs/oversubscription.md).
     Oversub {
         /// The board's directory [default: $VGPU_OVERSUBSCRIBE_DIR, else
-        /// /tmp/vgpu-oversub].
+        /// /run/vgpu-oversub for root, /tmp/vgpu-oversub for others].
         dir: Option<PathBuf>,
     },
     /// Prints a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -145,7 +145,7 @@ pub struct ServeArgs {
     pub api_server: Option<String>,
     /// Directory of the node's oversubscription board, whose processes are
     /// exported as vgpu_oversub_* (none there: no such series) [default:
-    /// $VGPU_OVERSUBSCRIBE_DIR, else /tmp/vgpu-oversub].
+    /// $VGPU_OVERSUBSCRIBE_DIR, else /run/vgpu-oversub for root, /tmp/vgpu-oversub for others].
     #[arg(long, value_name = "DIR")]
     pub oversub_dir: Option<PathBuf>,
     /// Leave the regions of gone pods in place (by default serve removes

@@ -2,7 +2,8 @@
 //! (docs/oversubscription.md): every live process of an oversubscribed
 //! container, its state, bytes on each card and on the host, what it waits
 //! for, and its time suspended and restoring (the current spell counted).
-//! DIR defaults to `$VGPU_OVERSUBSCRIBE_DIR`, then `/tmp/vgpu-oversub`. The
+//! DIR defaults to `$VGPU_OVERSUBSCRIBE_DIR`, then the library's default
+//! (`/run/vgpu-oversub` for root, else `/tmp/vgpu-oversub`). The
 //! board is read into private memory (`Board::read_copy`): nothing in it
 //! changes.
 
@@ -14,11 +15,11 @@ use vgpu_shm::board::{Board, monotonic_ns};
 use vgpu_shm::format_uuid;
 
 /// The board's directory when none is named: `$VGPU_OVERSUBSCRIBE_DIR`,
-/// else `/tmp/vgpu-oversub` (the library's default).
+/// else the library's default (`vgpu_shm::board::default_dir`).
 pub fn default_dir() -> PathBuf {
     std::env::var_os("VGPU_OVERSUBSCRIBE_DIR")
         .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from("/tmp/vgpu-oversub"), PathBuf::from)
+        .map_or_else(vgpu_shm::board::default_dir, PathBuf::from)
 }
 
 /// The board's report, or why there is none.

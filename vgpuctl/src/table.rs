@@ -44,6 +44,14 @@ fn region(out: &mut String, s: &Snapshot) {
             "  priority {}  recent_kernel {}  utilization_switch {}",
             h.priority, h.recent_kernel, h.utilization_switch
         );
+        if h.recent_kernel < 0 {
+            let _ = write!(
+                out,
+                "  launches blocked by a node monitor (each process lifts it after {} s alone on its GPUs, {} s at most)",
+                vgpu_shm::hami::BLOCK_ALONE_S,
+                vgpu_shm::hami::BLOCK_MAX_S
+            );
+        }
     }
     out.push('\n');
 

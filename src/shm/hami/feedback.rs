@@ -24,6 +24,16 @@ use crate::{CorePolicy, Region, lease};
 /// `recent_kernel` a launch leaves behind.
 pub const ACTIVE: i32 = 2;
 
+/// A block (`recent_kernel` < 0) is honoured this long at most while the
+/// container looks alone on its GPUs (no process of another container
+/// there, so no higher-priority one is alive: the monitor's own
+/// condition for the block no longer holds): a monitor that died would
+/// leave the container frozen (issue 26). Three of HAMi's 5 s rounds.
+pub const BLOCK_ALONE_S: u64 = 15;
+/// And this long at most in any case: a monitor lifts its blocks within a
+/// round once the higher-priority process stops.
+pub const BLOCK_MAX_S: u64 = 600;
+
 impl HamiRegion {
     /// Whether a monitor blocks the container's launches
     /// (`recent_kernel` negative).

@@ -15,9 +15,10 @@
 //!   nvidia-smi's view): a dead process drops out at the next pass;
 //! - device index `d` of HAMi's arrays is the device's number in the
 //!   container (`DeviceEntry::hami_index`, assigned once per device);
-//! - limits go both ways: a HAMi `limit`/`sm_limit` that differs from what
-//!   vgpu last wrote there was written by a monitor, and becomes the
-//!   device's limit; otherwise vgpu's limit is written there.
+//! - limits go both ways, narrowing only: a HAMi `limit`/`sm_limit` that
+//!   differs from what vgpu last wrote there was written by a monitor, and
+//!   becomes the device's limit if it is tighter; one that would widen or
+//!   remove it (0, -1, an SM limit of 0 or 100) is overwritten with vgpu's.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -255,25 +256,46 @@ fn write_uuid(h: &HamiRegion, d: usize, uuid: &str) {
 /// Brings one device's limits in step; returns how many were taken from
 /// the HAMi part.
 fn sync_limits(h: &HamiRegion, d: usize, e: &DeviceEntry) -> usize {
-    let mem = sync_one(&h.limit[d], &e.hami_limit_seen, e.mem_limit(), |v| {
-        e.mem_limit.store(v, Ordering::Release)
-    });
+    let mem_now = e.mem_limit();
+    let mem = sync_one(
+        &h.limit[d],
+        &e.hami_limit_seen,
+        mem_now,
+        // A byte count below the present limit (0: none); 0 and -1 would
+        // remove the quota, and -1 made cuMemGetInfo report 2^64-1.
+        |v| v != 0 && v != u64::MAX && (mem_now == 0 || v < mem_now),
+        |v| e.mem_limit.store(v, Ordering::Release),
+    );
+    let sm_now = e.sm_limit();
     let sm = sync_one(
         &h.sm_limit[d],
         &e.hami_sm_seen,
-        sm_to_hami(e.sm_limit()),
+        sm_to_hami(sm_now),
+        |v| {
+            let pct = sm_from_hami(v);
+            pct != 0 && (sm_now == 0 || pct < sm_now)
+        },
         |v| e.sm_limit.store(sm_from_hami(v), Ordering::Release),
     );
     usize::from(mem) + usize::from(sm)
 }
 
 /// One limit: `hami` is the HAMi field, `seen` what vgpu last wrote there,
-/// `ours` vgpu's value in HAMi's terms. Returns whether the HAMi value was
-/// taken.
-fn sync_one(hami: &AtomicU64, seen: &AtomicU64, ours: u64, take: impl Fn(u64)) -> bool {
+/// `ours` vgpu's value in HAMi's terms. A value a monitor wrote is taken
+/// only if it `narrows` the limit; one that would widen or remove it is
+/// overwritten with ours (the HAMi part is written by whoever can write
+/// the file: a monitor may narrow a container's limits, never lift them).
+/// Returns whether the HAMi value was taken.
+fn sync_one(
+    hami: &AtomicU64,
+    seen: &AtomicU64,
+    ours: u64,
+    narrows: impl Fn(u64) -> bool,
+    take: impl Fn(u64),
+) -> bool {
     let there = hami.load(Ordering::Acquire);
     let last = seen.load(Ordering::Acquire);
-    if there != last {
+    if there != last && narrows(there) {
         take(there);
         seen.store(there, Ordering::Release);
         return true;

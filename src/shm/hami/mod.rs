@@ -30,7 +30,7 @@ pub mod snapshot;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-pub use feedback::ACTIVE;
+pub use feedback::{ACTIVE, BLOCK_ALONE_S, BLOCK_MAX_S};
 pub use fill::{sm_from_hami, sm_to_hami};
 pub use layout::{
     HAMI_DEVICES, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_PROCS, HAMI_SIZE, HAMI_STATUS_RUNNING,

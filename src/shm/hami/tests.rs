@@ -142,6 +142,33 @@ fn a_limit_a_monitor_writes_becomes_the_region_limit() {
 }
 
 #[test]
+fn a_monitor_written_limit_may_narrow_but_never_widen_or_remove() {
+    // Issue 26, finding 6: limit 0 or -1 and sm_limit 0 written into the
+    // HAMi part removed the quota (-1: cuMemGetInfo said 2^64-1).
+    let r = Region::anonymous().unwrap();
+    let dev = r
+        .register_device(&info(1), limits(4 << 30, 30))
+        .unwrap()
+        .index;
+    r.assign_hami_index(dev, Some(0)).unwrap();
+    r.mirror_hami();
+    let h = r.hami().unwrap();
+    for (mem, sm) in [(0u64, 0u64), (u64::MAX, 100), (8 << 30, 60)] {
+        h.limit[0].store(mem, Ordering::Relaxed);
+        h.sm_limit[0].store(sm, Ordering::Relaxed);
+        assert_eq!(r.mirror_hami().limits_taken, 0, "{mem} {sm}");
+        assert_eq!(r.device(dev).limits().mem, 4 << 30);
+        assert_eq!(r.device(dev).sm_limit(), 30);
+        // vgpu's own limits are written back.
+        assert_eq!(h.limit[0].load(Ordering::Relaxed), 4 << 30);
+        assert_eq!(h.sm_limit[0].load(Ordering::Relaxed), 30);
+    }
+    h.sm_limit[0].store(20, Ordering::Relaxed);
+    assert_eq!(r.mirror_hami().limits_taken, 1);
+    assert_eq!(r.device(dev).sm_limit(), 20);
+}
+
+#[test]
 fn processes_keep_their_place_and_the_last_fills_a_hole() {
     let r = Region::anonymous().unwrap();
     let dev = r.register_device(&info(2), limits(0, 0)).unwrap().index;

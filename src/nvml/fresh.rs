@@ -1,0 +1,153 @@
+//! NVML's free memory on a card as a short-lived child process sees it:
+//! the one figure a suspended process may restore on. Its own NVML memory
+//! queries wait for its restore (run 26 on the H200), and a figure another
+//! process publishes on the board is another container's word, which must
+//! never drive a restore (a refused restore loses the process, issue 26).
+//!
+//! The child is a bare `clone` (no fork handlers: vgpu's take its locks,
+//! the driver's might wait on the checkpoint lock); it loads NVML afresh
+//! in a new link-map namespace (`dlmopen`: its own descriptors, none of
+//! this process's state, none of vgpu's hooks), asks, writes nine bytes
+//! into a pipe and `_exit`s. The parent waits up to a bound and then
+//! kills it; a child that cannot even be reaped is reaped at the next ask.
+//! No answer is "not known", never "room".
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::sys::{Memory, NvmlDevice};
+
+type InitFn = unsafe extern "C" fn() -> c_int;
+type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int;
+type MemFn = unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int;
+
+/// Children killed but not yet reaped (one stuck in the driver).
+static UNREAPED: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// Free bytes on `uuid` as a fresh child process's NVML says, within
+/// `wait`; None when it did not answer (or NVML cannot say).
+pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
+    reap_old();
+    // Everything the child needs is made before the clone.
+    let text = CString::new(vgpu_shm::format_uuid(uuid)).ok()?;
+    let lib = c"libnvidia-ml.so.1";
+    let mut fds: [c_int; 2] = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into an array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: a bare clone as fork (flags = SIGCHLD, no new stack): the
+    // child runs `child` below and never returns into Rust code.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) };
+    if pid == 0 {
+        // SAFETY: in the child; it only loads NVML, asks, writes, exits.
+        unsafe { child(fds[1], lib, &text) }
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(fds[1]) };
+    if pid < 0 {
+        // SAFETY: closing the read end we own.
+        unsafe { libc::close(fds[0]) };
+        return None;
+    }
+    let pid = pid as libc::pid_t;
+    let answer = read_within(fds[0], wait);
+    // SAFETY: closing the read end we own; the child is ours to kill.
+    unsafe {
+        libc::close(fds[0]);
+        libc::kill(pid, libc::SIGKILL);
+    }
+    reap(pid);
+    answer
+}
+
+/// Nine bytes (ok, free as little-endian u64) from `fd` within `wait`.
+fn read_within(fd: c_int, wait: Duration) -> Option<u64> {
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 9];
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd we own.
+        let rc = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as c_int) };
+        if rc <= 0 {
+            continue;
+        }
+        // SAFETY: reading into the rest of a buffer we own.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        if n <= 0 {
+            return None;
+        }
+        got += n as usize;
+    }
+    let free = u64::from_le_bytes(buf[1..].try_into().ok()?);
+    (buf[0] == 1).then_some(free)
+}
+
+/// Reaps `pid` if it is gone within a moment; else later.
+fn reap(pid: libc::pid_t) {
+    for _ in 0..50 {
+        // SAFETY: waitpid on our own child, no status wanted.
+        let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        if rc != 0 {
+            // Reaped, or gone already (a program that reaps every child).
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if let Ok(mut v) = UNREAPED.lock() {
+        v.push(pid);
+    }
+}
+
+fn reap_old() {
+    if let Ok(mut v) = UNREAPED.lock() {
+        // SAFETY: as in `reap`.
+        v.retain(|&pid| unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } == 0);
+    }
+}
+
+/// The child: a fresh NVML, one question, nine bytes, `_exit`.
+///
+/// # Safety
+/// Only in the child of the bare clone above.
+unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
+    let mut out = [0u8; 9];
+    // SAFETY: dlmopen/dlsym with NUL-terminated names; each symbol is
+    // NVML's with the signature named (nvml.h); the pointers passed are
+    // ours; write and _exit are plain system calls.
+    unsafe {
+        let h = libc::dlmopen(
+            libc::LM_ID_NEWLM,
+            lib.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
+        if !h.is_null() {
+            let init = crate::interpose::real::dlsym(h, c"nvmlInit_v2");
+            let by_uuid = crate::interpose::real::dlsym(h, c"nvmlDeviceGetHandleByUUID");
+            let mem = crate::interpose::real::dlsym(h, c"nvmlDeviceGetMemoryInfo");
+            if !init.is_null() && !by_uuid.is_null() && !mem.is_null() {
+                let init: InitFn = std::mem::transmute::<*mut c_void, InitFn>(init);
+                let by_uuid: ByUuidFn = std::mem::transmute::<*mut c_void, ByUuidFn>(by_uuid);
+                let mem: MemFn = std::mem::transmute::<*mut c_void, MemFn>(mem);
+                let mut dev: NvmlDevice = std::ptr::null_mut();
+                let mut m = Memory::default();
+                if init() == 0 && by_uuid(uuid.as_ptr(), &mut dev) == 0 && mem(dev, &mut m) == 0 {
+                    out[0] = 1;
+                    out[1..].copy_from_slice(&m.free.to_le_bytes());
+                }
+            }
+        }
+        libc::write(fd, out.as_ptr().cast(), out.len());
+        libc::_exit(0)
+    }
+}

@@ -1,0 +1,159 @@
+//! Whether a card has room to restore this process. A restore the driver
+//! refuses loses the process (driver 580, run 28), so it is judged on this
+//! process's own knowledge only: NVML's free bytes as a short-lived child
+//! process reads them (`nvml::fresh`: the process's own NVML waits while it
+//! is checkpointed). A figure another process publishes on the board is
+//! another container's word and drives nothing (issue 26: a hostile
+//! `free_seen` of 100 GiB made a process restore onto a full card).
+//!
+//! What the board says can only make a restore wait, never hurry it, and
+//! only for a bounded time:
+//! - restores of other processes in flight on the card (their claims) are
+//!   taken off the figure, each for at most [`CLAIM_BOUND`] from when this
+//!   process first saw it;
+//! - running processes' waiting allocations are taken off too, for the
+//!   first [`WANTS_BOUND`] of this restore's wait (their room first);
+//! - the node's restore lock (one claim at a time) is waited for at most
+//!   [`LOCK_BOUND`] in all; then the restore claims without it.
+#![forbid(unsafe_code)]
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use vgpu_shm::board::ProcState;
+
+use super::{Here, free_probe};
+use crate::clock;
+
+/// A claim of another process counts this long at most.
+pub const CLAIM_BOUND: Duration = Duration::from_secs(120);
+/// Running processes' waits count this long into a restore's wait.
+pub const WANTS_BOUND: Duration = Duration::from_secs(10);
+/// The node's restore lock is waited for this long in all.
+pub const LOCK_BOUND: Duration = Duration::from_secs(2);
+/// This process's own figure is used while it is this fresh.
+const FRESH_NS: u64 = 500_000_000;
+/// A claim seen this long before the figure was read may have landed
+/// after it (observations are 20 ms apart while a restore waits).
+const SLACK_NS: u64 = 100_000_000;
+
+/// A restore of another process seen moving onto a card.
+struct Claim {
+    entry: usize,
+    pid: u32,
+    card: [u8; 16],
+    bytes: u64,
+    first_ns: u64,
+    last_ns: u64,
+}
+
+static CLAIMS: Mutex<Vec<Claim>> = Mutex::new(Vec::new());
+/// Since when this restore has not had the node's restore lock.
+static LOCK_MISSED: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// Notes the restores other processes have in flight on `card` now.
+fn observe(h: &Here, card: &[u8; 16], now: u64) {
+    let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+    for (i, e) in h.board.others(Some(h.entry)) {
+        let bytes = e.bytes_on(card);
+        if e.state() != ProcState::Restoring || bytes == 0 {
+            continue;
+        }
+        let pid = e.pid.load(std::sync::atomic::Ordering::Relaxed);
+        match claims
+            .iter_mut()
+            .find(|c| c.entry == i && c.pid == pid && &c.card == card)
+        {
+            Some(c) => {
+                c.bytes = c.bytes.max(bytes);
+                c.last_ns = now;
+            }
+            None => claims.push(Claim {
+                entry: i,
+                pid,
+                card: *card,
+                bytes,
+                first_ns: now,
+                last_ns: now,
+            }),
+        }
+    }
+    // Forgotten once gone for longer than any figure is kept.
+    claims.retain(|c| now.saturating_sub(c.last_ns) <= 2 * FRESH_NS + SLACK_NS);
+}
+
+/// Bytes of restores on `card` that a figure read at `at` may not hold:
+/// those seen in flight since shortly before it, within their bound.
+fn claimed_after(card: &[u8; 16], at: u64, now: u64) -> u64 {
+    CLAIMS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|c| &c.card == card && c.last_ns.saturating_add(SLACK_NS) >= at)
+        .filter(|c| now.saturating_sub(c.first_ns) <= CLAIM_BOUND.as_nanos() as u64)
+        .map(|c| c.bytes)
+        .fold(0u64, u64::saturating_add)
+}
+
+/// What the board's running processes wait for on `card`.
+pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
+    // Running processes' waiting allocations only: two suspended processes
+    // that each left room for the other's want would never restore.
+    h.board
+        .others(Some(h.entry))
+        .filter(|(_, e)| e.state() == ProcState::Running)
+        .filter_map(|(_, e)| e.wants())
+        .filter(|(c, _)| c == card)
+        .map(|(_, b)| b)
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Room on `card` for this checkpointed process now: its own fresh NVML
+/// figure (asked for up to `wait`), less restores in flight there and,
+/// for the first [`WANTS_BOUND`] of the wait (`waited`), running
+/// processes' waiting allocations. 0 without a figure of its own.
+pub(super) fn room_on(h: &Here, card: &[u8; 16], wait: Duration, waited: Duration) -> u64 {
+    observe(h, card, clock::monotonic_ns());
+    let Some((free, at)) = free_probe::free_within(*card, wait, true) else {
+        return 0;
+    };
+    let now = clock::monotonic_ns();
+    // A time from the future is no time at all.
+    if at > now || now - at > FRESH_NS {
+        return 0;
+    }
+    let wanted = if waited < WANTS_BOUND {
+        wanted_on(h, card)
+    } else {
+        0
+    };
+    free.saturating_sub(claimed_after(card, at, now))
+        .saturating_sub(wanted)
+}
+
+/// The node's restore lock, or leave to claim without it: a process that
+/// holds the lock for longer than [`LOCK_BOUND`] does not stop a restore.
+/// Err: not yet (try again).
+pub(super) fn restore_lock(h: &Here) -> Result<Option<vgpu_shm::board::RestoreLock<'_>>, ()> {
+    let missed_since = *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner);
+    // Past the bound, one try each time: the room was judged just now.
+    let wait = match missed_since {
+        Some(t) if t.elapsed() >= LOCK_BOUND => Duration::ZERO,
+        _ => Duration::from_secs(1),
+    };
+    if let Some(l) = h.board.restore_lock_within(wait) {
+        *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        return Ok(Some(l));
+    }
+    let mut missed = LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner);
+    let since = *missed.get_or_insert_with(Instant::now);
+    if since.elapsed() < LOCK_BOUND {
+        return Err(());
+    }
+    crate::warn_once!(
+        "CUDA_OVERSUBSCRIBE: the node's restore lock on {} has been held by another process for over {} ms: this process restores on its own NVML figure without it",
+        h.board.path().display(),
+        LOCK_BOUND.as_millis()
+    );
+    Ok(None)
+}

@@ -1,0 +1,232 @@
+//! The oversubscription board under a hostile neighbour (issue 26): any
+//! container that can open the node's board file can write any entry, take
+//! any lock and cut the file short. Nothing it does may lose a process's
+//! data, make it suspend for nothing, block its restore beyond a bound, or
+//! kill it. The neighbour is `tests/programs/hostile_board.c`, which knows
+//! nothing but the file's layout.
+//!
+//! As in tests/oversub.rs: each "container" has its own region, the card
+//! is 4 GiB (256 MiB per context), and NVML's memory queries of a
+//! suspended process wait for its restore, as on the H200.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+struct Node {
+    sim: Sim,
+}
+
+impl Node {
+    fn new() -> Node {
+        let mut sim = Sim::new(1, "4g");
+        let board = sim.dir.path().join("board").display().to_string();
+        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
+            .set("CUDA_OVERSUBSCRIBE", "true")
+            .set("VGPU_OVERSUBSCRIBE_DIR", &board)
+            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
+            .set("SIM_GPU_NVML_LOCKED", "1");
+        Node { sim }
+    }
+
+    fn board_dir(&self) -> std::path::PathBuf {
+        self.sim.dir.path().join("board")
+    }
+
+    fn spawn(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+        let mut c = self.sim.client_cmd(Path3::Link, true, args);
+        c.env(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            self.sim.dir.path().join(format!("{name}.cache")),
+        );
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The hostile neighbour in `mode` for `secs`, once in place.
+    fn hostile(&self, mode: &str, secs: &str, extra: &[&str]) -> Child {
+        let mut c = Command::new(artifacts().bin.join("hostile_board"));
+        c.arg(mode)
+            .arg(self.board_dir())
+            .arg(secs)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let line = first_line(child.stdout.as_mut().unwrap());
+        assert!(line.starts_with("hostile_ready=1"), "{line}");
+        child
+    }
+
+    /// `vgpuctl oversub` on the node's board.
+    fn board(&self) -> String {
+        let dir = self.board_dir();
+        self.sim.ctl(&["oversub", dir.to_str().unwrap()]).stdout
+    }
+}
+
+fn first_line(out: &mut ChildStdout) -> String {
+    let mut line = String::new();
+    let _ = BufReader::new(out).read_line(&mut line);
+    line
+}
+
+/// Waits for `child` up to `secs`; one still running then hung: killed,
+/// and the test fails.
+fn finish_within(mut child: Child, secs: f64) -> Run {
+    let exited = wait_until(secs, || matches!(child.try_wait(), Ok(Some(_))));
+    if !exited {
+        let _ = child.kill();
+        let r = finish(child);
+        panic!(
+            "still running after {secs} s (hung):\n{}\n{}",
+            r.stdout, r.stderr
+        );
+    }
+    finish(child)
+}
+
+fn stop(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn assert_intact(a: &Run) {
+    assert_eq!(a.get("intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("sum"), a.get("back_sum"));
+}
+
+/// Suspends `a` for a neighbour `b` that holds 2 GiB for `hold` seconds
+/// and is never idle long enough to be suspended itself; returns b.
+fn crowd_out(node: &Node, hold: &str) -> Child {
+    std::thread::sleep(Duration::from_millis(1500));
+    let b = node.spawn(
+        "b",
+        &[
+            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000"),
+            ("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000"),
+        ],
+        &["hold", "2147483648", hold],
+    );
+    assert!(
+        wait_until(10.0, || node.board().contains("state=suspended")),
+        "{}",
+        node.board()
+    );
+    b
+}
+
+#[test]
+fn a_hostile_free_figure_never_makes_a_process_restore_onto_a_full_card() {
+    // Finding 1: a neighbour publishing "100 GiB free, read an hour from
+    // now" made the victim restore onto a full card; the driver refused
+    // and the process's memory was lost.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn(
+        "a",
+        &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000")],
+        &["keep", "67108864", "2147483648", "7", "3"],
+    );
+    let b = crowd_out(&node, "5");
+    let liar = node.hostile("figure", "30", &[]);
+    let a = finish_within(a, 40.0);
+    stop(liar);
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    assert!(!a.stderr.contains("driver refused"), "{}", a.stderr);
+    assert_eq!(a.get("first_back_rc"), "0", "{}\n{}", a.stdout, a.stderr);
+    assert_intact(&a);
+    assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+}
+
+#[test]
+fn a_fake_want_on_a_card_with_room_suspends_nobody() {
+    // Finding 3: a fake 1 MiB want on a card that is mostly free made an
+    // idle process of another container suspend itself.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "3"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let liar = node.hostile("want", "30", &[]);
+    let a = finish_within(a, 20.0);
+    stop(liar);
+    assert_intact(&a);
+    assert!(!a.stderr.contains("suspended this process"), "{}", a.stderr);
+}
+
+#[test]
+fn held_locks_never_block_a_restore_on_a_card_with_room_for_long() {
+    // Finding 3: a neighbour holding every entry's lock and the restore
+    // lock made a suspended process fail each call with out of memory on
+    // an empty card.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn(
+        "a",
+        &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "12000")],
+        &["keep", "67108864", "2147483648", "7", "4"],
+    );
+    let b = crowd_out(&node, "1");
+    let squatter = node.hostile("locks", "60", &[]);
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish_within(a, 40.0);
+    stop(squatter);
+    assert_eq!(a.get("first_back_rc"), "0", "{}\n{}", a.stdout, a.stderr);
+    let ms: f64 = a.get("first_back_ms").parse().unwrap();
+    // The restore lock's bound (2 s) and the lock's own wait (1 s), with
+    // room to spare on a loaded machine; the old code waited out 12 s.
+    assert!(ms < 9000.0, "{ms}");
+    assert_intact(&a);
+    assert!(a.stderr.contains("restore lock"), "{}", a.stderr);
+}
+
+#[test]
+fn a_board_cut_short_under_running_processes_kills_nobody() {
+    // Finding 2: `truncate -s 0` on the board killed every oversubscribed
+    // process of the node with SIGBUS.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "2"]);
+    let c = node.spawn("c", &[], &["keep", "67108864", "0", "8", "2"]);
+    let file = node.board_dir().join("vgpu-oversub.board");
+    assert!(wait_until(10.0, || file.exists()
+        && node.board().contains("state=running")));
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    for r in [finish_within(a, 20.0), finish_within(c, 20.0)] {
+        assert!(r.status.success(), "{:?}\n{}", r.status, r.stderr);
+        assert_intact(&r);
+        assert!(r.stderr.contains("cut short or replaced"), "{}", r.stderr);
+    }
+}
+
+#[test]
+fn a_symlink_squatted_as_the_board_directory_is_refused() {
+    // Finding 6: the directory was followed wherever a symlink pointed.
+    let _serial = serial();
+    let node = Node::new();
+    let target = node.sim.dir.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, node.board_dir()).unwrap();
+    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "0.2"]);
+    let a = finish_within(a, 20.0);
+    assert_intact(&a);
+    assert!(a.stderr.contains("symbolic link"), "{}", a.stderr);
+    assert!(!target.join("vgpu-oversub.board").exists());
+}
