@@ -33,9 +33,10 @@
 //! 5. process: attach, process, hostpid, view, numbering, tamper,
 //!    quota::counters, limiter::credit
 //! 6. driver: cuda::sys, cuda::real, cuda::driver, nvml::sys, nvml::real,
-//!    nvml::client
+//!    nvml::client, nvml::fresh
 //! 7. base: config, lock, guard, duty, clock, ffi, log, unwind, loaded,
-//!    interpose::real, interpose::reals, interpose::elf, interpose::stub
+//!    interpose::real, interpose::reals, interpose::elf, interpose::stub,
+//!    interpose::trampoline
 //!
 //! What each module does:
 //! - `interpose`: the three entry paths and the hook table (`hooks!`);

@@ -49,6 +49,12 @@ fn counted(
     })
 }
 
+/// Frees `key` through `free`, releasing what it counted. (A free never
+/// starts the runtime: before it, nothing can have been counted.)
+fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
+    quota::uncounted(init::attach_if_started(), key, free)
+}
+
 /// The current context as the tracker names it (0: none).
 fn current_context() -> usize {
     driver::current_context().map_or(0, |c| c as usize)
@@ -173,21 +179,15 @@ fn counted_async(
 }
 
 pub fn free(p: CUdeviceptr) -> CUresult {
-    quota::uncounted(init::attach_if_started(), Key::Ptr(p), || {
-        real::cuMemFree_v2(p)
-    })
+    uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
 }
 
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    quota::uncounted(init::attach_if_started(), Key::Ptr(p), || {
-        real::cuMemFreeAsync(p, stream)
-    })
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
 }
 
 pub fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    quota::uncounted(init::attach_if_started(), Key::Ptr(p), || {
-        real::cuMemFreeAsync_ptsz(p, stream)
-    })
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
 }
 
 pub fn vmm_create(
@@ -211,9 +211,7 @@ pub fn vmm_create(
 }
 
 pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    quota::uncounted(init::attach_if_started(), Key::Vmm(handle), || {
-        real::cuMemRelease(handle)
-    })
+    uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
 fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
@@ -251,11 +249,7 @@ pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CU
 }
 
 pub fn array_destroy(array: CUarray) -> CUresult {
-    quota::uncounted(
-        init::attach_if_started(),
-        Key::Array(array as usize),
-        || real::cuArrayDestroy(array),
-    )
+    uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
 }
 
 pub fn mipmap_create(
@@ -278,11 +272,9 @@ pub fn mipmap_create(
 }
 
 pub fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
-    quota::uncounted(
-        init::attach_if_started(),
-        Key::Array(array as usize),
-        || real::cuMipmappedArrayDestroy(array),
-    )
+    uncounted(Key::Array(array as usize), || {
+        real::cuMipmappedArrayDestroy(array)
+    })
 }
 
 fn pool_device(pool: CUmemoryPool) -> On {

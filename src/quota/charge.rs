@@ -59,6 +59,11 @@ impl Charge {
         }))
     }
 
+    /// The attachment it is counted in.
+    pub fn attach(&self) -> &'static Attach {
+        self.attach
+    }
+
     /// The UUID of the card it is on.
     pub fn card(&self) -> [u8; 16] {
         self.attach.region.device(self.dev).uuid()

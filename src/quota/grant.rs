@@ -17,10 +17,9 @@ use std::time::{Duration, Instant};
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Reservation, SlotIndex, format_uuid};
 
 use super::overhead;
-// oversub still names it here until it imports `log` (after the trust merge).
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-pub use crate::log::fmt_bytes;
+use crate::log::fmt_bytes;
 
 /// Within this fraction of the limit, a grant re-measures the overhead.
 const NEAR_LIMIT_DIV: u64 = 32;

@@ -52,7 +52,8 @@ pub fn counted(
         Ok(c) => c,
         Err(rc) => return rc,
     };
-    let rc = crate::oversub::admit(charge.as_ref().map(Charge::card), bytes, alloc);
+    let on = charge.as_ref().map(|c| (c.attach(), c.card()));
+    let rc = crate::oversub::admit(on, bytes, alloc);
     if let Some(c) = charge
         && let Some((key, ctx)) = made().filter(|_| rc.is_ok())
     {
