@@ -572,6 +572,17 @@ fn check(root: &Path, lib: &str, skip: &[&str], allowed: &[(&str, &str, &str)]) 
             }
         }
     }
+    for (_, mods) in &order {
+        for p in mods {
+            if !g
+                .edges
+                .keys()
+                .any(|m| m == p || m.starts_with(&format!("{p}::")))
+            {
+                problems.push(format!("{lib}'s layer order names {p}, which is no file"));
+            }
+        }
+    }
     for (f, t, why) in allowed {
         if !up.contains(&(f.to_string(), t.to_string())) {
             problems.push(format!(
