@@ -3,7 +3,7 @@
 //! the exported C function, its lazily resolved real slot, and the table
 //! entry that `dlsym` and `cuGetProcAddress` consult. The three entry paths
 //! therefore cannot drift apart. The table and the two export lists import
-//! each other (with `cuda/proc_address.rs`, which the table holds): the
+//! each other (with `cuda/proc_address.rs`, which consults the table): the
 //! one import circle the layers allow (`tests/layers.rs`).
 //!
 //! [`hooks!`]: crate::interpose::table::hooks
@@ -62,7 +62,7 @@ impl Hook {
 ///   export → `ffi_boundary` → `handler(args)`, falling back to
 ///   `real::name(args)` if `handler` panics. Without the real function
 ///   nothing of vgpu runs (no region, no thread): the answer is `missing`,
-///   or [`NoLibrary::NO_LIBRARY`] without the driver library, as for a
+///   or [`NO_LIBRARY`](super::real::NoLibrary::NO_LIBRARY) without the driver library, as for a
 ///   process with no driver that calls one of our exports by accident;
 /// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
 ///
@@ -76,9 +76,9 @@ impl Hook {
 /// that could panic): the launch hooks with nothing to do (`duty.rs`).
 /// Inside our own code the boundary calls the real function too.
 ///
-/// `real` names the module that [`reals!`] filled with the library's real
-/// functions: a hook whose signature differs from its real function's
-/// does not compile.
+/// `real` names the module that `reals!` (`reals.rs`) filled with the
+/// library's real functions: a hook whose signature differs from its real
+/// function's does not compile.
 macro_rules! hooks {
     (
         lib: $lib:expr, missing: $missing:expr, real: $real:ident, enter: $enter:path;
