@@ -180,7 +180,10 @@ fn the_exporter_service_and_monitor_point_at_one_port() {
     };
     let (host, read_only) = host_path_at(pod, serve.root.to_str().unwrap());
     assert_eq!(host, "/usr/local/vgpu");
-    assert!(read_only, "the exporter must not be able to write the library");
+    assert!(
+        read_only,
+        "the exporter must not be able to write the library"
+    );
     // Both region trees are mounted at their own host paths, read-write
     // for housekeeping alone (it removes the directories of gone pods):
     // HAMi's plugin writes {gpuHookPath}/containers, Volcano's
@@ -190,10 +193,16 @@ fn the_exporter_service_and_monitor_point_at_one_port() {
         "/usr/local/vgpu/containers",
         "/usr/local/vgpu/vgpu/containers",
     ] {
-        assert!(Path::new(tree).starts_with(&host), "{tree} is not under the root");
+        assert!(
+            Path::new(tree).starts_with(&host),
+            "{tree} is not under the root"
+        );
         let (at, read_only) = host_path_at(pod, tree);
         assert_eq!(at, tree, "{tree} is not mounted at its host path");
-        assert!(!read_only, "housekeeping cannot remove gone pods' directories in {tree}");
+        assert!(
+            !read_only,
+            "housekeeping cannot remove gone pods' directories in {tree}"
+        );
     }
     assert_eq!(pod["hostPID"], true);
     // The oversubscription board it reads is the node's, read-only.

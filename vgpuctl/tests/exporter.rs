@@ -497,7 +497,7 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
         container_region(&root, "pod-h-uid", "high"),
         container_region(&root, "pod-n-uid", "normal"),
     );
-    let _exporter = Exporter::start(&sim, &root, &["--feedback", "--feedback-interval", "0.5"]);
+    let exporter = Exporter::start(&sim, &root, &["--feedback", "--feedback-interval", "0.5"]);
     let spin = |region: &Path, priority: &str, secs: &str| {
         sim.client_cmd(
             Path3::ProcAddr,
@@ -528,6 +528,12 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
     );
     assert!(wait_until(3.0, || hami(&high, "utilization_switch") == Some(0)));
     assert_eq!(hami(&normal, "utilization_switch"), Some(1));
+    // The exporter shows the block (issue 26: a block must be visible).
+    let blocked =
+        |s: &Scrape, who: &str| s.value("vgpu_container_launches_blocked", &[("container", who)]);
+    let seen = scrape_until(&exporter, 5.0, |s| blocked(s, "normal") == Some(1.0));
+    assert_eq!(blocked(&seen, "normal"), Some(1.0));
+    assert_eq!(blocked(&seen, "high"), Some(0.0));
     let h = finish(h).ok();
     // Lifted once the high one has been idle for a round or two.
     assert!(
@@ -536,6 +542,8 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
         "never lifted: {}",
         sim.status(&normal)
     );
+    let seen = scrape_until(&exporter, 5.0, |s| blocked(s, "normal") == Some(0.0));
+    assert_eq!(blocked(&seen, "normal"), Some(0.0));
     let n = finish(n).ok();
     let (rh, rn) = (per_sec(&h), per_sec(&n));
     assert!(rh.iter().all(|&v| v > 0.0), "high priority: {rh:?}");

@@ -159,6 +159,7 @@ struct Families {
     process_context: Gauges,
     process_sm: Gauges,
     processes: Gauges,
+    blocked: Gauges,
     reclaimed: Counters,
     exporter_regions: Gauges,
     exporter_unreadable: Gauges,
@@ -291,6 +292,11 @@ impl Families {
                 "vgpu_container_processes",
                 "Processes of the container that hold a slot in its region",
             ),
+            blocked: gauge(
+                r,
+                "vgpu_container_launches_blocked",
+                "1 while a node monitor blocks the container's launches (HAMi's recent_kernel -1; each process lifts a block nobody lifts after a bound)",
+            ),
             reclaimed: counter(
                 r,
                 "vgpu_container_slots_reclaimed",
@@ -322,6 +328,10 @@ impl Families {
         }
         let live = s.processes.iter().filter(|p| p.alive != Alive::No).count();
         self.processes.get_or_create(&container).set(live as f64);
+        if let Some(h) = &s.hami {
+            let blocked = i64::from(h.recent_kernel < 0);
+            self.blocked.get_or_create(&container).set(blocked as f64);
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{podwatch, pods};
+use super::{pods, podwatch};
 use crate::scan::{self, Found};
 use crate::snapshot::Owner;
 
