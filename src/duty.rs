@@ -1,7 +1,7 @@
 //! The launch path's first question, as one word: has vgpu anything to do
 //! for a launch in this process? Each bit is one reason; while the word is
 //! 0 a launch hook is one relaxed load and a jump to the driver (the
-//! `idle` hooks of `interpose/macros.rs`), with no panic boundary, since
+//! `idle` hooks of `interpose/table.rs`), with no panic boundary, since
 //! nothing of ours runs. The wake hooks ask only about [`OVERSUB`] and
 //! [`TEST_PANIC`] ([`no_oversub`]); the synchronisations among them also
 //! about [`LIMIT`] ([`neither_oversub_nor_limit`]: the turns' probes note

@@ -64,6 +64,12 @@ pub fn attach() -> Option<&'static Attach> {
     runtime().attach.as_ref()
 }
 
+/// The attachment, if the runtime has started and enforces anything;
+/// never starts it (a free: nothing can have been counted before).
+pub fn attach_if_started() -> Option<&'static Attach> {
+    started()?.attach.as_ref()
+}
+
 /// The runtime if it has started, without starting it.
 pub fn started() -> Option<&'static Runtime> {
     RUNTIME.get()
@@ -119,7 +125,10 @@ impl Runtime {
             };
         }
         if config.oversubscribe {
-            crate::oversub::start(&config.oversub);
+            // Before oversubscription turns on: the trampolines of functions
+            // without a hook restore a suspended process first.
+            crate::interpose::trampoline::set_gate(crate::oversub::gate);
+            crate::oversub::start(&config.oversub, OVERSUB_ABOVE);
         }
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());
@@ -147,6 +156,13 @@ const ON_SLOT: OnSlot = OnSlot {
         }
     },
     refill: restore_usage,
+};
+
+/// What oversubscription needs from above: the attachment (a restore a
+/// hook asked for beats the slot while it waits), and the watcher's kick.
+const OVERSUB_ABOVE: crate::oversub::Above = crate::oversub::Above {
+    attach,
+    kick: watcher::kick,
 };
 
 /// Whether this process runs in secure-execution mode (`AT_SECURE`).

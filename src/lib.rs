@@ -19,10 +19,28 @@
 //! draw from the compute bucket (`limiter`); a watcher thread per process
 //! reads NVML (overhead, utilisation) and steers the bucket.
 //!
-//! Modules, the lower ones used by the upper ones, never the reverse
-//! (except `interpose/table` and `cuda/proc_address`, which consult each
-//! other: the table holds `cuGetProcAddress`):
-//! - `interpose`: the three entry paths, the hook table and its macros
+//! Layers, from the top: a file imports only from its own layer or below.
+//! Policy gets what it needs from above passed in (an `&'static Attach`)
+//! or installed by `init` at start (as `attach::OnSlot` is), never by
+//! calling up. `tests/layers.rs` reads this list and checks every import;
+//! a module path names its files, and the longest path wins. The one
+//! circle allowed: the hook table (`interpose/table.rs`), the two export
+//! lists it holds, and `cuda/proc_address.rs`, which consults the table.
+//! 1. entry: interpose, cuda::exports, cuda::proc_address, nvml
+//! 2. hooks: cuda
+//! 3. boot: init, fork, watcher
+//! 4. policy: quota, limiter, oversub, hami
+//! 5. process: attach, process, hostpid, view, numbering, tamper,
+//!    quota::counters, limiter::credit
+//! 6. driver: cuda::sys, cuda::real, cuda::driver, nvml::sys, nvml::real,
+//!    nvml::client, nvml::fresh
+//! 7. base: config, lock, guard, duty, clock, ffi, log, unwind, loaded,
+//!    interpose::real, interpose::reals, interpose::elf, interpose::stub,
+//!    interpose::trampoline
+//!
+//! What each module does:
+//! - `interpose`: the three entry paths and the hook table (`hooks!`);
+//!   below them, the real symbols (`reals!`) and the stub's handoff
 //! - `cuda`: driver hooks (`exports.rs` lists them), one family per file,
 //!   translating driver calls into `quota` and `limiter` calls
 //! - `nvml`: NVML hooks and our own NVML client
@@ -50,6 +68,7 @@
 //! - `duty`: the launch path's one word: whether vgpu has anything to do
 //!   for a launch in this process (limits, HAMi's gate, oversubscription)
 //! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
+//! - `loaded`: the one line saying what this process enforces
 //! - `ffi`, `clock`, `log`: small edges
 
 // Without exported hooks (unit tests, feature `interpose` off) nothing

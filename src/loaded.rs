@@ -7,7 +7,7 @@
 use vgpu_shm::{CorePolicy, EntryIndex, Limits, Region, format_uuid};
 
 use crate::config::{Config, DEVICE_NUMBERS};
-use crate::quota::grant::fmt_bytes;
+use crate::log::fmt_bytes;
 
 /// The line for a process that attached to `region` with `config`.
 pub fn line(region: &Region, config: &Config) -> String {

@@ -1,4 +1,5 @@
-//! Logging to stderr, level from `LIBCUDA_LOG_LEVEL` (HAMi-core's variable).
+//! Logging to stderr, level from `LIBCUDA_LOG_LEVEL` (HAMi-core's variable),
+//! and the byte sizes its lines print.
 #![forbid(unsafe_code)]
 
 use std::io::Write;
@@ -21,6 +22,16 @@ pub fn init(level: log::LevelFilter) {
         .try_init();
 }
 
+/// Bytes as people read them.
+pub fn fmt_bytes(b: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (MIB * 1024.0))
+    } else {
+        format!("{:.1} MiB", b as f64 / MIB)
+    }
+}
+
 /// `log::warn!` that fires once per call site.
 #[macro_export]
 macro_rules! warn_once {
@@ -30,4 +41,15 @@ macro_rules! warn_once {
             ::log::warn!($($arg)*);
         }
     }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_readably() {
+        assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");
+        assert_eq!(fmt_bytes(512 << 20), "512.0 MiB");
+    }
 }

@@ -15,7 +15,7 @@ use crate::interpose::real::Lib;
 
 type Args = *mut *mut c_void;
 
-crate::interpose::macros::hooks! {
+crate::interpose::table::hooks! {
     lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND, real: real, enter: crate::oversub::enter;
     // memory: every allocation family and its frees
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult => memory::alloc;

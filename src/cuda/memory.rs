@@ -15,6 +15,7 @@ use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;
 use crate::ffi::get;
+use crate::init;
 use crate::process::POOLS;
 use crate::quota::{self, Charge, Key};
 
@@ -43,9 +44,15 @@ fn counted(
     alloc: impl FnMut() -> CUresult,
     key: impl FnOnce() -> Option<Key>,
 ) -> CUresult {
-    quota::counted(kind, bytes, on.entry(), alloc, || {
+    quota::counted(init::attach(), kind, bytes, on.entry(), alloc, || {
         Some((key()?, current_context()))
     })
+}
+
+/// Frees `key` through `free`, releasing what it counted. (A free never
+/// starts the runtime: before it, nothing can have been counted.)
+fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
+    quota::uncounted(init::attach_if_started(), key, free)
 }
 
 /// The current context as the tracker names it (0: none).
@@ -100,7 +107,12 @@ pub fn alloc_pitch(
         return call();
     }
     let estimate = (width.div_ceil(PITCH_ALIGN) * PITCH_ALIGN).saturating_mul(height) as u64;
-    let charge = match Charge::take(Kind::Buffer, estimate, On::CurrentContext.entry()) {
+    let charge = match Charge::take(
+        init::attach(),
+        Kind::Buffer,
+        estimate,
+        On::CurrentContext.entry(),
+    ) {
         Ok(c) => c,
         Err(rc) => return rc,
     };
@@ -167,15 +179,15 @@ fn counted_async(
 }
 
 pub fn free(p: CUdeviceptr) -> CUresult {
-    quota::uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
+    uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
 }
 
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    quota::uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
 }
 
 pub fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
-    quota::uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
+    uncounted(Key::Ptr(p), || real::cuMemFreeAsync_ptsz(p, stream))
 }
 
 pub fn vmm_create(
@@ -199,7 +211,7 @@ pub fn vmm_create(
 }
 
 pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    quota::uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
+    uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
 fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
@@ -237,7 +249,7 @@ pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CU
 }
 
 pub fn array_destroy(array: CUarray) -> CUresult {
-    quota::uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
+    uncounted(Key::Array(array as usize), || real::cuArrayDestroy(array))
 }
 
 pub fn mipmap_create(
@@ -260,7 +272,7 @@ pub fn mipmap_create(
 }
 
 pub fn mipmap_destroy(array: CUmipmappedArray) -> CUresult {
-    quota::uncounted(Key::Array(array as usize), || {
+    uncounted(Key::Array(array as usize), || {
         real::cuMipmappedArrayDestroy(array)
     })
 }

@@ -12,7 +12,7 @@ use crate::interpose::real::Lib;
 
 type Args = *mut *mut c_void;
 
-crate::interpose::macros::reals! {
+crate::interpose::reals::reals! {
     lib: Lib::Cuda, missing: CUresult::ERROR_NOT_FOUND;
     // memory: every allocation family and its frees
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;

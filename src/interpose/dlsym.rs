@@ -26,7 +26,7 @@ use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{real, table};
-use crate::guard;
+use crate::{duty, guard};
 
 /// Tells the trampoline to tail-jump to libc (the assembly tests for 1).
 #[allow(clippy::manual_dangling_ptr)]
@@ -136,6 +136,25 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     }
 }
 
+/// The stub's `dlsym` asks this for cu* and nvml* names: 1 to pass on to
+/// glibc, else the answer ([`decide`]).
+#[cfg(all(feature = "interpose", not(test)))]
+#[unsafe(no_mangle)]
+pub extern "C" fn vgpu_core_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    decide(handle, symbol)
+}
+
+/// The same for the stub's `dlvsym`.
+#[cfg(all(feature = "interpose", not(test)))]
+#[unsafe(no_mangle)]
+pub extern "C" fn vgpu_core_decide_versioned(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    decide_versioned(handle, symbol, version)
+}
+
 #[cfg(all(feature = "interpose", not(test), target_arch = "x86_64"))]
 mod exports {
     use std::ffi::{c_char, c_void};
@@ -228,7 +247,8 @@ mod exports {
 }
 
 /// A driver function without a hook, looked up in a handle (as XLA's
-/// driver stubs do): with oversubscription, a trampoline that restores a
+/// driver stubs do): with oversubscription (its bit in `duty.rs`, set
+/// once the trampolines' gate is in), a trampoline that restores a
 /// suspended process first (`trampoline.rs`); otherwise the plain answer.
 fn unhooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     // Driver API functions only (`cu` and a capital: not `cudbg*` data,
@@ -237,7 +257,7 @@ fn unhooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
     if handle == libc::RTLD_DEFAULT
         || handle == libc::RTLD_NEXT
         || !driver_api
-        || !crate::oversub::active()
+        || !duty::any_acquire(duty::OVERSUB)
         || real::handle(super::real::Lib::Cuda).map(|h| h.as_ptr()) != Some(handle)
     {
         return PASS;

@@ -5,9 +5,9 @@
 //! hands back our wrapper for the real pointer), or, as cudart and PyTorch
 //! do, through `cuGetProcAddress(_v2)` (we call the real one, then swap the
 //! pointer it returned for our wrapper). All three consult one table
-//! (`table.rs`) of the hooks that `hooks!` declares (`macros.rs`,
-//! invoked in `cuda/exports.rs` and `nvml/exports.rs`), and every wrapper
-//! calls the real function through a slot `reals!` declares, resolved with
+//! (`table.rs`) of the hooks that its `hooks!` declares (invoked in
+//! `cuda/exports.rs` and `nvml/exports.rs`), and every wrapper calls the
+//! real function through a slot `reals!` declares (`reals.rs`), resolved with
 //! libc's own `dlsym` (`real.rs`), found without calling `dlsym` at all
 //! (`elf.rs`). With oversubscription, functions without a hook reached
 //! through `cuGetProcAddress` get a trampoline that restores a suspended
@@ -19,8 +19,8 @@
 
 mod dlsym;
 pub mod elf;
-pub mod macros;
 pub mod real;
+pub mod reals;
 pub mod stub;
 pub mod table;
 pub mod trampoline;

@@ -102,22 +102,3 @@ pub unsafe extern "C" fn vgpu_core_attach(stub: *const Stub) -> u32 {
     });
     ABI
 }
-
-/// The stub's `dlsym` asks this for cu* and nvml* names: 1 to pass on to
-/// glibc, else the answer (`dlsym.rs`).
-#[cfg(all(feature = "interpose", not(test)))]
-#[unsafe(no_mangle)]
-pub extern "C" fn vgpu_core_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    super::dlsym::decide(handle, symbol)
-}
-
-/// The same for the stub's `dlvsym`.
-#[cfg(all(feature = "interpose", not(test)))]
-#[unsafe(no_mangle)]
-pub extern "C" fn vgpu_core_decide_versioned(
-    handle: *mut c_void,
-    symbol: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    super::dlsym::decide_versioned(handle, symbol, version)
-}

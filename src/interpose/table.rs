@@ -1,14 +1,16 @@
-//! The hook table: one `hooks!` invocation per driver library
+//! The hook table: one [`hooks!`] invocation per driver library
 //! (`cuda/exports.rs`, `nvml/exports.rs`) declares, for each hooked symbol,
 //! the exported C function, its lazily resolved real slot, and the table
 //! entry that `dlsym` and `cuGetProcAddress` consult. The three entry paths
-//! therefore cannot drift apart.
-#![forbid(unsafe_code)]
+//! therefore cannot drift apart. The table and the two export lists import
+//! each other (with `cuda/proc_address.rs`, which consults the table): the
+//! one import circle the layers allow (`tests/layers.rs`).
+//!
+//! [`hooks!`]: crate::interpose::table::hooks
 
 use std::ffi::c_void;
 
-pub use super::macros::Hook;
-use super::real::Lib;
+use super::real::{Lib, Real};
 
 /// Every hook, of both libraries.
 fn families() -> impl Iterator<Item = &'static Hook> {
@@ -33,3 +35,116 @@ pub fn wrapper_for(lib: Lib, real: *mut c_void) -> Option<*mut c_void> {
         .find(|h| h.real.get().is_some_and(|p| p.as_ptr() == real))
         .map(Hook::exported)
 }
+
+/// One hooked symbol: an entry of the table (`table.rs`).
+pub struct Hook {
+    /// Its real function.
+    pub real: &'static Real,
+    /// Our exported wrapper.
+    pub wrapper: *const (),
+}
+
+// SAFETY: `wrapper` is the address of a function (immutable code); `real`
+// is a Sync slot of atomics.
+unsafe impl Sync for Hook {}
+
+impl Hook {
+    /// What a lookup of this hook answers: libvgpu.so's export of the name
+    /// (which jumps to `wrapper`) when the stub loaded us, else `wrapper`.
+    pub fn exported(&self) -> *mut std::ffi::c_void {
+        super::stub::export_of(self.real.name()).unwrap_or(self.wrapper as *mut std::ffi::c_void)
+    }
+}
+
+/// Declares a driver library's hooks. For each `fn name(args) -> R =>
+/// handler;`:
+/// - `name`: the exported C function (feature `interpose`), shaped
+///   export → `ffi_boundary` → `handler(args)`, falling back to
+///   `real::name(args)` if `handler` panics. Without the real function
+///   nothing of vgpu runs (no region, no thread): the answer is `missing`,
+///   or [`NO_LIBRARY`](super::real::NoLibrary::NO_LIBRARY) without the driver library, as for a
+///   process with no driver that calls one of our exports by accident;
+/// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
+///
+/// `enter` runs before every handler (not for our own internal calls):
+/// an Err is the hook's answer instead (the CUDA side restores a process
+/// that oversubscription suspended, `oversub::enter`; NVML's is [`open`]).
+///
+/// A hook may name an `idle` test (`=> handler, idle: test;`): while it
+/// holds, `enter` and the handler would only call the real function, so
+/// the hook calls it at once, without the boundary (nothing of ours runs
+/// that could panic): the launch hooks with nothing to do (`duty.rs`).
+/// Inside our own code the boundary calls the real function too.
+///
+/// `real` names the module that `reals!` (`reals.rs`) filled with the
+/// library's real functions: a hook whose signature differs from its real
+/// function's does not compile.
+macro_rules! hooks {
+    (
+        lib: $lib:expr, missing: $missing:expr, real: $real:ident, enter: $enter:path;
+        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path $(, idle: $idle:path)?; )*
+    ) => {
+        $(
+            #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
+            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                #[inline(always)]
+                fn whole($($arg: $ty),*) -> $ret {
+                    if $real::slot::$name.get().is_none() {
+                        return match $crate::interpose::real::handle($lib) {
+                            Some(_) => $missing,
+                            None => <$ret as $crate::interpose::real::NoLibrary>::NO_LIBRARY,
+                        };
+                    }
+                    $crate::guard::ffi_boundary(
+                        stringify!($name),
+                        || match $enter() {
+                            Ok(()) => $imp($($arg),*),
+                            Err(rc) => rc,
+                        },
+                        || $real::$name($($arg),*),
+                    )
+                }
+                // Out of line behind an idle test, and with the hook's own
+                // convention: the test needs no frame of its own.
+                #[inline(never)]
+                extern "C" fn whole_out_of_line($($arg: $ty),*) -> $ret {
+                    whole($($arg),*)
+                }
+                let idle: Option<fn() -> bool> = None $(.or(Some($idle)))?;
+                if let Some(idle) = idle {
+                    type F = unsafe extern "C" fn($($ty),*) -> $ret;
+                    // SAFETY: the slot resolves exactly this symbol, whose
+                    // C signature is this hook's.
+                    let real = unsafe { $real::slot::$name.resolved::<F>() };
+                    // One call either way, through a pointer: the compiler
+                    // makes it a jump with the caller's arguments in place.
+                    let f: F = match real {
+                        Some(f) if idle() => f,
+                        _ => whole_out_of_line,
+                    };
+                    // SAFETY: the caller's own arguments, to the function
+                    // it meant to call or to the whole path.
+                    return unsafe { f($($arg),*) };
+                }
+                whole($($arg),*)
+            }
+        )*
+
+        /// Every hook of this library, for the table.
+        pub(crate) static HOOKS: &[$crate::interpose::table::Hook] = &[
+            $( $crate::interpose::table::Hook {
+                real: &$real::slot::$name,
+                wrapper: $name as *const (),
+            }, )*
+        ];
+    };
+}
+
+/// The `enter` of hooks that nothing ever holds back.
+#[inline]
+pub fn open<R>() -> Result<(), R> {
+    Ok(())
+}
+
+pub(crate) use hooks;

@@ -7,8 +7,8 @@ use super::real;
 use super::sys::*;
 use crate::interpose::real::Lib;
 
-crate::interpose::macros::hooks! {
-    lib: Lib::Nvml, missing: NvmlReturn::ERROR_FUNCTION_NOT_FOUND, real: real, enter: crate::interpose::macros::open;
+crate::interpose::table::hooks! {
+    lib: Lib::Nvml, missing: NvmlReturn::ERROR_FUNCTION_NOT_FOUND, real: real, enter: crate::interpose::table::open;
     fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn => memory_info::memory_info;
     fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn => memory_info::memory_info_v2;
 }

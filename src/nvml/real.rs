@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_uint};
 use super::sys::*;
 use crate::interpose::real::Lib;
 
-crate::interpose::macros::reals! {
+crate::interpose::reals::reals! {
     lib: Lib::Nvml, missing: NvmlReturn::ERROR_FUNCTION_NOT_FOUND;
     fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut Memory) -> NvmlReturn;
     fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn;

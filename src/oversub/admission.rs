@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{ACTIVE, here, settings};
+use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-use crate::quota::grant::fmt_bytes;
+use crate::log::fmt_bytes;
 
 const RETRY: Duration = Duration::from_millis(20);
 
@@ -29,12 +30,18 @@ fn wait_for_moves(h: &super::Here, card: &[u8; 16], deadline: std::time::Instant
 /// Allocations of this process waiting for room now.
 pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `alloc`, on `card` (None: not counted, nothing to wait for).
-pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUresult) -> CUresult {
+/// Runs `alloc`, on `card`, counted in `attach`'s slot (None: not
+/// counted, nothing to wait for).
+pub fn admit(
+    on: Option<(&Attach, [u8; 16])>,
+    bytes: u64,
+    mut alloc: impl FnMut() -> CUresult,
+) -> CUresult {
     if !ACTIVE.load(Ordering::Relaxed) {
         // Without oversubscription: the driver's answer, nothing more.
         return alloc();
     }
+    let card = on.map(|(_, card)| card);
     let wait = Duration::from_millis(settings().wait_ms);
     let start = std::time::Instant::now();
     let moves_done = || {
@@ -47,7 +54,7 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
     if rc != CUresult::ERROR_OUT_OF_MEMORY {
         return rc;
     }
-    let Some(card) = card else { return rc };
+    let Some((attach, card)) = on else { return rc };
     let uuid = vgpu_shm::format_uuid(&card);
     log::info!(
         "{uuid} is full: {} waits up to {} ms for room (CUDA_OVERSUBSCRIBE)",
@@ -60,7 +67,7 @@ pub fn admit(card: Option<[u8; 16]>, bytes: u64, mut alloc: impl FnMut() -> CUre
         // then the want: a suspension's estimate takes bytes less wants
         // as what is on the card, and must not count the reservation as
         // held (run 26).
-        super::suspend::publish_card(h, &card);
+        super::suspend::publish_card(attach, h, &card);
         h.entry().add_want(&card, bytes);
     }
     let rc = loop {

@@ -44,6 +44,7 @@ use vgpu_shm::board::{Board, BoardEntry};
 pub use admission::admit;
 pub use suspend::{suspended, tick};
 
+use crate::attach::Attach;
 use crate::config::Oversub;
 use crate::cuda::sys::CUresult;
 
@@ -67,7 +68,20 @@ const FAILED: u8 = 3;
 const SUSPENDING: u8 = 4;
 static STATE: AtomicU8 = AtomicU8::new(RUNNING);
 
+/// What oversubscription needs from the layers above it, installed by
+/// `init` when it turns oversubscription on (as `attach::OnSlot` is), so
+/// that this module calls nothing above it.
+#[derive(Clone, Copy)]
+pub struct Above {
+    /// The attachment, if anything is enforced: a restore a hook asked
+    /// for beats the region slot while it waits.
+    pub attach: fn() -> Option<&'static Attach>,
+    /// Wakes the watcher thread (a restore is wanted).
+    pub kick: fn(),
+}
+
 struct Settings {
+    above: Above,
     wait_ms: u64,
     restore_wait_ms: u64,
     idle_ns: u64,
@@ -93,11 +107,12 @@ impl Here {
 static HERE: OnceLock<Option<Here>> = OnceLock::new();
 
 /// Turns oversubscription on for this process (init, with the flag).
-pub fn start(cfg: &Oversub) {
+pub fn start(cfg: &Oversub, above: Above) {
     let host_limit = cfg
         .host_limit
         .unwrap_or_else(|| half_of_ram(Path::new("/proc/meminfo")));
     let _ = SETTINGS.set(Settings {
+        above,
         wait_ms: cfg.wait_ms,
         restore_wait_ms: cfg.restore_wait_ms,
         idle_ns: cfg.idle_ms.saturating_mul(1_000_000),
@@ -116,7 +131,7 @@ pub fn start(cfg: &Oversub) {
                 cfg.idle_ms,
                 cfg.wait_ms,
                 cfg.restore_wait_ms,
-                crate::quota::grant::fmt_bytes(host_limit),
+                crate::log::fmt_bytes(host_limit),
                 h.board.path().display(),
                 h.entry
             );
@@ -129,10 +144,16 @@ pub fn start(cfg: &Oversub) {
             let _ = HERE.set(None);
         }
     }
-    crate::interpose::trampoline::set_gate(|| enter().map_err(|rc| rc.0));
     ACTIVE.store(true, Ordering::Release);
     // Launches take the hooks' whole path from now on (`duty.rs`).
     crate::duty::set(crate::duty::OVERSUB);
+}
+
+/// The gate of the trampolines that functions without a hook get
+/// (`interpose/trampoline.rs`; `init` installs it before [`start`]):
+/// [`enter`], its answer as a raw code.
+pub fn gate() -> Result<(), i32> {
+    enter().map_err(|rc| rc.0)
 }
 
 /// Oversubscription is on in this process.
@@ -142,6 +163,10 @@ pub fn active() -> bool {
 
 fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| Settings {
+        above: Above {
+            attach: || None,
+            kick: || {},
+        },
         wait_ms: Oversub::default().wait_ms,
         restore_wait_ms: Oversub::default().restore_wait_ms,
         idle_ns: Oversub::default().idle_ms * 1_000_000,

@@ -32,8 +32,8 @@ use super::{
 };
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-use crate::quota::grant::fmt_bytes;
-use crate::{clock, process, watcher};
+use crate::log::fmt_bytes;
+use crate::{clock, process};
 
 /// How long the lock waits for calls in flight before giving up.
 const LOCK_TIMEOUT_MS: u32 = 1000;
@@ -59,14 +59,14 @@ static MOVING: AtomicBool = AtomicBool::new(false);
 /// helper thread beats the region slot every half second, as the watcher
 /// would: in a pid namespace a slot without a heartbeat looks dead to its
 /// neighbours after 3 s. (The beat touches neither CUDA nor NVML.)
-fn beating<R>(call: impl FnOnce() -> R) -> R {
+fn beating<R>(attach: Option<&Attach>, call: impl FnOnce() -> R) -> R {
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let beat = std::thread::Builder::new()
             .name("vgpu-beat".into())
             .spawn_scoped(s, || {
                 while !done.load(Ordering::Acquire) {
-                    if let Some(a) = crate::init::attach() {
+                    if let Some(a) = attach {
                         a.tick();
                     }
                     std::thread::park_timeout(Duration::from_millis(500));
@@ -208,10 +208,10 @@ pub fn tick(attach: &Attach) -> bool {
         }
         RUNNING => {
             publish_cards(attach, h);
-            maybe_suspend(h, now)
+            maybe_suspend(attach, h, now)
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {
-            restore_now(h);
+            restore_now(Some(attach), h);
             true
         }
         SUSPENDED => {
@@ -227,7 +227,7 @@ pub fn tick(attach: &Attach) -> bool {
                     "CUDA_OVERSUBSCRIBE: thread {tid} ({name}) waits inside the driver, where the suspension blocks it: restoring this process"
                 );
                 request_restore(deadline_from_now());
-                restore_now(h);
+                restore_now(Some(attach), h);
             }
             true
         }
@@ -237,10 +237,8 @@ pub fn tick(attach: &Attach) -> bool {
 
 /// This process's bytes on `card` from its region slot, now (the
 /// watcher publishes them every tick).
-pub(super) fn publish_card(h: &Here, card: &[u8; 16]) {
-    if let Some(attach) = crate::init::attach() {
-        publish_slot(attach, h, Some(card));
-    }
+pub(super) fn publish_card(attach: &Attach, h: &Here, card: &[u8; 16]) {
+    publish_slot(attach, h, Some(card));
 }
 
 /// What this process holds on each card it uses, from its slot.
@@ -274,7 +272,7 @@ fn seen(h: &Here, i: usize) -> Seen {
     }
 }
 
-fn maybe_suspend(h: &'static Here, now: u64) -> bool {
+fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     let s = settings();
     let others: Vec<Seen> = h
         .board
@@ -331,11 +329,11 @@ fn maybe_suspend(h: &'static Here, now: u64) -> bool {
         );
         return true;
     }
-    suspend(h, card, bytes, &me.cards);
+    suspend(attach, h, card, bytes, &me.cards);
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
 }
 
-fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
+fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
     let e = h.entry();
     let t0 = Instant::now();
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
@@ -361,7 +359,7 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
     // checkpoint for its death restored a half-checkpointed process with
     // nothing saved, and the driver failed it (run 19).
     STATE.store(SUSPENDING, Ordering::Release);
-    if let Err(rc) = beating(checkpoint::checkpoint) {
+    if let Err(rc) = beating(Some(attach), checkpoint::checkpoint) {
         if checkpoint::state() == Some(checkpoint::FAILED) {
             fail(
                 h,
@@ -391,7 +389,7 @@ fn suspend(h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
     if ACTIVITY.load(Ordering::Relaxed) != before {
         RESTORE_UNTIL.fetch_max(deadline_from_now(), Ordering::AcqRel);
         RESTORE_WANTED.store(true, Ordering::Release);
-        restore_now(h);
+        restore_now(Some(attach), h);
     }
 }
 
@@ -404,7 +402,7 @@ fn deadline_from_now() -> u64 {
 fn request_restore(deadline: u64) {
     RESTORE_UNTIL.fetch_max(deadline, Ordering::AcqRel);
     RESTORE_WANTED.store(true, Ordering::Release);
-    watcher::kick();
+    (settings().above.kick)();
 }
 
 /// A caller's way back: the watcher restores the process (or the caller
@@ -455,7 +453,7 @@ pub fn resume() -> Result<(), CUresult> {
                 "CUDA_OVERSUBSCRIBE: the watcher thread is gone ({} ms silent): restoring this process from the calling thread",
                 silent / 1_000_000
             );
-            restore_now(h);
+            restore_now((settings().above.attach)(), h);
             g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
             continue;
         }
@@ -485,7 +483,7 @@ fn no_room() {
 /// Restores the process: waits until its cards have room for it (asking
 /// for it on the board), then restore and unlock. Gives up, the process
 /// still suspended, when no call waits any longer (`RESTORE_UNTIL`).
-fn restore_now(h: &Here) {
+fn restore_now(attach: Option<&Attach>, h: &Here) {
     let _one = RESTORER.lock().unwrap_or_else(PoisonError::into_inner);
     if STATE.load(Ordering::Acquire) != SUSPENDED {
         return;
@@ -502,7 +500,7 @@ fn restore_now(h: &Here) {
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
         // The region slot's heartbeat too: the wait can last minutes.
-        if let Some(a) = crate::init::attach() {
+        if let Some(a) = attach {
             a.tick();
         }
         let (short, _) = short_of_room(h, &saved, NVML_WAIT, t0.elapsed(), 0);
@@ -511,7 +509,9 @@ fn restore_now(h: &Here) {
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
                 // slot keeps beating meanwhile.
-                let moved = beating(|| checkpoint::restore().map(|()| checkpoint::unlock()));
+                let moved = beating(attach, || {
+                    checkpoint::restore().map(|()| checkpoint::unlock())
+                });
                 MOVING.store(false, Ordering::Release);
                 match moved {
                     Ok(Ok(())) => break,

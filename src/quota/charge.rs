@@ -11,7 +11,6 @@ use super::tracker::{self, Key, Tracked};
 use super::{grant, release};
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-use crate::init;
 
 /// Bytes reserved for an allocation the driver is making.
 pub struct Charge {
@@ -31,14 +30,15 @@ pub struct Charge {
 impl Charge {
     /// Reserves `bytes` of `kind` on the device `device` names (asked once
     /// this process's slot is known). `Ok(None)` when nothing is enforced
-    /// there (no region, no context: the driver will answer); Err is the
-    /// code to return instead of calling the driver.
+    /// there (no attachment, no region, no context: the driver will
+    /// answer); Err is the code to return instead of calling the driver.
     pub fn take(
+        attach: Option<&'static Attach>,
         kind: Kind,
         bytes: u64,
         device: impl FnOnce(&Attach) -> Option<EntryIndex>,
     ) -> Result<Option<Charge>, CUresult> {
-        let Some(attach) = init::attach() else {
+        let Some(attach) = attach else {
             return Ok(None);
         };
         let slot = grant::counted_slot(attach)?;
@@ -57,6 +57,11 @@ impl Charge {
             kept: false,
             _in_driver: overhead::in_driver(dev),
         }))
+    }
+
+    /// The attachment it is counted in.
+    pub fn attach(&self) -> &'static Attach {
+        self.attach
     }
 
     /// The UUID of the card it is on.
@@ -101,7 +106,7 @@ impl Charge {
         // The driver handed out this address again, so whatever we had
         // under it is gone (freed through a path we do not see).
         if let Some(stale) = tracker::remove(key) {
-            release::release(stale);
+            release::release(Some(self.attach), stale);
         }
         overhead::allocated(self.dev, self.bytes);
         tracker::insert(key, t);

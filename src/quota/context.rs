@@ -170,7 +170,7 @@ pub fn gone(attach: Option<&Attach>, ctx: usize, dev: EntryIndex, was_primary: b
         primary(dev).store(NONE, Ordering::Release);
     }
     for t in tracker::drain_context(ctx) {
-        release::release(t);
+        release::release(attach, t);
     }
     if let Some(attach) = attach {
         overhead::context_destroyed(attach, dev);

@@ -19,6 +19,7 @@ use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Reservation, SlotIndex, forma
 use super::overhead;
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
+use crate::log::fmt_bytes;
 
 /// Within this fraction of the limit, a grant re-measures the overhead.
 const NEAR_LIMIT_DIV: u64 = 32;
@@ -126,16 +127,6 @@ fn report_denial(attach: &Attach, dev: EntryIndex, limit: u64, used: u64, asked:
     );
 }
 
-/// Bytes as people read them.
-pub fn fmt_bytes(b: u64) -> String {
-    const MIB: f64 = (1u64 << 20) as f64;
-    if b >= 1 << 30 {
-        format!("{:.2} GiB", b as f64 / (MIB * 1024.0))
-    } else {
-        format!("{:.1} MiB", b as f64 / MIB)
-    }
-}
-
 /// This process's slot; without one it is not counted, so it gets no
 /// memory (fail closed, one line why).
 pub fn counted_slot(attach: &Attach) -> Result<SlotIndex, CUresult> {
@@ -150,15 +141,4 @@ pub fn counted_slot(attach: &Attach) -> Result<SlotIndex, CUresult> {
         );
         CUresult::ERROR_OUT_OF_MEMORY
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_print_readably() {
-        assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");
-        assert_eq!(fmt_bytes(512 << 20), "512.0 MiB");
-    }
 }

@@ -34,23 +34,26 @@ use vgpu_shm::{EntryIndex, Kind};
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
 
-/// Counts `bytes` of `kind` on the device `device` names around `alloc`:
+/// Counts `bytes` of `kind` on the device `device` names around `alloc`,
+/// in `attach`'s slot (nothing is counted without one):
 /// reserved before, kept if `made` names what the driver made (and the
 /// context it was made in), refunded otherwise. Within the quota but
 /// beyond what the card holds, an oversubscribed container's allocation
 /// waits for room (`oversub::admit`), still reserved.
 pub fn counted(
+    attach: Option<&'static Attach>,
     kind: Kind,
     bytes: u64,
     device: impl FnOnce(&Attach) -> Option<EntryIndex>,
     alloc: impl FnMut() -> CUresult,
     made: impl FnOnce() -> Option<(Key, usize)>,
 ) -> CUresult {
-    let charge = match Charge::take(kind, bytes, device) {
+    let charge = match Charge::take(attach, kind, bytes, device) {
         Ok(c) => c,
         Err(rc) => return rc,
     };
-    let rc = crate::oversub::admit(charge.as_ref().map(Charge::card), bytes, alloc);
+    let on = charge.as_ref().map(|c| (c.attach(), c.card()));
+    let rc = crate::oversub::admit(on, bytes, alloc);
     if let Some(c) = charge
         && let Some((key, ctx)) = made().filter(|_| rc.is_ok())
     {

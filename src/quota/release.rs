@@ -9,8 +9,8 @@ use vgpu_shm::EntryIndex;
 
 use super::overhead;
 use super::tracker::{self, Key, Tracked};
+use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
-use crate::init;
 
 /// A free the driver is doing, of `held` bytes per device entry.
 #[must_use]
@@ -47,9 +47,9 @@ impl Drop for Freeing<'_> {
     }
 }
 
-/// Frees `key` through `free`, then releases what it held. A free of
-/// something never counted goes to the driver untouched.
-pub fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
+/// Frees `key` through `free`, then releases what it held from `attach`'s
+/// slot. A free of something never counted goes to the driver untouched.
+pub fn uncounted(attach: Option<&Attach>, key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
     // Taken out first: once the driver frees it, another thread may be
     // handed the same address and insert its own entry.
     let Some(t) = tracker::remove(key) else {
@@ -60,16 +60,17 @@ pub fn uncounted(key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
     let rc = free();
     freeing.done(rc);
     if rc.is_ok() {
-        release(t);
+        release(attach, t);
     } else {
         tracker::insert(key, t);
     }
     rc
 }
 
-/// Releases what a tracked allocation held (the driver has freed it).
-pub fn release(t: Tracked) {
-    if let Some(attach) = init::attach()
+/// Releases what a tracked allocation held from `attach`'s slot (the
+/// driver has freed it).
+pub fn release(attach: Option<&Attach>, t: Tracked) {
+    if let Some(attach) = attach
         && attach.intact()
         && let Some(slot) = attach.slot()
     {

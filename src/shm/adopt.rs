@@ -27,23 +27,26 @@ use std::sync::atomic::Ordering;
 use memmap2::MmapOptions;
 
 use crate::error::{HamiLimit, Refusal, ShmError};
-use crate::hami::{self, HAMI_DEVICES, HAMI_SIZE, HamiRegion};
+use crate::file::zero_range;
+use crate::format::Locked;
+use crate::hami::fill;
+use crate::hami::layout::{HAMI_DEVICES, HAMI_PROCS, HAMI_SIZE, HamiRegion};
 use crate::index::EntryIndex;
 use crate::layout::{
     FILE_SIZE, LEGACY_SIZE, ORIGIN_HAMI_CORE, ORIGIN_VGPU_1, REGION_SIZE, VGPU_OFFSET,
 };
 use crate::lock::RegionGuard;
-use crate::open::{Locked, map, zero_range};
+
 use crate::procinfo::{Liveness, ProcView, liveness, monotonic_ms};
-use crate::region::{Region, Shape, initialise};
+use crate::region::{Region, Shape, initialise, map};
 use crate::slots::STALE_MS;
-use crate::{DeviceInfo, Limits, boot, parse_uuid, space};
+use crate::{DeviceInfo, Limits, parse_uuid, space};
 
 /// A ready layout 1.x file: used as it is while live processes hold
 /// slots in it, else upgraded.
 pub(crate) fn legacy(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, ShmError> {
     let old = map(l.file, l.path, Shape::LEGACY)?;
-    old.settle_boot(guard, boot::current());
+    old.settle_boot(guard, crate::procinfo::boot_id());
     if in_use(&old) {
         return Ok(old);
     }
@@ -80,7 +83,7 @@ pub(crate) fn legacy(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, 
     // The new part is whole: the old one can go.
     zero_range(l.file, 0, HAMI_SIZE as u64).map_err(|e| ShmError::io(l.path, "write", e))?;
     if let Some(hami) = region.hami() {
-        hami::initialise(hami);
+        fill::initialise(hami);
     }
     let mut region = region;
     region.created = true;
@@ -129,7 +132,7 @@ pub(crate) fn hami_core(l: &Locked<'_>, resumed: bool) -> Result<Region, ShmErro
     let Some(h) = region.hami() else {
         unreachable!("a region of the current shape has a HAMi part")
     };
-    hami::reset_procs(h);
+    fill::reset_procs(h);
     let mut entries = EntryIndex::all();
     for l in limits_of(h) {
         let Some(uuid) = parse_uuid(&l.uuid) else {
@@ -171,7 +174,7 @@ pub(crate) fn limits_of(h: &HamiRegion) -> Vec<HamiLimit> {
             index: i,
             uuid: h.uuid(i),
             mem: h.limit[i].load(Ordering::Acquire),
-            sm: hami::sm_from_hami(h.sm_limit[i].load(Ordering::Acquire)),
+            sm: fill::sm_from_hami(h.sm_limit[i].load(Ordering::Acquire)),
         })
         .filter(|l| !l.uuid.is_empty() || l.mem != 0 || l.sm != 0)
         .collect()
@@ -191,7 +194,7 @@ fn users(h: &HamiRegion, file: &File) -> Vec<i32> {
     let ino = meta.ino().to_string();
     let n = usize::try_from(h.proc_num.load(Ordering::Acquire))
         .unwrap_or(0)
-        .min(hami::HAMI_PROCS);
+        .min(HAMI_PROCS);
     let mut pids: Vec<i32> = h.procs[..n]
         .iter()
         .map(|p| p.pid.load(Ordering::Acquire))

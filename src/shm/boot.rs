@@ -12,22 +12,6 @@ use crate::Region;
 use crate::layout::{Header, MAX_SLOTS};
 use crate::lock::RegionGuard;
 
-/// `/proc/sys/kernel/random/boot_id` as two words; None when unreadable.
-pub fn current() -> Option<[u64; 2]> {
-    parse(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?)
-}
-
-/// Parses a boot id (`364d7662-5658-4ea3-994f-679d53d3f26c`).
-pub fn parse(text: &str) -> Option<[u64; 2]> {
-    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let hi = u64::from_str_radix(hex.get(..16)?, 16).ok()?;
-    let lo = u64::from_str_radix(hex.get(16..)?, 16).ok()?;
-    Some([hi, lo])
-}
-
 fn recorded(h: &Header) -> [u64; 2] {
     [
         h.boot_id[0].load(Ordering::Acquire),
@@ -73,20 +57,5 @@ impl Region {
         }
         record(h, now);
         other_boot
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_kernel_form() {
-        assert_eq!(
-            parse("364d7662-5658-4ea3-994f-679d53d3f26c\n"),
-            Some([0x364d_7662_5658_4ea3, 0x994f_679d_53d3_f26c])
-        );
-        assert_eq!(parse("nonsense"), None);
-        assert!(current().is_some());
     }
 }

@@ -42,10 +42,10 @@ pub fn read_copy(path: &Path) -> Result<Opened, ShmError> {
         .len();
     let io = |e| ShmError::io(path, "read", e);
     let mut start = [0u8; PREFIX_LEN];
-    let n = crate::open::read_at(&file, &mut start, 0).map_err(io)?;
+    let n = crate::file::read_at(&file, &mut start, 0).map_err(io)?;
     let mut part = [0u8; PREFIX_LEN];
     let m = if len > VGPU_OFFSET as u64 {
-        crate::open::read_at(&file, &mut part, VGPU_OFFSET as u64).map_err(io)?
+        crate::file::read_at(&file, &mut part, VGPU_OFFSET as u64).map_err(io)?
     } else {
         0
     };

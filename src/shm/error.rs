@@ -201,7 +201,7 @@ pub enum ShmError {
         /// The region file.
         path: PathBuf,
         /// What happened to it.
-        why: crate::private::Tamper,
+        why: Tamper,
     },
     /// Every process slot is held by a live process.
     SlotsFull {
@@ -284,3 +284,28 @@ impl fmt::Display for ShmError {
 }
 
 impl std::error::Error for ShmError {}
+
+/// Why the mapped file can no longer be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tamper {
+    /// The file is shorter than a region: its pages would raise SIGBUS.
+    Shrunk {
+        /// The file's length now.
+        len: u64,
+    },
+    /// The file holds another region than the one mapped (it was
+    /// truncated and created again): our slot is not in it.
+    Replaced,
+}
+
+impl fmt::Display for Tamper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tamper::Shrunk { len } => write!(
+                f,
+                "the file shrank to {len} bytes under this process (a region is {FILE_SIZE})"
+            ),
+            Tamper::Replaced => write!(f, "the file was truncated and created again"),
+        }
+    }
+}

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -196,4 +197,31 @@ fn refusal_or_io(path: &Path, op: &'static str, e: io::Error) -> ShmError {
 /// its mode and size yet.
 fn is_being_created(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.len() == 0)
+}
+
+/// Writes zeros over `[at, at + len)` of `file` (never through a mapping:
+/// the bytes may lie past a mapping's end).
+pub(crate) fn zero_range(file: &File, at: u64, len: u64) -> io::Result<()> {
+    let zeros = vec![0u8; 64 << 10];
+    let mut done = 0;
+    while done < len {
+        let n = zeros.len().min((len - done) as usize);
+        file.write_all_at(&zeros[..n], at + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads up to `buf.len()` bytes at `at`; fewer only at the end of file.
+pub(crate) fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }

@@ -14,8 +14,11 @@
 //! Anything else is a [`Refusal`] naming what was found.
 #![forbid(unsafe_code)]
 
+use std::fs::File;
+use std::path::Path;
+
 use crate::error::Refusal;
-use crate::hami::{HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_SIZE};
+use crate::hami::layout::{HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR, HAMI_SIZE};
 use crate::layout::{
     FILE_SIZE, HEADER_SIZE, LEGACY_MAJOR, LEGACY_SIZE, MAGIC, MAX_DEVICES, MAX_SLOTS, PREFIX_LEN,
     Prefix, SLOT_SIZE, STATE_READY, VERSION_MAJOR, VGPU_OFFSET,
@@ -217,4 +220,13 @@ fn vgpu_part(p: &Prefix, file_len: u64, major: u32, size: usize) -> Result<bool,
         }
     }
     Ok(p.state == STATE_READY)
+}
+
+/// A file opened and locked, and what it was found to be (None: empty,
+/// to be created).
+pub(crate) struct Locked<'a> {
+    pub file: &'a File,
+    pub path: &'a Path,
+    pub len: u64,
+    pub found: Option<Found>,
 }

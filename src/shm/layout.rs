@@ -281,7 +281,7 @@ pub const DEVICE_SIZE: usize = size_of::<DeviceEntry>();
 /// Size of vgpu's part of a region: its header and slots.
 pub const REGION_SIZE: usize = HEADER_SIZE + MAX_SLOTS * SLOT_SIZE;
 /// Where vgpu's part starts: after HAMi's layout, on a page boundary.
-pub const VGPU_OFFSET: usize = crate::hami::HAMI_SIZE.next_multiple_of(4096);
+pub const VGPU_OFFSET: usize = crate::hami::layout::HAMI_SIZE.next_multiple_of(4096);
 /// Size of a region file of this layout version.
 pub const FILE_SIZE: usize = VGPU_OFFSET + REGION_SIZE;
 /// Size of a region file of layout 1.x (vgpu's part alone, at offset 0).
@@ -327,7 +327,7 @@ const _: () = {
     assert!(offset_of!(Header, devices) == 128);
     assert!(HEADER_SIZE == 128 + MAX_DEVICES * 256);
     assert!(HEADER_SIZE.is_multiple_of(8));
-    assert!(VGPU_OFFSET == 2_011_136 && VGPU_OFFSET >= crate::hami::HAMI_SIZE);
+    assert!(VGPU_OFFSET == 2_011_136 && VGPU_OFFSET >= crate::hami::layout::HAMI_SIZE);
     assert!(FILE_SIZE == 3_063_936);
 };
 

@@ -27,11 +27,22 @@
 //! - `quota`: reserve-then-check without a lock
 //! - [`procinfo`]: process identity and liveness across pid namespaces
 //! - `space`: disk space reserved before mapping (no SIGBUS on a full disk)
-//! - `boot`: state of another boot is reset
+//! - `boot`: state of another boot is reset (the boot id: [`procinfo`])
 //! - `private`: a file that shrinks under us is swapped for a private copy
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 //! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
 //! - `board_dir`: its directory, checked (no symlink, a safe owner and mode)
+//!
+//! Layers, from the top: a file imports only from its own layer or below
+//! (`tests/layers.rs` reads this list and checks every import; a module
+//! path names its files, the longest path wins):
+//! 1. readers: hami, hami::monitor, copy
+//! 2. opening: open, adopt
+//! 3. region: region, devices, slots, quota, compute, private, boot,
+//!    hami::mirror, hami::feedback, hami::fill
+//! 4. file: format, file, error, sigbus, lock, space, lease, board,
+//!    board_dir
+//! 5. layout: layout, hami::layout, hami::snapshot, index, procinfo
 
 #![warn(missing_docs)]
 
@@ -61,13 +72,12 @@ mod space;
 
 pub use copy::read_copy;
 pub use devices::{CorePolicy, DeviceInfo, Limits, Registered};
-pub use error::{HamiLimit, Refusal, ShmError};
+pub use error::{HamiLimit, Refusal, ShmError, Tamper};
 pub use file::{DEFAULT_CREATE_MODE, FileOptions};
 pub use format::{Format, check};
 pub use index::{EntryIndex, SlotIndex};
 pub use layout::{Kind, MAX_DEVICES, MAX_SLOTS};
 pub use lock::{LocalLock, RegionGuard};
-pub use private::Tamper;
 pub use procinfo::{ProcId, ProcView};
 pub use quota::{Owners, Reservation};
 pub use region::{OpenMode, Region};

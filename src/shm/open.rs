@@ -13,19 +13,24 @@
 //! | anything else | refused, untouched | refused |
 
 use std::fs::File;
-use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use memmap2::{MmapOptions, MmapRaw};
-
 use crate::error::ShmError;
-use crate::file::FileOptions;
-use crate::format::{Found, classify};
+use crate::file::{FileOptions, read_at, zero_range};
+use crate::format::{Found, Locked, classify};
 use crate::layout::{FILE_SIZE, PREFIX_LEN, VGPU_OFFSET};
 use crate::lock::{LocalLock, RegionGuard};
-use crate::region::{Region, Shape, initialise};
-use crate::{adopt, boot, space};
+use crate::region::{Region, Shape, initialise, map};
+use crate::{adopt, space};
+
+impl Region {
+    /// [`Region::open`] with the file's creation mode and owner policy. A
+    /// file of an older layout is adopted (this file says how), or refused
+    /// with what to delete.
+    pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
+        open(path, opts, Purpose::Attach)
+    }
+}
 
 /// Why a region is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,15 +39,6 @@ pub(crate) enum Purpose {
     Attach,
     /// By a tool: map what is there, change nothing.
     Inspect,
-}
-
-/// A file opened and locked, and what it was found to be (None: empty,
-/// to be created).
-pub(crate) struct Locked<'a> {
-    pub file: &'a File,
-    pub path: &'a Path,
-    pub len: u64,
-    pub found: Option<Found>,
 }
 
 /// Opens the region at `path`.
@@ -136,17 +132,17 @@ fn attach(l: &Locked<'_>, guard: &RegionGuard<'_>) -> Result<Region, ShmError> {
             if !hami_ready {
                 // An upgrade or a creation stopped before the HAMi part
                 // was written: nobody reads it without its magic.
-                zero_range(l.file, 0, crate::hami::HAMI_SIZE as u64)
+                zero_range(l.file, 0, crate::hami::layout::HAMI_SIZE as u64)
                     .map_err(|e| ShmError::io(l.path, "write", e))?;
             }
             space::reserve_existing(l.file, FILE_SIZE as u64)
                 .map_err(|e| ShmError::no_space(l.path, e))?;
             let mut region = map(l.file, l.path, Shape::CURRENT)?;
             if !hami_ready && let Some(h) = region.hami() {
-                crate::hami::initialise(h);
+                crate::hami::fill::initialise(h);
                 region.created = true;
             }
-            region.settle_boot(guard, boot::current());
+            region.settle_boot(guard, crate::procinfo::boot_id());
             Ok(region)
         }
         Some(Found::VgpuLegacy { ready: true, .. }) => adopt::legacy(l, guard),
@@ -172,50 +168,7 @@ pub(crate) fn create(file: &File, path: &Path) -> Result<Region, ShmError> {
     // vgpu's part first: a HAMi magic promises a whole file.
     initialise(region.header());
     if let Some(h) = region.hami() {
-        crate::hami::initialise(h);
+        crate::hami::fill::initialise(h);
     }
     Ok(region)
-}
-
-/// Maps `shape.len` bytes of `file` as a region of that shape.
-pub(crate) fn map(file: &File, path: &Path, shape: Shape) -> Result<Region, ShmError> {
-    let map: MmapRaw = MmapOptions::new()
-        .len(shape.len)
-        .map_raw(file)
-        .map_err(|e| ShmError::io(path, "mmap", e))?;
-    let watch = crate::sigbus::Watch::new(map.as_ptr(), shape.len);
-    Ok(Region::from_map(
-        map,
-        shape,
-        None,
-        path.to_path_buf(),
-        watch,
-    ))
-}
-
-/// Writes zeros over `[at, at + len)` of `file` (never through a mapping:
-/// the bytes may lie past a mapping's end).
-pub(crate) fn zero_range(file: &File, at: u64, len: u64) -> io::Result<()> {
-    let zeros = vec![0u8; 64 << 10];
-    let mut done = 0;
-    while done < len {
-        let n = zeros.len().min((len - done) as usize);
-        file.write_all_at(&zeros[..n], at + done)?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
-/// Reads up to `buf.len()` bytes at `at`; fewer only at the end of file.
-pub(crate) fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }

@@ -8,38 +8,11 @@
 //! the region stay valid and never see a half-filled copy.
 
 use std::ffi::c_void;
-use std::fmt;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use crate::Region;
-use crate::error::ShmError;
-use crate::layout::FILE_SIZE;
-
-/// Why the mapped file can no longer be used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tamper {
-    /// The file is shorter than a region: its pages would raise SIGBUS.
-    Shrunk {
-        /// The file's length now.
-        len: u64,
-    },
-    /// The file holds another region than the one mapped (it was
-    /// truncated and created again): our slot is not in it.
-    Replaced,
-}
-
-impl fmt::Display for Tamper {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Tamper::Shrunk { len } => write!(
-                f,
-                "the file shrank to {len} bytes under this process (a region is {FILE_SIZE})"
-            ),
-            Tamper::Replaced => write!(f, "the file was truncated and created again"),
-        }
-    }
-}
+use crate::error::{ShmError, Tamper};
 
 impl Region {
     /// Whether the file is still long enough for the mapping: one `fstat`,

@@ -268,9 +268,35 @@ pub fn monotonic_ms() -> u64 {
     (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// `/proc/sys/kernel/random/boot_id` as two words; None when unreadable.
+pub fn boot_id() -> Option<[u64; 2]> {
+    parse_boot_id(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?)
+}
+
+/// Parses a boot id (`364d7662-5658-4ea3-994f-679d53d3f26c`).
+pub fn parse_boot_id(text: &str) -> Option<[u64; 2]> {
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let hi = u64::from_str_radix(hex.get(..16)?, 16).ok()?;
+    let lo = u64::from_str_radix(hex.get(16..)?, 16).ok()?;
+    Some([hi, lo])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_the_kernel_boot_id() {
+        assert_eq!(
+            parse_boot_id("364d7662-5658-4ea3-994f-679d53d3f26c\n"),
+            Some([0x364d_7662_5658_4ea3, 0x994f_679d_53d3_f26c])
+        );
+        assert_eq!(parse_boot_id("nonsense"), None);
+        assert!(boot_id().is_some());
+    }
 
     #[test]
     fn parses_stat_with_hostile_comm() {

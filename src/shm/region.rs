@@ -9,11 +9,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::boot;
 use crate::error::ShmError;
 use crate::file::{DEFAULT_CREATE_MODE, FileOptions};
 use crate::format::Format;
-use crate::hami::HamiRegion;
+use crate::hami::layout::HamiRegion;
 use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{
     DeviceEntry, FILE_SIZE, HEADER_SIZE, Header, LEGACY_SIZE, MAGIC, MAX_DEVICES, MAX_SLOTS,
@@ -89,13 +88,6 @@ impl Region {
         )
     }
 
-    /// [`Region::open`] with the file's creation mode and owner policy. A
-    /// file of an older layout is adopted (`open.rs` says how), or refused
-    /// with what to delete.
-    pub fn open_with(path: &Path, opts: FileOptions) -> Result<Region, ShmError> {
-        crate::open::open(path, opts, crate::open::Purpose::Attach)
-    }
-
     /// A region in private anonymous memory: the same accounting, for this
     /// process alone (used when the shared file cannot be used).
     pub fn anonymous() -> Result<Region, ShmError> {
@@ -113,7 +105,7 @@ impl Region {
         let region = Region::from_map(map.into(), shape, None, path, None);
         initialise(region.header());
         if let Some(h) = region.hami() {
-            crate::hami::initialise(h);
+            crate::hami::fill::initialise(h);
         }
         Ok(region.with_mapped_id())
     }
@@ -265,7 +257,7 @@ pub(crate) fn initialise(h: &Header) {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     h.created_unix_s.store(now, Ordering::Relaxed);
-    let [hi, lo] = boot::current().unwrap_or([0, 0]);
+    let [hi, lo] = crate::procinfo::boot_id().unwrap_or([0, 0]);
     h.boot_id[0].store(hi, Ordering::Relaxed);
     h.boot_id[1].store(lo, Ordering::Relaxed);
     // Never 0: 0 is what a file re-created as zeros would show.
@@ -273,4 +265,20 @@ pub(crate) fn initialise(h: &Header) {
     h.region_id.store(id, Ordering::Relaxed);
     h.magic.store(MAGIC, Ordering::Relaxed);
     h.state.store(STATE_READY, Ordering::Release);
+}
+
+/// Maps `shape.len` bytes of `file` as a region of that shape.
+pub(crate) fn map(file: &File, path: &Path, shape: Shape) -> Result<Region, ShmError> {
+    let map: MmapRaw = MmapOptions::new()
+        .len(shape.len)
+        .map_raw(file)
+        .map_err(|e| ShmError::io(path, "mmap", e))?;
+    let watch = crate::sigbus::Watch::new(map.as_ptr(), shape.len);
+    Ok(Region::from_map(
+        map,
+        shape,
+        None,
+        path.to_path_buf(),
+        watch,
+    ))
 }

@@ -23,10 +23,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::fill::{clear, sm_from_hami, sm_to_hami};
 use super::layout::{
     HAMI_DEVICES, HAMI_PROCS, HAMI_STATUS_RUNNING, HAMI_UUID_LEN, HamiProc, HamiRegion,
 };
-use super::{sm_from_hami, sm_to_hami};
 use crate::error::ShmError;
 use crate::index::{EntryIndex, SlotIndex};
 use crate::layout::{DeviceEntry, Kind};
@@ -353,29 +353,4 @@ fn read(p: &HamiProc) -> Image {
         ];
     }
     image
-}
-
-/// Empties a HAMi slot (under its seqlock).
-pub(crate) fn clear(p: &HamiProc) {
-    let seq = p.seqlock.load(Ordering::Relaxed);
-    p.seqlock.store(seq | 1, Ordering::Relaxed);
-    std::sync::atomic::fence(Ordering::Release);
-    p.pid.store(0, Ordering::Relaxed);
-    p.hostpid.store(0, Ordering::Relaxed);
-    p.status.store(0, Ordering::Relaxed);
-    for d in 0..HAMI_DEVICES {
-        let u = &p.used[d];
-        for f in [
-            &u.context_size,
-            &u.module_size,
-            &u.data_size,
-            &u.offset,
-            &u.total,
-        ] {
-            f.store(0, Ordering::Relaxed);
-        }
-        p.monitorused[d].store(0, Ordering::Relaxed);
-        p.device_util[d].sm_util.store(0, Ordering::Relaxed);
-    }
-    p.seqlock.store((seq | 1) + 1, Ordering::Release);
 }
