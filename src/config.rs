@@ -114,6 +114,9 @@ pub struct Oversub {
     /// `VGPU_TEST_WATCHER_STOP=1`: the watcher ends after its first
     /// suspension, as a dead actor would (tests only).
     pub test_watcher_stop: bool,
+    /// `VGPU_TEST_CLAIM_BOUND_MS`: how long other restores' claims may
+    /// hold a restore up (tests only; 120 s otherwise).
+    pub test_claim_bound_ms: Option<u64>,
 }
 
 impl Default for Oversub {
@@ -125,6 +128,7 @@ impl Default for Oversub {
             host_limit: None,
             dir: vgpu_shm::board::default_dir(),
             test_watcher_stop: false,
+            test_claim_bound_ms: None,
         }
     }
 }
@@ -303,6 +307,8 @@ impl Config {
             }
         }
         oversub.test_watcher_stop = trusted_text("VGPU_TEST_WATCHER_STOP").as_deref() == Some("1");
+        oversub.test_claim_bound_ms =
+            trusted_text("VGPU_TEST_CLAIM_BOUND_MS").and_then(|v| v.trim().parse().ok());
         let region_mode = match trusted_text("VGPU_REGION_MODE") {
             None => vgpu_shm::DEFAULT_CREATE_MODE,
             Some(v) => parse_mode(&v).ok_or_else(|| bad("VGPU_REGION_MODE", v, MODE))?,

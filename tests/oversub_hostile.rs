@@ -230,3 +230,30 @@ fn a_symlink_squatted_as_the_board_directory_is_refused() {
     assert!(a.stderr.contains("symbolic link"), "{}", a.stderr);
     assert!(!target.join("vgpu-oversub.board").exists());
 }
+
+#[test]
+fn a_claim_that_never_lands_holds_a_restore_up_for_its_bound_only() {
+    // A hostile entry shows a 64 GiB restore "in flight" on the card and
+    // changes its pid every second. Claims count for a bounded part of a
+    // restore's wait (120 s; 3 s here), counted from the restore's first
+    // try: a bound kept per claim (entry, pid) started anew with every
+    // pid, and the victim never came back (review of issue 26).
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn(
+        "a",
+        &[
+            ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "25000"),
+            ("VGPU_TEST_CLAIM_BOUND_MS", "3000"),
+        ],
+        &["keep", "67108864", "2147483648", "7", "4"],
+    );
+    let b = crowd_out(&node, "1");
+    let liar = node.hostile("claim", "60", &[]);
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish_within(a, 60.0);
+    stop(liar);
+    assert_eq!(a.get("first_back_rc"), "0", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("intact"), "1", "{}\n{}", a.stdout, a.stderr);
+}

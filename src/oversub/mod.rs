@@ -87,6 +87,8 @@ struct Settings {
     idle_ns: u64,
     host_limit: u64,
     test_watcher_stop: bool,
+    /// How long other restores' claims may hold a restore up.
+    claim_bound: std::time::Duration,
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -118,6 +120,9 @@ pub fn start(cfg: &Oversub, above: Above) {
         idle_ns: cfg.idle_ms.saturating_mul(1_000_000),
         host_limit,
         test_watcher_stop: cfg.test_watcher_stop,
+        claim_bound: cfg
+            .test_claim_bound_ms
+            .map_or(room::CLAIM_BOUND, std::time::Duration::from_millis),
     });
     let pid = std::process::id();
     let here = Board::open(&cfg.dir).and_then(|board| {
@@ -172,6 +177,7 @@ fn settings() -> &'static Settings {
         idle_ns: Oversub::default().idle_ms * 1_000_000,
         host_limit: 0,
         test_watcher_stop: false,
+        claim_bound: room::CLAIM_BOUND,
     })
 }
 

@@ -9,10 +9,11 @@
 //! What the board says can only make a restore wait, never hurry it, and
 //! only for a bounded time:
 //! - restores of other processes in flight on the card (their claims) are
-//!   taken off the figure, each for at most [`CLAIM_BOUND`] from when this
-//!   process first saw it;
+//!   taken off the figure for the first [`CLAIM_BOUND`] of this process's
+//!   restore wait (counted from its first try since the suspension, so
+//!   an entry that changes its pid or comes and goes cannot restart it);
 //! - running processes' waiting allocations are taken off too, for the
-//!   first [`WANTS_BOUND`] of this restore's wait (their room first);
+//!   first [`WANTS_BOUND`] of that wait (their room first);
 //! - the node's restore lock (one claim at a time) is waited for at most
 //!   [`LOCK_BOUND`] in all; then the restore claims without it.
 #![forbid(unsafe_code)]
@@ -43,7 +44,6 @@ struct Claim {
     pid: u32,
     card: [u8; 16],
     bytes: u64,
-    first_ns: u64,
     last_ns: u64,
 }
 
@@ -73,7 +73,6 @@ fn observe(h: &Here, card: &[u8; 16], now: u64) {
                 pid,
                 card: *card,
                 bytes,
-                first_ns: now,
                 last_ns: now,
             }),
         }
@@ -83,16 +82,21 @@ fn observe(h: &Here, card: &[u8; 16], now: u64) {
 }
 
 /// Bytes of restores on `card` that a figure read at `at` may not hold:
-/// those seen in flight since shortly before it, within their bound.
-fn claimed_after(card: &[u8; 16], at: u64, now: u64) -> u64 {
+/// those seen in flight since shortly before it.
+fn claimed_after(card: &[u8; 16], at: u64) -> u64 {
     CLAIMS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
         .filter(|c| &c.card == card && c.last_ns.saturating_add(SLACK_NS) >= at)
-        .filter(|c| now.saturating_sub(c.first_ns) <= CLAIM_BOUND.as_nanos() as u64)
         .map(|c| c.bytes)
         .fold(0u64, u64::saturating_add)
+}
+
+/// A new restore: the node's restore lock is waited for anew (a miss of
+/// an earlier restore does not let this one skip it).
+pub(super) fn new_restore() {
+    *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner) = None;
 }
 
 /// What the board's running processes wait for on `card`.
@@ -110,9 +114,10 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 
 /// Room on `card` for this checkpointed process now: its own fresh NVML
 /// figure (asked for up to `wait`, at or after `after`, monotonic ns),
-/// less restores in flight there and, for the first [`WANTS_BOUND`] of
-/// the wait (`waited`), running processes' waiting allocations. 0 without
-/// a figure of its own.
+/// less restores in flight there for the first [`CLAIM_BOUND`] of the
+/// wait (`waited`: since the first try after the suspension) and running
+/// processes' waiting allocations for its first [`WANTS_BOUND`]. 0
+/// without a figure of its own.
 pub(super) fn room_on(
     h: &Here,
     card: &[u8; 16],
@@ -134,8 +139,12 @@ pub(super) fn room_on(
     } else {
         0
     };
-    free.saturating_sub(claimed_after(card, at, now))
-        .saturating_sub(wanted)
+    let claimed = if waited < super::settings().claim_bound {
+        claimed_after(card, at)
+    } else {
+        0
+    };
+    free.saturating_sub(claimed).saturating_sub(wanted)
 }
 
 /// The node's restore lock, or leave to claim without it: a process that

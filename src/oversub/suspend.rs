@@ -164,6 +164,10 @@ const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
 /// in one look; it looks again every 20 ms.
 const NVML_WAIT: Duration = Duration::from_millis(100);
 
+/// When the first restore since the last suspension began (monotonic ns;
+/// 0: none yet).
+static FIRST_TRY_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The threads when the last suspension began (blocked.rs).
 static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
 static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
@@ -373,6 +377,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     }
     *SAVED.lock().unwrap_or_else(PoisonError::into_inner) = cards.to_vec();
     BEAT.store(clock::monotonic_ns(), Ordering::Release);
+    FIRST_TRY_NS.store(0, Ordering::Release);
     STATE.store(SUSPENDED, Ordering::Release);
     for (c, _) in cards {
         e.set_bytes_on(c, 0);
@@ -494,6 +499,21 @@ fn restore_now(attach: Option<&Attach>, h: &Here) {
     let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let total: u64 = saved.iter().map(|&(_, b)| b).sum();
     let t0 = Instant::now();
+    // What the board may hold a restore up for is bounded from the first
+    // try since the suspension, not from each call's (a process whose
+    // calls each wait less than the bounds would wait for ever).
+    let _ = FIRST_TRY_NS.compare_exchange(
+        0,
+        clock::monotonic_ns(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    let since_first = || {
+        Duration::from_nanos(
+            clock::monotonic_ns().saturating_sub(FIRST_TRY_NS.load(Ordering::Acquire)),
+        )
+    };
+    room::new_restore();
     let mut waited = Duration::ZERO;
     let mut said = Instant::now();
     let mut next_try = Instant::now();
@@ -503,9 +523,9 @@ fn restore_now(attach: Option<&Attach>, h: &Here) {
         if let Some(a) = attach {
             a.tick();
         }
-        let (short, _) = short_of_room(h, &saved, NVML_WAIT, t0.elapsed(), 0);
+        let (short, _) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
         if short.is_none() && Instant::now() >= next_try {
-            if let Some(judged) = claim_room(h, &saved, t0.elapsed()) {
+            if let Some(judged) = claim_room(h, &saved, since_first()) {
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
                 // slot keeps beating meanwhile.

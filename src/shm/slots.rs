@@ -189,7 +189,8 @@ impl Region {
     ///   its host pid (it frees a killed process's memory moments later),
     ///   or, when the list here cannot show it (host pid unknown, or a pid
     ///   of its namespace that is another process's now), for
-    ///   [`UNKNOWN_PID_GRACE_MS`] or until its heartbeat is [`STALE_MS`] old.
+    ///   [`UNKNOWN_PID_GRACE_MS`] and while it still beats (a zombie leader
+    ///   whose threads live on), or until its heartbeat is [`STALE_MS`] old.
     /// - An owner no `/proc` here can see is reclaimed once its heartbeat
     ///   is [`STALE_MS`] old and the driver does not list its host pid
     ///   (when NVML gave the owner its pid in its own namespace, this
@@ -238,10 +239,15 @@ impl Region {
                     if owner.host_pid > 0 && owner.nvml_lists_here(view) {
                         !listed(owner.host_pid)
                     } else {
-                        // The driver's list cannot show it: a grace, cut
-                        // short by a beat stopped as long as an unseen
-                        // owner's must be (its memory is freed by then).
-                        now.saturating_sub(since) >= UNKNOWN_PID_GRACE_MS
+                        // The driver's list cannot show it: a grace, with
+                        // its beat stopped too (a leader thread that
+                        // exited shows as a zombie while the process's
+                        // other threads, its watcher among them, live on
+                        // and beat), cut short by a beat stopped as long
+                        // as an unseen owner's must be (its memory is
+                        // freed by then).
+                        (now.saturating_sub(since) >= UNKNOWN_PID_GRACE_MS
+                            && beat.is_none_or(|age| age >= BEAT_STOPPED_MS))
                             || beat.is_some_and(|age| age >= STALE_MS)
                     }
                 }

@@ -206,3 +206,36 @@ fn a_refusal_waits_a_moment_for_an_unseen_owner_whose_beat_is_fresh() {
     // Still fresh after a beat's stop time: alive.
     assert!(!r.owners_fading(&view, BEAT_STOPPED_MS + 200));
 }
+
+#[test]
+fn a_dead_looking_owner_that_still_beats_keeps_its_slot_past_the_grace() {
+    // /proc calls a thread-group leader that exited a zombie ("dead")
+    // while its other threads, the watcher among them, live on and keep
+    // the slot beating: its memory is still held, so its slot must stay.
+    let r = Region::anonymous().unwrap();
+    let dev = device(&r);
+    let me = ProcId::current();
+    let view = ProcView::current();
+    let dead = ProcId {
+        start_time: me.start_time + 1,
+        ..me
+    };
+    let slot = r.claim_slot(&dead).unwrap();
+    r.set_host_pid(slot, me.pid, false);
+    r.add_usage(slot, dev, Kind::Buffer, 1000);
+    // First seen dead long ago: the grace is over.
+    let long_ago = monotonic_ms().saturating_sub(crate::slots::UNKNOWN_PID_GRACE_MS + 1);
+    r.slot(slot)
+        .dead_since_ms
+        .store(long_ago, Ordering::Release);
+    // A fresh beat: kept.
+    let fresh = beat_word(me.pid, monotonic_ms());
+    r.slot(slot).heartbeat_ms.store(fresh, Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 0);
+    assert_eq!(r.device_usage(dev, Owners::All), 1000);
+    // Its beat stopped: reclaimed.
+    let stopped = beat_word(me.pid, monotonic_ms().saturating_sub(BEAT_STOPPED_MS + 1));
+    r.slot(slot).heartbeat_ms.store(stopped, Ordering::Release);
+    assert_eq!(r.reclaim_dead(&view, Some(&[])).unwrap(), 1);
+    assert_eq!(r.device_usage(dev, Owners::All), 0);
+}

@@ -131,7 +131,13 @@ int main(int argc, char **argv) {
         *u64_at(i, OFF_WANT_CARD + 8) = card[1];
         *u64_at(i, OFF_WANT_BYTES) = bytes;
     }
-    *u32_at(i, OFF_STATE) = RUNNING;
+    if (!strcmp(mode, "claim")) {
+        /* A restore "in flight" of 64 GiB that never lands. */
+        *u64_at(i, OFF_BYTES) = 64ull << 30;
+        *u32_at(i, OFF_STATE) = 4; /* Restoring */
+    } else {
+        *u32_at(i, OFF_STATE) = RUNNING;
+    }
     printf("hostile_ready=1 entries=1 entry=%d\n", i);
     fflush(stdout);
     uint64_t free_bytes = argc > 4 ? strtoull(argv[4], 0, 0) : (100ull << 30);
@@ -140,6 +146,15 @@ int main(int argc, char **argv) {
             /* Read "an hour from now": always the newest, always fresh. */
             *u64_at(i, OFF_FREE_SEEN) = free_bytes;
             *u64_at(i, OFF_FREE_SEEN_NS) = now_ns() + 3600ull * 1000000000ull;
+        }
+        if (!strcmp(mode, "claim")) {
+            /* A new pid every second: a bound kept per pid starts anew. */
+            static uint64_t next;
+            static uint32_t fake = 100000;
+            if (now_ns() > next) {
+                *u32_at(i, OFF_PID) = fake++;
+                next = now_ns() + 1000000000ull;
+            }
         }
         *u64_at(i, OFF_LAST_ACTIVE) = now_ns();
         usleep(10000);

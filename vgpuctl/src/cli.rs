@@ -155,9 +155,6 @@ pub struct ServeArgs {
     /// Seconds a gone pod's directory must be untouched before removal.
     #[arg(long, default_value_t = 300.0, value_parser = grace_secs)]
     pub housekeeping_grace: f64,
-    /// The same without a pod list (only regions with no live slot).
-    #[arg(long, default_value_t = 86_400.0, value_parser = grace_secs)]
-    pub housekeeping_grace_no_api: f64,
     /// Seconds between housekeeping passes.
     #[arg(long, default_value_t = 60.0, value_parser = positive_secs)]
     pub housekeeping_interval: f64,

@@ -8,10 +8,14 @@
 //! - no process on the node maps a file in it (`/proc/*/maps`, by device
 //!   and inode: the exporter runs in the host's pid namespace);
 //! - no slot of its region belongs to a process known to live;
-//! - with the API server's pod list current: its pod is not listed, and
-//!   nothing in it changed for `grace` (5 min);
-//! - without one: no slot's owner may live, and nothing in it changed for
-//!   `grace_no_api` (24 h).
+//! - the API server's pod list is current and its pod is not listed, and
+//!   nothing in it changed for `grace` (5 min).
+//!
+//! Without a current pod list nothing is removed: a pod whose processes
+//! are idle looks the same as a gone one from here, and removing a live
+//! pod's directory loses its region's limits.
+//! A process whose `/proc/PID/maps` the exporter may not read is said
+//! once and skipped.
 //!
 //! The decision is [`decide`], a pure function; the rest gathers its inputs
 //! and removes the directory.
@@ -33,9 +37,6 @@ const FRESH: Duration = Duration::from_secs(15 * 60);
 pub struct Policy {
     /// Untouched this long, a directory of a pod the list lacks goes.
     pub grace: Duration,
-    /// Untouched this long, with no pod list, a directory with no live
-    /// slot goes.
-    pub grace_no_api: Duration,
 }
 
 /// What is known of one container directory.
@@ -73,9 +74,7 @@ pub fn decide(f: &Facts, p: &Policy) -> Verdict {
         Some(true) => Verdict::Keep("its pod is listed"),
         Some(false) if f.untouched_for >= p.grace => Verdict::Remove,
         Some(false) => Verdict::Keep("changed within the grace period"),
-        None if f.maybe_alive_slot => Verdict::Keep("no pod list, and a slot's owner may live"),
-        None if f.untouched_for >= p.grace_no_api => Verdict::Remove,
-        None => Verdict::Keep("no pod list, changed within the long grace period"),
+        None => Verdict::Keep("no current pod list"),
     }
 }
 
@@ -120,11 +119,7 @@ pub fn pass(
             };
             f.pod_listed = names.and_then(|n| n.listed(&owner.pod_uid, FRESH));
             if decide(&f, policy) == Verdict::Remove {
-                let why = match f.pod_listed {
-                    Some(_) => "its pod is gone",
-                    None => "no live process, untouched for the long grace period",
-                };
-                out.push((e.path(), why));
+                out.push((e.path(), "its pod is gone"));
             }
         }
     }
@@ -163,7 +158,11 @@ fn facts(dir: &Path, mapped: &HashSet<(u64, u64)>) -> Option<Facts> {
 }
 
 /// (device, inode) of every file some process maps, from `/proc/*/maps`.
+/// A process whose maps this exporter may not read is said once and
+/// skipped: the pod list (a gone pod) and the region's slots still guard
+/// its directory.
 fn mapped_files() -> HashSet<(u64, u64)> {
+    static SAID: std::sync::Once = std::sync::Once::new();
     let mut out = HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return out;
@@ -176,10 +175,16 @@ fn mapped_files() -> HashSet<(u64, u64)> {
         {
             continue;
         }
-        let Ok(maps) = std::fs::read_to_string(p.path().join("maps")) else {
-            continue;
-        };
-        out.extend(maps.lines().filter_map(parse_maps_line));
+        match std::fs::read_to_string(p.path().join("maps")) {
+            Ok(maps) => out.extend(maps.lines().filter_map(parse_maps_line)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => SAID.call_once(|| {
+                eprintln!(
+                    "vgpuctl serve: housekeeping cannot read {}: {e}; such processes' mappings are not seen (give the exporter CAP_SYS_PTRACE)",
+                    p.path().join("maps").display()
+                );
+            }),
+            Err(_) => {}
+        }
     }
     out
 }
@@ -211,7 +216,6 @@ mod tests {
 
     const P: Policy = Policy {
         grace: Duration::from_secs(300),
-        grace_no_api: Duration::from_secs(86_400),
     };
 
     fn f(listed: Option<bool>, mapped: bool, alive: bool, maybe: bool, age: u64) -> Facts {
@@ -247,8 +251,8 @@ mod tests {
             decide(&f(Some(false), false, true, true, old), &P),
             Verdict::Remove
         );
-        // No pod list: only with no slot that may live, after the long grace.
-        assert_eq!(
+        // No current pod list: nothing goes, however old and quiet.
+        assert_ne!(
             decide(&f(None, false, false, false, old), &P),
             Verdict::Remove
         );

@@ -69,7 +69,6 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
             has_pods.then(|| targets.names()),
             crate::housekeeping::Policy {
                 grace: Duration::from_secs_f64(a.housekeeping_grace),
-                grace_no_api: Duration::from_secs_f64(a.housekeeping_grace_no_api),
             },
             Duration::from_secs_f64(a.housekeeping_interval),
         );
