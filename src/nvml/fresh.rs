@@ -9,7 +9,10 @@
 //! in a new link-map namespace (`dlmopen`: its own descriptors, none of
 //! this process's state, none of vgpu's hooks), asks, writes nine bytes
 //! into a pipe and `_exit`s. The parent waits up to a bound and then
-//! kills it; a child that cannot even be reaped is reaped at the next ask.
+//! kills it; a child that cannot even be reaped is reaped at the next ask,
+//! and while [`MAX_UNREAPED`] are, none is made. The child has no exit
+//! signal: the host program gets no `SIGCHLD` and its `wait()` never sees
+//! it (only `__WALL` does), so nobody else can reap it and hand its pid on.
 //! No answer is "not known", never "room".
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -24,11 +27,15 @@ type MemFn = unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int;
 
 /// Children killed but not yet reaped (one stuck in the driver).
 static UNREAPED: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+/// No new child while this many are stuck.
+const MAX_UNREAPED: usize = 4;
 
 /// Free bytes on `uuid` as a fresh child process's NVML says, within
 /// `wait`; None when it did not answer (or NVML cannot say).
 pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
-    reap_old();
+    if reap_old() >= MAX_UNREAPED {
+        return None;
+    }
     // Everything the child needs is made before the clone.
     let text = CString::new(vgpu_shm::format_uuid(uuid)).ok()?;
     let lib = c"libnvidia-ml.so.1";
@@ -37,9 +44,10 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return None;
     }
-    // SAFETY: a bare clone as fork (flags = SIGCHLD, no new stack): the
-    // child runs `child` below and never returns into Rust code.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) };
+    // SAFETY: a bare clone as fork (no flags, no exit signal, no new
+    // stack): the child runs `child` below and never returns into Rust
+    // code.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, 0 as libc::c_long, 0, 0, 0, 0) };
     if pid == 0 {
         // SAFETY: in the child; it only loads NVML, asks, writes, exits.
         unsafe { child(fds[1], lib, &text) }
@@ -96,8 +104,9 @@ fn read_within(fd: c_int, wait: Duration) -> Option<u64> {
 /// Reaps `pid` if it is gone within a moment; else later.
 fn reap(pid: libc::pid_t) {
     for _ in 0..50 {
-        // SAFETY: waitpid on our own child, no status wanted.
-        let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        // SAFETY: waitpid on our own child, no status wanted (__WALL: a
+        // child without an exit signal).
+        let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG | libc::__WALL) };
         if rc != 0 {
             // Reaped, or gone already (a program that reaps every child).
             return;
@@ -109,11 +118,17 @@ fn reap(pid: libc::pid_t) {
     }
 }
 
-fn reap_old() {
-    if let Ok(mut v) = UNREAPED.lock() {
+/// Reaps what it can of the children stuck before; how many are left.
+fn reap_old() -> usize {
+    let Ok(mut v) = UNREAPED.lock() else {
+        return MAX_UNREAPED;
+    };
+    v.retain(|&pid| {
         // SAFETY: as in `reap`.
-        v.retain(|&pid| unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } == 0);
-    }
+        let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG | libc::__WALL) };
+        rc == 0
+    });
+    v.len()
 }
 
 /// The child: a fresh NVML, one question, nine bytes, `_exit`.
