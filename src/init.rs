@@ -121,6 +121,9 @@ impl Runtime {
         if config.oversubscribe {
             crate::oversub::start(&config.oversub);
         }
+        if let Some(ms) = config.sm_period_ms {
+            crate::limiter::turns::set_period_ms(ms);
+        }
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());
         match found {

@@ -68,7 +68,10 @@ pub struct Done {
 /// Finished probes are collected at most this often.
 const POLL_EVERY_NS: u64 = 2_000_000;
 /// A window whose probes are not all in by then is judged without them.
-const STALE_NS: u64 = 4 * turns::PERIOD_NS;
+/// (Four periods.)
+fn stale_ns() -> u64 {
+    4 * turns::period_ns()
+}
 
 /// This thread's last synchronisation that succeeded.
 #[derive(Clone, Copy)]
@@ -363,7 +366,7 @@ fn ready_windows(
             let in_flight = pending
                 .iter()
                 .any(|p| p.open.dev == dev && p.open.period == period);
-            later && (!in_flight || now.saturating_sub(period) > STALE_NS)
+            later && (!in_flight || now.saturating_sub(period) > stale_ns())
         })
         .collect();
     windows.sort_unstable();
