@@ -5,7 +5,8 @@
 
 Sections: transparency memory overhead startup launchcost graphs storm
 compute pair neighbours restarts safety hami demo oversub (every one but demo, oversub and loaded_line by default),
-the probes mechanism and nvml_raw (issue 9's measurements), and exporter
+the probes mechanism and nvml_raw (issue 9's measurements), latency
+(issue 29: step latency under a limit, latency.py), and exporter
 (issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
@@ -774,6 +775,12 @@ def neighbours():
     nb.neighbours(sys.modules[__name__])
 
 
+def latency():
+    import latency as lat
+
+    lat.latency(sys.modules[__name__])
+
+
 def exporter():
     import exporter as ex
 
@@ -1292,7 +1299,7 @@ def oversub_small():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small, exporter,
-                                    util_panel]}
+                                    util_panel, latency]}
 
 
 def loaded_line():
