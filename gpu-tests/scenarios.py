@@ -6,7 +6,8 @@
 Sections: transparency memory overhead startup launchcost graphs storm
 compute pair neighbours restarts safety hami demo oversub oversub_hostile dist (every one but demo, the
 oversub ones, dist and loaded_line by default; dist needs deploy/build.sh's target/dist/libvgpu.so),
-the probes mechanism and nvml_raw (issue 9's measurements), and exporter
+the probes mechanism and nvml_raw (issue 9's measurements), latency
+(issue 29: step latency under a limit, latency.py), and exporter
 (issue 11: vgpuctl serve against NVML). With --sim DIR, the driver-API sections run against the
 simulated GPU whose drivers are in DIR (no PyTorch there).
 
@@ -807,6 +808,12 @@ def neighbours():
     nb.neighbours(sys.modules[__name__])
 
 
+def latency():
+    import latency as lat
+
+    lat.latency(sys.modules[__name__])
+
+
 def exporter():
     import exporter as ex
 
@@ -1397,7 +1404,7 @@ def oversub_hostile():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
-                                    oversub_hostile, exporter, util_panel, dist]}
+                                    oversub_hostile, exporter, util_panel, dist, latency]}
 
 
 def loaded_line():

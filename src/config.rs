@@ -74,6 +74,9 @@ pub struct Config {
     /// How oversubscription behaves (`VGPU_OVERSUBSCRIBE_*`), read only
     /// with `CUDA_OVERSUBSCRIBE=true`.
     pub oversub: Oversub,
+    /// `VGPU_SM_PERIOD_MS`: the period of the turns beside other
+    /// containers (`limiter/turns.rs`; None: the default, 100 ms).
+    pub sm_period_ms: Option<u64>,
     pub log_level: LevelFilter,
     /// Mode of a region file this process creates (`VGPU_REGION_MODE`).
     pub region_mode: u32,
@@ -180,6 +183,7 @@ impl Default for Config {
             disable_control: false,
             oversubscribe: false,
             oversub: Oversub::default(),
+            sm_period_ms: None,
             log_level: LevelFilter::Warn,
             region_mode: vgpu_shm::DEFAULT_CREATE_MODE,
             region_any_owner: false,
@@ -289,6 +293,17 @@ impl Config {
             oversub.restore_wait_ms,
         );
         oversub.idle_ms = number("VGPU_OVERSUBSCRIBE_IDLE_MS", oversub.idle_ms);
+        let sm_period_ms = trusted_text("VGPU_SM_PERIOD_MS").and_then(|v| {
+            let ms = v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| (10..=1000).contains(ms));
+            if ms.is_none() {
+                warnings.push(bad("VGPU_SM_PERIOD_MS", v, "milliseconds from 10 to 1000"));
+            }
+            ms
+        });
         if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_HOST_LIMIT") {
             match parse_bytes(&v) {
                 Some(0) | None => warnings.push(bad("VGPU_OVERSUBSCRIBE_HOST_LIMIT", v, BYTES)),
@@ -361,6 +376,7 @@ impl Config {
                 .and_then(|v| parse_bool(&v))
                 .unwrap_or(false),
             oversub,
+            sm_period_ms,
             log_level: trusted_text("LIBCUDA_LOG_LEVEL")
                 .and_then(|v| parse_level(&v))
                 .unwrap_or(LevelFilter::Warn),

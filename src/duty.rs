@@ -50,7 +50,7 @@ pub fn no_oversub() -> bool {
 
 /// Nothing to do for a synchronisation: no oversubscription, and no SM
 /// limit (whose probes note when the GPU ran the thread's work dry,
-/// `cuda/probes.rs`).
+/// `limiter/probes.rs`).
 #[inline(always)]
 pub fn neither_oversub_nor_limit() -> bool {
     !any(OVERSUB | LIMIT | TEST_PANIC)

@@ -20,7 +20,7 @@ use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::attach::Attach;
-use crate::cuda::{events, probes};
+use crate::limiter::{events, probes};
 use crate::lock::{ForkLock, Held};
 use crate::nvml::client;
 use crate::quota::tracker;

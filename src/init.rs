@@ -130,6 +130,9 @@ impl Runtime {
             crate::interpose::trampoline::set_gate(crate::oversub::gate);
             crate::oversub::start(&config.oversub, OVERSUB_ABOVE);
         }
+        if let Some(ms) = config.sm_period_ms {
+            crate::limiter::turns::set_period_ms(ms);
+        }
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());
         match found {

@@ -283,3 +283,16 @@ fn oversubscription_settings_are_whole_milliseconds_and_bad_ones_warn_and_keep_d
     let c = cfg_named(&[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "5")], true).unwrap();
     assert_eq!(c.oversub.restore_wait_ms, 600_000);
 }
+
+#[test]
+fn the_sm_period_is_whole_milliseconds_from_10_to_1000_and_a_bad_one_warns() {
+    assert_eq!(cfg(&[]).unwrap().sm_period_ms, None);
+    let c = cfg(&[("VGPU_SM_PERIOD_MS", " 20 ")]).unwrap();
+    assert_eq!((c.sm_period_ms, c.warnings.len()), (Some(20), 0));
+    for bad in ["9", "1001", "0", "20ms", "-5", ""] {
+        let c = cfg(&[("VGPU_SM_PERIOD_MS", bad)]).unwrap();
+        assert_eq!(c.sm_period_ms, None, "{bad:?}");
+        assert_eq!(c.warnings.len(), 1, "{bad:?}");
+        assert!(c.warnings[0].to_string().contains("VGPU_SM_PERIOD_MS"));
+    }
+}

@@ -7,8 +7,9 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use super::real;
 use super::sys::*;
-use super::{device, driver, events, launch, probes};
+use super::{device, driver, launch};
 use crate::ffi::get;
+use crate::limiter::{events, probes};
 use crate::process::{CONTEXTS, LiveContext};
 use crate::quota::{self, Freeing, overhead};
 use crate::{hostpid, init, limiter, watcher};

@@ -1,51 +1,44 @@
-//! The launch families, each through the compute bucket: kernels, `Ex`,
+//! The launch families, each through the compute limiter: kernels, `Ex`,
 //! cooperative kernels and graphs, with their per-thread-stream variants.
+//! Each hook describes its launch and makes one call
+//! (`limiter::launch::run`).
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 
 use vgpu_shm::EntryIndex;
 
 use super::real;
 use super::sys::*;
-use super::{device, driver, events, probes};
+use super::{device, driver};
 use crate::attach::Attach;
 use crate::ffi::get;
+use crate::limiter::launch::Launch;
 use crate::limiter::{self, estimate};
 use crate::{hami, init, process};
 
 type Args = *mut *mut c_void;
 
-/// What a launch is, for the bucket and for timing.
-#[derive(Clone, Copy)]
-struct Launch {
-    /// Its shape: the kernel and its grid, or the executable graph.
-    key: u64,
-    /// The stream as the event API names it (`CU_STREAM_PER_THREAD` for a
-    /// `_ptsz` launch on the default stream).
+/// A kernel launch's description.
+fn kernel_launch(
+    func: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
     stream: CUstream,
+    per_thread: bool,
+) -> Launch {
+    Launch {
+        key: estimate::kernel_key(func as usize, grid, block),
+        stream: event_stream(stream, per_thread),
+    }
 }
 
-impl Launch {
-    fn kernel(
-        func: CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        stream: CUstream,
-        per_thread: bool,
-    ) -> Launch {
-        Launch {
-            key: estimate::kernel_key(func as usize, grid, block),
-            stream: event_stream(stream, per_thread),
-        }
-    }
-
-    fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
-        Launch {
-            key: estimate::graph_key(exec as usize),
-            stream: event_stream(stream, per_thread),
-        }
+/// A graph launch's description.
+fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
+    Launch {
+        key: estimate::graph_key(exec as usize),
+        stream: event_stream(stream, per_thread),
     }
 }
 
@@ -66,52 +59,7 @@ fn launched(describe: impl FnOnce() -> Launch, go: impl FnOnce() -> CUresult) ->
     if !limiter::any_limit() {
         return go();
     }
-    limited(describe(), go)
-}
-
-fn limited(l: Launch, go: impl FnOnce() -> CUresult) -> CUresult {
-    let capture = limiter::capturing();
-    if capture && capturing(l.stream) {
-        // Recorded into a graph, not run: the graph's launches pay.
-        return go();
-    }
-    let Some((attach, dev)) = launch_device() else {
-        return go();
-    };
-    if !limiter::enforced(dev) {
-        return go();
-    }
-    let shape = limiter::shape(l.key);
-    if shape.cost_ns() == 0 && !capture {
-        // The second launch of a new shape does not run on a guess.
-        events::wait_for(shape);
-    }
-    limiter::admit(attach, dev, shape);
-    let (sample, probe) = if capture {
-        (None, None)
-    } else {
-        // Finished probes are collected before the timing sample begins
-        // (`probes::poll_if_due`); the sample asks whether the stream is
-        // idle before the probe records its start event there.
-        let in_turns = probes::poll_if_due(attach, dev);
-        (
-            events::begin(shape, l.stream, crate::clock::coarse_ns()),
-            in_turns.and_then(|t| probes::before(t, dev, l.stream, limiter::cost_ns(shape))),
-        )
-    };
-    let rc = go();
-    if let Some(s) = sample {
-        events::end(s, rc);
-    }
-    if let Some(p) = probe {
-        probes::after(p, rc);
-    }
-    rc
-}
-
-fn capturing(stream: CUstream) -> bool {
-    let mut status: c_int = 0;
-    real::cuStreamIsCapturing(stream, &mut status).is_ok() && status != 0
+    limiter::launch::run(describe(), launch_device, go)
 }
 
 thread_local! {
@@ -161,7 +109,7 @@ pub fn kernel(
     extra: Args,
 ) -> CUresult {
     launched(
-        || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
+        || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, false),
         || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
@@ -181,7 +129,7 @@ pub fn kernel_ptsz(
     extra: Args,
 ) -> CUresult {
     launched(
-        || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
+        || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, true),
         || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
     )
 }
@@ -193,8 +141,8 @@ fn config_launch(
     per_thread: bool,
 ) -> impl FnOnce() -> Launch {
     move || match get(config) {
-        Some(c) => Launch::kernel(f, c.grid, c.block, c.stream, per_thread),
-        None => Launch::kernel(f, [0; 3], [0; 3], std::ptr::null_mut(), per_thread),
+        Some(c) => kernel_launch(f, c.grid, c.block, c.stream, per_thread),
+        None => kernel_launch(f, [0; 3], [0; 3], std::ptr::null_mut(), per_thread),
     }
 }
 
@@ -238,7 +186,7 @@ pub fn cooperative(
     params: Args,
 ) -> CUresult {
     launched(
-        || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, false),
+        || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, false),
         || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
@@ -257,21 +205,21 @@ pub fn cooperative_ptsz(
     params: Args,
 ) -> CUresult {
     launched(
-        || Launch::kernel(f, [gx, gy, gz], [bx, by, bz], stream, true),
+        || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, true),
         || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
     )
 }
 
 pub fn graph(exec: CUgraphExec, stream: CUstream) -> CUresult {
     launched(
-        || Launch::graph(exec, stream, false),
+        || graph_launch(exec, stream, false),
         || real::cuGraphLaunch(exec, stream),
     )
 }
 
 pub fn graph_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     launched(
-        || Launch::graph(exec, stream, true),
+        || graph_launch(exec, stream, true),
         || real::cuGraphLaunch_ptsz(exec, stream),
     )
 }

@@ -11,19 +11,17 @@
 //!
 //! and the helpers they share: `sys` (types), `real` (the driver's own
 //! functions, typed), `driver` (questions vgpu asks the driver), `device`
-//! (ordinal to device entry), `events` (launch timing for the limiter),
-//! `probes` (window timing for the limiter's turns).
+//! (ordinal to device entry). The limiter's timings (`limiter/events.rs`,
+//! `limiter/probes.rs`) call `real` from there.
 
 pub mod context;
 pub mod device;
 pub mod driver;
-pub mod events;
 pub mod exports;
 pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
-pub mod probes;
 pub mod proc_address;
 pub mod real;
 pub mod sys;

@@ -11,9 +11,9 @@
 
 use std::ffi::{c_uchar, c_uint, c_void};
 
-use super::probes::{self, Waits};
 use super::real;
 use super::sys::*;
+use crate::limiter::probes::{self, Waits};
 use crate::oversub::in_call;
 
 pub fn ctx_synchronize() -> CUresult {

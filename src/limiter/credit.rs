@@ -1,10 +1,12 @@
 //! The limiter's side of one device entry in this process: whether an SM
 //! limit is in force there, as the region said at the last look, and the
-//! GPU time bought from the device's bucket and not yet spent. One of
-//! these is part of each `process::DeviceState`.
+//! GPU time bought from the device's bucket and not yet spent, and how
+//! this process judged the device's last windows (`probes.rs`). One of
+//! these is part of each `process::DeviceState`, so a forked child starts
+//! them afresh.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// The limiter's state for one device entry.
 pub struct DeviceCredit {
@@ -15,6 +17,41 @@ pub struct DeviceCredit {
     /// GPU-ns bought and not yet spent. Launches spend it without touching
     /// the shared bucket or the clock.
     credit: AtomicI64,
+    /// How this process judged the device's windows.
+    pub(super) turns: DeviceTurns,
+}
+
+/// This process's judging of one device's windows (`judge.rs`).
+pub(super) struct DeviceTurns {
+    /// Whether the last window judged opened beside another.
+    pub(super) late: AtomicBool,
+    /// Windows judged in a row whose probes all ran beside another
+    /// context (`turns::next_streak`).
+    pub(super) covered: AtomicU32,
+    /// The last period judged. Probes of it or before that finish late
+    /// are dropped: the window was judged without them.
+    pub(super) judged: AtomicU64,
+}
+
+impl DeviceTurns {
+    const fn new() -> DeviceTurns {
+        DeviceTurns {
+            late: AtomicBool::new(false),
+            covered: AtomicU32::new(0),
+            judged: AtomicU64::new(0),
+        }
+    }
+
+    fn reset(&self) {
+        self.late.store(false, Ordering::Relaxed);
+        self.covered.store(0, Ordering::Relaxed);
+        self.judged.store(0, Ordering::Relaxed);
+    }
+
+    /// The last period judged.
+    pub(super) fn judged(&self) -> u64 {
+        self.judged.load(Ordering::Relaxed)
+    }
 }
 
 impl DeviceCredit {
@@ -23,6 +60,7 @@ impl DeviceCredit {
         DeviceCredit {
             enforced: AtomicBool::new(false),
             credit: AtomicI64::new(0),
+            turns: DeviceTurns::new(),
         }
     }
 
@@ -30,6 +68,7 @@ impl DeviceCredit {
     pub fn reset(&self) {
         self.enforced.store(false, Ordering::Release);
         self.credit.store(0, Ordering::Relaxed);
+        self.turns.reset();
     }
 
     /// Whether an SM limit was in force at the last look.

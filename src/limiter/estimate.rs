@@ -71,7 +71,7 @@ pub struct Slot {
     typical_ns: AtomicU64,
     last_sample_ns: AtomicU64,
     /// A timing of this shape is in flight.
-    pub pending: AtomicBool,
+    pending: AtomicBool,
     /// The last `RECENT` timings (0: none yet; [`IDLE_BIT`] marks one
     /// into an idle stream), written round robin.
     recent: [AtomicU64; RECENT],
@@ -207,6 +207,16 @@ impl Slot {
         self.last_sample_ns.store(0, Ordering::Relaxed);
         self.pending.store(false, Ordering::Release);
         true
+    }
+
+    /// Whether a timing of this shape is in flight.
+    pub fn timing_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// The timing in flight is done (collected, or it never started).
+    pub fn timing_done(&self) {
+        self.pending.store(false, Ordering::Release);
     }
 
     /// Whether this launch should be timed; claims the sample if so.

@@ -387,7 +387,7 @@ const UNLISTED_SLACK: u64 = 256 << 20;
 /// memory allocated on the device, read before and after it (the larger
 /// reading: an allocation or a free in between would hide a neighbour's
 /// memory behind the container's). Then nothing else can have run in the
-/// container's windows but its own work (`cuda/probes.rs`).
+/// container's windows but its own work (`limiter/probes.rs`).
 fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
     let region = &attach.region;
     let entry = region.device(dev);

@@ -31,10 +31,31 @@
 //! a window to what is left (`bucket::admit`).
 #![forbid(unsafe_code)]
 
-/// The period of the turns: every container gets its share of each one.
-/// Long enough for a 10 % container to run several 1 ms kernels in its
-/// window, short enough that every second holds ten.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The default period of the turns: every container gets its share of
+/// each one. Long enough for a 10 % container to run several 1 ms kernels
+/// in its window and close a probe there, short enough that every second
+/// holds ten. `VGPU_SM_PERIOD_MS` sets another ([`set_period_ms`]);
+/// containers that share a GPU must use the same.
 pub const PERIOD_NS: u64 = vgpu_shm::layout::TURN_PERIOD_NS;
+/// The periods `VGPU_SM_PERIOD_MS` may set (ms).
+pub const PERIOD_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=1000;
+
+/// This process's period (set once at start from the configuration).
+static PERIOD: AtomicU64 = AtomicU64::new(PERIOD_NS);
+
+/// The period of the turns in this process.
+pub fn period_ns() -> u64 {
+    PERIOD.load(Ordering::Relaxed)
+}
+
+/// Sets the period of the turns (`VGPU_SM_PERIOD_MS`), within
+/// [`PERIOD_MS_RANGE`].
+pub fn set_period_ms(ms: u64) {
+    let ms = ms.clamp(*PERIOD_MS_RANGE.start(), *PERIOD_MS_RANGE.end());
+    PERIOD.store(ms * 1_000_000, Ordering::Relaxed);
+}
 /// A probe closes once its launches cost this much GPU time: more than
 /// a time slice (about 2.5 ms on an H200), so another context that has
 /// work shows in it whatever the kernels' length.
@@ -46,8 +67,10 @@ pub const PROBE_NS: u64 = 3_000_000;
 /// finishing as the window opens is not a reason to move.
 pub const SLACK_NS: u64 = 1_000_000;
 pub const SHARE_PCT: u64 = 30;
-/// The most a window moves at once.
-pub const MAX_MOVE_NS: u64 = PERIOD_NS / 2;
+/// The most a window moves at once: half the period.
+pub fn max_move_ns() -> u64 {
+    period_ns() / 2
+}
 /// Less than this lost at a window's start is left to the window before
 /// to mend, by leaving a little of its share unspent.
 pub const MIN_LEAD_NS: u64 = 3_000_000;
@@ -59,9 +82,10 @@ pub const MIN_MOVE_NS: u64 = 500_000;
 /// `anchor`.
 pub fn period_start(anchor: u64, now: u64) -> u64 {
     if now >= anchor {
-        now - (now - anchor) % PERIOD_NS
+        now - (now - anchor) % period_ns()
     } else {
-        let back = (anchor - now).div_ceil(PERIOD_NS).saturating_mul(PERIOD_NS);
+        let period = period_ns();
+        let back = (anchor - now).div_ceil(period).saturating_mul(period);
         anchor.saturating_sub(back)
     }
 }
@@ -70,7 +94,8 @@ pub fn period_start(anchor: u64, now: u64) -> u64 {
 /// spend again: the period that `from` falls in (a schedule at the end
 /// of one period is at the start of the next).
 pub fn next_open(anchor: u64, from: u64) -> u64 {
-    period_start(anchor, from.saturating_sub(PERIOD_NS)) + PERIOD_NS
+    let period = period_ns();
+    period_start(anchor, from.saturating_sub(period)) + period
 }
 
 /// The GPU time a container at `percent` (and the controller's
@@ -79,7 +104,7 @@ pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
     // (Clamped: the region's values may be anyone's.)
     let percent = u64::from(percent.min(100));
     let scale = u64::from(scale_milli.min(4000));
-    PERIOD_NS * percent * scale / 100_000
+    period_ns() * percent * scale / 100_000
 }
 
 /// The fill a window's share is converted by stays within these (×1000).
@@ -253,10 +278,12 @@ pub fn next_streak(streak: u32, probes: &[Probe], share_ns: u64) -> u32 {
 /// other: two containers that take turns cover each other's windows from
 /// end to end only when both windows stretch over nearly the whole
 /// period, time-slicing.
-pub const SHORT_WINDOW_NS: u64 = PERIOD_NS * 9 / 10;
+pub fn short_window_ns() -> u64 {
+    period_ns() * 9 / 10
+}
 
 /// Whether all the window's probes but one ran beside another context,
-/// three probes at least, and the window is short ([`SHORT_WINDOW_NS`]):
+/// three probes at least, and the window is short ([`short_window_ns`]):
 /// its whole share (`share_ns`) at the stretch its probes ran at, so that
 /// probes dropped at host pauses do not make a long window look short.
 /// Beside a container that takes no turns, a probe of a 30 % container's
@@ -274,7 +301,7 @@ pub fn nearly_covered(probes: &[Probe], share_ns: u64) -> bool {
     let span = elapsed * u128::from(share_ns) / cost.max(1);
     probes.len() >= 3
         && probes.iter().filter(|p| !p.beside_another()).count() == 1
-        && span < u128::from(SHORT_WINDOW_NS)
+        && span < u128::from(short_window_ns())
 }
 
 /// Whether the window's probes all ran beside another context (two at
@@ -299,7 +326,7 @@ fn trailing_lost_ns(probes: &[Probe]) -> u64 {
 /// A first anchor for a container: somewhere in the period after `now`,
 /// picked by `random`.
 pub fn first_anchor(now: u64, random: u64) -> u64 {
-    now + random % PERIOD_NS
+    now + random % period_ns()
 }
 
 /// One probe: consecutive launches of one stream in one window, what
@@ -379,7 +406,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
     }
     let factor_milli = 600 + random % 401;
     let step = lost.saturating_mul(factor_milli) / 1000 + MIN_MOVE_NS;
-    Some(step.clamp(MIN_MOVE_NS, MAX_MOVE_NS))
+    Some(step.clamp(MIN_MOVE_NS, max_move_ns()))
 }
 
 #[cfg(test)]
@@ -497,7 +524,7 @@ mod tests {
         let long: Vec<Probe> = (0..14)
             .map(|i| if i == 3 { clean(3) } else { shared(3, 3) })
             .collect();
-        assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < SHORT_WINDOW_NS);
+        assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < short_window_ns());
         assert!(!nearly_covered(&long, half));
         assert_eq!(next_streak(streak, &long, half), 0);
         assert_ne!(next_cut(0, half, &long, streak, false), 0);
@@ -550,11 +577,11 @@ mod tests {
         assert!(!shared(20, 2).beside_another());
         let mut all: Vec<Probe> = (0..40).map(|_| shared(3, 3)).collect();
         all.push(clean(3));
-        assert_eq!(verdict(&all, 400, false), Some(Move::Later(MAX_MOVE_NS)));
+        assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
         // Covered from end to end: one draw in two moves, past the cover.
         all.pop();
         assert_eq!(verdict(&all, 1, false), None);
-        assert_eq!(verdict(&all, 400, false), Some(Move::Later(MAX_MOVE_NS)));
+        assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
     }
 
     fn timed(cost_us: u64, elapsed_us: u64) -> Probe {

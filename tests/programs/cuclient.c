@@ -50,6 +50,10 @@
  *                                          a CUDA call between (gpu-tests oversub, on
  *                                          the simulator: what oversub_jobs.py bursts
  *                                          does with PyTorch on a GPU)
+ *   cuclient steps NS GRID SECS WARM       an inference-like loop: one NS spin kernel
+ *                                          per step, synchronised, for SECS after WARM
+ *                                          s of the same (not counted); prints
+ *                                          the step latency's p50_ms, p99_ms, max_ms
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient forkheld                      cuInit, fork; the child makes a context,
@@ -575,6 +579,44 @@ static int cmd_ticks(unsigned long long ns, double secs) {
     return 0;
 }
 
+static int by_latency(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* An inference-like loop: one spin kernel of `ns` per step, synchronised,
+ * for `secs`; prints the step latency's p50, p99 and max (ms). */
+static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm) {
+    setup();
+    load_kernels();
+    unsigned long long zero = 0;
+    void *args[] = {&ns, &zero};
+    double warm_end = now_s() + warm;
+    for (int i = 0; i < 3 || now_s() < warm_end; i++) {
+        CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
+        CHECK(cu.cuStreamSynchronize(0));
+    }
+    size_t cap = 1 << 16, n = 0;
+    double *lat = malloc(cap * sizeof *lat);
+    if (!lat) return 1;
+    double t0 = now_s(), end = t0 + secs;
+    while (n < cap) {
+        double a = now_s();
+        if (a >= end) break;
+        CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
+        CHECK(cu.cuStreamSynchronize(0));
+        lat[n++] = (now_s() - a) * 1e3;
+    }
+    double took = now_s() - t0;
+    if (n == 0) return 1;
+    qsort(lat, n, sizeof *lat, by_latency);
+    size_t i99 = (size_t)(0.99 * (double)(n - 1));
+    printf("steps=%zu steps_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f\n", n, n / took, lat[n / 2],
+           lat[i99], lat[n - 1]);
+    free(lat);
+    return 0;
+}
+
 static int cmd_launchcost(long n) {
     setup();
     load_kernels();
@@ -1058,6 +1100,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "spin"))
         return cmd_spin(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "2")),
                         ARG(5, "kernel"));
+    if (!strcmp(cmd, "steps"))
+        return cmd_steps(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "5")),
+                         atof(ARG(5, "0")));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "threads"))
         return cmd_threads(atoi(ARG(2, "8")), atoi(ARG(3, "2")), strtoull(ARG(4, "100000"), 0, 0));

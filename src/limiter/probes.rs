@@ -17,17 +17,19 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use vgpu_shm::{EntryIndex, MAX_DEVICES};
+use vgpu_shm::EntryIndex;
 
-use super::sys::*;
-use super::{driver, events, real};
+use super::events;
+use super::judge;
+use super::turns::{self, Probe};
 use crate::attach::Attach;
 use crate::clock;
-use crate::limiter::bucket;
-use crate::limiter::turns::{self, Probe};
+use crate::cuda::sys::*;
+use crate::cuda::{driver, real};
 use crate::lock::Lock;
+use crate::process;
 
 /// A probe still taking in launches (one per thread).
 #[derive(Clone, Copy)]
@@ -66,7 +68,10 @@ pub struct Done {
 /// Finished probes are collected at most this often.
 const POLL_EVERY_NS: u64 = 2_000_000;
 /// A window whose probes are not all in by then is judged without them.
-const STALE_NS: u64 = 4 * turns::PERIOD_NS;
+/// (Four periods.)
+fn stale_ns() -> u64 {
+    4 * turns::period_ns()
+}
 
 /// This thread's last synchronisation that succeeded.
 #[derive(Clone, Copy)]
@@ -131,15 +136,6 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 /// at worst two events leak).
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 static LAST_POLL_NS: AtomicU64 = AtomicU64::new(0);
-/// Per device entry: whether the last window judged opened beside another.
-static LATE: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// Per device entry: windows judged in a row whose probes all ran beside
-/// another context (`turns::next_streak`).
-static COVERED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
-/// Per device entry: the last period judged. Probes of it or before that
-/// finish late are dropped: the window was judged without them.
-static JUDGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-
 /// Closed probes in flight, and finished ones of windows not yet judged.
 /// In a forked child there are none (their events were the parent's).
 pub static PROBES: Lock<(Vec<Pending>, Vec<Done>)> = Lock::new((Vec::new(), Vec::new()), |p| {
@@ -345,7 +341,7 @@ fn poll(attach: &Attach, now: u64) {
         probes.0.extend(pending);
         probes.1.extend(
             done.into_iter()
-                .filter(|d| d.period > JUDGED[d.dev.get()].load(Ordering::Relaxed)),
+                .filter(|d| d.period > process::device(d.dev).limiter.turns.judged()),
         );
         ready_windows(&mut probes, now)
     };
@@ -370,7 +366,7 @@ fn ready_windows(
             let in_flight = pending
                 .iter()
                 .any(|p| p.open.dev == dev && p.open.period == period);
-            later && (!in_flight || now.saturating_sub(period) > STALE_NS)
+            later && (!in_flight || now.saturating_sub(period) > stale_ns())
         })
         .collect();
     windows.sort_unstable();
@@ -390,79 +386,71 @@ fn ready_windows(
         .collect()
 }
 
-/// Judges the window that began at `period`: the fill it measured, the
-/// covered streak, what the container leaves unspent and whether its
-/// turns move later or earlier (`turns::verdict`). A window during which
-/// the turns moved measures only the fill: its probes describe the old
-/// place.
+/// Judges the window that began at `period` (`judge::judge`) and carries
+/// the verdict out: the fill it measured, the covered streak, what the
+/// container leaves unspent and whether its turns move.
 fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[Probe], now: u64) {
     let entry = attach.region.device(dev);
-    let d = dev.get();
-    if JUDGED[d].fetch_max(period, Ordering::Relaxed) >= period {
+    let mine = &process::device(dev).limiter.turns;
+    if mine.judged.fetch_max(period, Ordering::Relaxed) >= period {
         return; // judged already, or a later window was
     }
-    // (The fill is the workload's: a window beside another measures
-    // nothing and leaves it as it was.)
-    if let Some(window) = turns::window_fill_milli(timings) {
-        let was = entry.turn_fill_milli();
-        let fill = turns::next_fill_milli(was, window);
-        entry.set_turn_fill_milli(fill);
-        if fill.abs_diff(was) >= 20 {
+    let w = judge::Window {
+        anchor,
+        period,
+        probes: timings,
+        anchor_now: entry.turn_anchor(),
+        moved_ns: entry.turn_moved_ns(),
+        alone: entry.alone(now),
+        shared: entry.turn_shared(now),
+        fill_milli: entry.turn_fill_milli(),
+        cut_ns: entry.turn_cut_ns(),
+        percent: entry.sm_limit(),
+        rate_scale_milli: entry.rate_scale_milli(),
+        covered: mine.covered.load(Ordering::Relaxed),
+        late: mine.late.load(Ordering::Relaxed),
+        random: now ^ u64::from(std::process::id()).rotate_left(17),
+    };
+    let v = judge::judge(&w);
+    if let Some(window) = v.window_fill {
+        entry.set_turn_fill_milli(v.fill_milli);
+        if v.fill_milli.abs_diff(w.fill_milli) >= 20 {
             log::debug!(
                 "turns: fill {:.3} (this window {:.3}, {} probes)",
-                fill as f64 / 1000.0,
+                v.fill_milli as f64 / 1000.0,
                 window as f64 / 1000.0,
                 timings.len()
             );
         }
     }
-    if entry.alone(now) {
-        // Nothing of another container is on the device: what a probe
-        // lost went to this process's own work on another stream (two
-        // threads on two streams: windows moved, and up to a quarter of
-        // each share went unspent on an H200, docs/benchmarks.md run 74).
-        COVERED[d].store(0, Ordering::Relaxed);
-        LATE[d].store(false, Ordering::Relaxed);
-        if entry.turn_cut_ns() != 0 {
-            entry.set_turn_cut_ns(0);
-        }
-        log::trace!("turns: window at {period} alone on the device ({timings:?})");
-        return;
-    }
-    if timings.iter().any(Probe::beside_another) {
+    if v.note_shared {
         entry.note_turn_shared(now);
     }
-    if entry.turn_anchor() != anchor || entry.turn_moved_ns() >= period {
-        // The turns moved while this window ran: its probes describe
-        // neither place, and it is often cut short. Taken as a window
-        // that met no one, it started the covered streak anew after every
-        // move beside a container that takes no turns (docs/benchmarks.md,
-        // run 71).
-        log::trace!("turns: window at {period} began before the turns moved ({timings:?})");
-        return;
+    mine.covered.store(v.covered, Ordering::Relaxed);
+    mine.late.store(v.late, Ordering::Relaxed);
+    if v.cut_ns != w.cut_ns {
+        if v.reason == judge::Reason::Judged {
+            log::debug!(
+                "turns: leaving {:.1} ms of each share unspent",
+                v.cut_ns as f64 / 1e6
+            );
+        }
+        entry.set_turn_cut_ns(v.cut_ns);
     }
-    let share = turns::share_ns(entry.sm_limit(), bucket::turn_scale_milli(entry));
-    let before = COVERED[d]
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-            Some(turns::next_streak(s, timings, share))
-        })
-        .unwrap_or_else(|s| s);
-    let streak = turns::next_streak(before, timings, share);
-    let shared = entry.turn_shared(now);
-    let cut = turns::next_cut(entry.turn_cut_ns(), share, timings, streak, shared);
-    if cut != entry.turn_cut_ns() {
-        log::debug!(
-            "turns: leaving {:.1} ms of each share unspent",
-            cut as f64 / 1e6
-        );
-        entry.set_turn_cut_ns(cut);
-    }
-    let random = now ^ u64::from(std::process::id()).rotate_left(17);
-    let late = timings.first().is_some_and(Probe::beside_another);
-    let late_before = LATE[d].swap(late, Ordering::Relaxed);
-    let Some(step) = turns::verdict(timings, random, late_before) else {
-        log::trace!("turns: window at {period} stays ({timings:?})");
-        return;
+    let step = match (v.reason, v.step) {
+        (judge::Reason::Alone, _) => {
+            log::trace!("turns: window at {period} alone on the device ({timings:?})");
+            return;
+        }
+        (judge::Reason::Moved, _) => {
+            log::trace!("turns: window at {period} began before the turns moved ({timings:?})");
+            return;
+        }
+        (judge::Reason::Judged, None) => {
+            log::trace!("turns: window at {period} stays ({timings:?})");
+            return;
+        }
+        (judge::Reason::Judged, Some(step)) => step,
     };
     let (to, how) = match step {
         turns::Move::Later(ns) => (anchor.saturating_add(ns), "later"),

@@ -10,9 +10,9 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sys::*;
-use super::{driver, real};
-use crate::limiter::estimate::{self, Slot};
+use super::estimate::{self, Slot};
+use crate::cuda::sys::*;
+use crate::cuda::{driver, real};
 use crate::lock::Lock;
 
 /// A timing in flight.
@@ -93,7 +93,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
     if !slot.claim_sample(now) {
         // A timing of this shape may be waiting to be collected.
         let last = LAST_POLL_NS.load(Ordering::Relaxed);
-        if slot.pending.load(Ordering::Acquire)
+        if slot.timing_pending()
             && now.saturating_sub(last) >= POLL_EVERY_NS
             && LAST_POLL_NS
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
@@ -133,7 +133,7 @@ pub fn begin(slot: &'static Slot, stream: CUstream, now: u64) -> Option<Sample> 
         })
     })();
     if started.is_none() {
-        slot.pending.store(false, Ordering::Release);
+        slot.timing_done();
     }
     started
 }
@@ -162,7 +162,7 @@ pub fn end(s: Sample, rc: CUresult) {
         });
     } else {
         give_back(s.ctx, &[s.start as usize, s.end as usize]);
-        s.slot.pending.store(false, Ordering::Release);
+        s.slot.timing_done();
     }
 }
 
@@ -187,7 +187,7 @@ fn collect(wait_for: Option<&'static Slot>) {
         {
             p.slot.record_timing((f64::from(ms) * 1e6) as u64, p.idle);
         }
-        p.slot.pending.store(false, Ordering::Release);
+        p.slot.timing_done();
         give_back(p.ctx, &[p.start, p.end]);
         false
     });
@@ -201,7 +201,7 @@ pub fn poll() {
 
 /// Waits for the in-flight timing of `slot`, if there is one.
 pub fn wait_for(slot: &'static Slot) {
-    if slot.pending.load(Ordering::Acquire) {
+    if slot.timing_pending() {
         collect(Some(slot));
     }
 }
@@ -230,7 +230,7 @@ pub fn forget_context(ctx: usize) {
     POOL.lock().retain(|&(c, _)| c != ctx);
     PENDING.lock().retain(|p| {
         if p.ctx == ctx {
-            p.slot.pending.store(false, Ordering::Release);
+            p.slot.timing_done();
         }
         p.ctx != ctx
     });

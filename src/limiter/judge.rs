@@ -1,0 +1,240 @@
+//! Judging one window of the turns (pure): from what its probes measured
+//! and what the region and this process knew before, the fill, the
+//! covered streak, what the container leaves unspent and whether its
+//! turns move. `probes.rs` gathers the inputs and carries the verdict out.
+#![forbid(unsafe_code)]
+
+use super::turns::{self, Move, Probe};
+
+/// What a window's judging reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Window<'a> {
+    /// The anchor the window's probes ran under, and the period it began.
+    pub anchor: u64,
+    pub period: u64,
+    /// Its probes, in the order they opened.
+    pub probes: &'a [Probe],
+    /// The turns' anchor now, and when they last moved (the region's).
+    pub anchor_now: u64,
+    pub moved_ns: u64,
+    /// The container is alone on the device (its leader's word).
+    pub alone: bool,
+    /// A probe of the container ran beside another context lately
+    /// (before this window).
+    pub shared: bool,
+    /// The container's fill, cut and limit; the controller's scale.
+    pub fill_milli: u64,
+    pub cut_ns: u64,
+    pub percent: u32,
+    pub rate_scale_milli: u32,
+    /// This process's covered streak, and whether the last window it
+    /// judged opened beside another.
+    pub covered: u32,
+    pub late: bool,
+    /// Picks the factor of a move later (`turns::verdict`).
+    pub random: u64,
+}
+
+/// Why a window changed only what it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Alone on the device: the fill only, streak and cut cleared.
+    Alone,
+    /// The turns moved while it ran: the fill only.
+    Moved,
+    /// Judged in full.
+    Judged,
+}
+
+/// What to do after a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub reason: Reason,
+    /// The fill the window measured, and the container's new fill.
+    pub window_fill: Option<u64>,
+    pub fill_milli: u64,
+    /// Note in the region that the container met another context.
+    pub note_shared: bool,
+    /// The new covered streak and lateness (this process's).
+    pub covered: u32,
+    pub late: bool,
+    /// What the container leaves unspent of each share.
+    pub cut_ns: u64,
+    /// Where the turns move, if they do.
+    pub step: Option<Move>,
+}
+
+/// Judges a window (what `probes.rs` used to decide inline).
+pub fn judge(w: &Window) -> Verdict {
+    // (The fill is the workload's: a window beside another measures
+    // nothing and leaves it as it was.)
+    let window_fill = turns::window_fill_milli(w.probes);
+    let fill_milli = window_fill.map_or(w.fill_milli, |f| turns::next_fill_milli(w.fill_milli, f));
+    let mut v = Verdict {
+        reason: Reason::Judged,
+        window_fill,
+        fill_milli,
+        note_shared: false,
+        covered: w.covered,
+        late: w.late,
+        cut_ns: w.cut_ns,
+        step: None,
+    };
+    if w.alone {
+        // Nothing of another container is on the device: what a probe
+        // lost went to this process's own work on another stream (two
+        // threads on two streams: windows moved, and up to a quarter of
+        // each share went unspent on an H200, run 74).
+        return Verdict {
+            reason: Reason::Alone,
+            covered: 0,
+            late: false,
+            cut_ns: 0,
+            ..v
+        };
+    }
+    v.note_shared = w.probes.iter().any(Probe::beside_another);
+    if w.anchor_now != w.anchor || w.moved_ns >= w.period {
+        // The turns moved while this window ran: its probes describe
+        // neither place, and it is often cut short. Taken as a window
+        // that met no one, it started the covered streak anew after every
+        // move beside a container that takes no turns (run 71).
+        v.reason = Reason::Moved;
+        return v;
+    }
+    let share = turns::share_ns(
+        w.percent,
+        turns::turn_scale_milli(w.rate_scale_milli, fill_milli),
+    );
+    v.covered = turns::next_streak(w.covered, w.probes, share);
+    let shared = w.shared || v.note_shared;
+    v.cut_ns = turns::next_cut(w.cut_ns, share, w.probes, v.covered, shared);
+    v.late = w.probes.first().is_some_and(Probe::beside_another);
+    v.step = turns::verdict(w.probes, w.random, w.late);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const P: u64 = turns::PERIOD_NS;
+
+    fn clean(ms: u64) -> Probe {
+        Probe {
+            cost_ns: ms * MS,
+            elapsed_ns: ms * MS + 100_000,
+        }
+    }
+
+    fn shared(ms: u64, lost_ms: u64) -> Probe {
+        Probe {
+            cost_ns: ms * MS,
+            elapsed_ns: (ms + lost_ms) * MS,
+        }
+    }
+
+    fn window(probes: &[Probe]) -> Window<'_> {
+        Window {
+            anchor: 7 * P,
+            period: 20 * P,
+            probes,
+            anchor_now: 7 * P,
+            moved_ns: 0,
+            alone: false,
+            shared: false,
+            fill_milli: 1000,
+            cut_ns: 0,
+            percent: 30,
+            rate_scale_milli: 1000,
+            covered: 0,
+            late: false,
+            random: 0,
+        }
+    }
+
+    #[test]
+    fn a_window_that_met_no_one_stays_and_measures_its_fill() {
+        let probes = [clean(3), clean(3), clean(3)];
+        let v = judge(&window(&probes));
+        assert_eq!(v.reason, Reason::Judged);
+        assert_eq!(v.step, None);
+        assert!(!v.note_shared && !v.late);
+        assert_eq!((v.covered, v.cut_ns), (0, 0));
+        assert!(v.window_fill.is_some());
+    }
+
+    #[test]
+    fn a_window_that_opened_beside_another_moves_later_and_notes_it() {
+        let probes = [shared(3, 5), clean(3), clean(3)];
+        let v = judge(&window(&probes));
+        assert!(v.note_shared && v.late);
+        assert!(matches!(v.step, Some(Move::Later(ns)) if ns > 0), "{v:?}");
+        // Its fill is what the clean probes said, not the lost time.
+        assert_eq!(v.fill_milli, 1000.min(v.fill_milli));
+    }
+
+    #[test]
+    fn alone_a_window_keeps_only_its_fill() {
+        let probes = [shared(3, 5), shared(3, 5)];
+        let w = Window {
+            alone: true,
+            covered: 4,
+            late: true,
+            cut_ns: 2 * MS,
+            ..window(&probes)
+        };
+        let v = judge(&w);
+        assert_eq!(v.reason, Reason::Alone);
+        assert_eq!((v.covered, v.late, v.cut_ns, v.step), (0, false, 0, None));
+        assert!(!v.note_shared);
+    }
+
+    #[test]
+    fn a_window_during_which_the_turns_moved_changes_nothing_but_the_fill() {
+        let probes = [shared(3, 5), shared(3, 5)];
+        for w in [
+            Window {
+                anchor_now: 8 * P,
+                ..window(&probes)
+            },
+            Window {
+                moved_ns: 20 * P,
+                ..window(&probes)
+            },
+        ] {
+            let w = Window {
+                covered: 3,
+                late: true,
+                cut_ns: MS,
+                ..w
+            };
+            let v = judge(&w);
+            assert_eq!(v.reason, Reason::Moved);
+            assert!(v.note_shared);
+            assert_eq!((v.covered, v.late, v.cut_ns, v.step), (3, true, MS, None));
+        }
+    }
+
+    #[test]
+    fn covered_windows_build_a_streak_and_then_leave_nothing_unspent() {
+        let probes = [shared(3, 5), shared(3, 5), shared(3, 5)];
+        let mut w = Window {
+            cut_ns: 2 * MS,
+            shared: true,
+            ..window(&probes)
+        };
+        let mut last = None;
+        for _ in 0..=turns::COVERED_STREAK + 1 {
+            let v = judge(&w);
+            w.covered = v.covered;
+            w.late = v.late;
+            w.cut_ns = v.cut_ns;
+            last = Some(v);
+        }
+        let v = last.unwrap();
+        assert!(v.covered > turns::COVERED_STREAK, "{v:?}");
+        assert_eq!(v.cut_ns, 0, "{v:?}");
+    }
+}
