@@ -165,6 +165,22 @@ fn a_fake_want_on_a_card_with_room_suspends_nobody() {
 }
 
 #[test]
+fn a_want_no_card_could_hold_suspends_nobody() {
+    // Review of finding 3: the shortage check compared NVML's free bytes
+    // with the wants on the board, so a want of u64::MAX was always a
+    // "confirmed" shortage and suspended every idle process.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "3"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let liar = node.hostile("want", "30", &["18446744073709551615"]);
+    let a = finish_within(a, 20.0);
+    stop(liar);
+    assert_intact(&a);
+    assert!(!a.stderr.contains("suspended this process"), "{}", a.stderr);
+}
+
+#[test]
 fn held_locks_never_block_a_restore_on_a_card_with_room_for_long() {
     // Finding 3: a neighbour holding every entry's lock and the restore
     // lock made a suspended process fail each call with out of memory on

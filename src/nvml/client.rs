@@ -143,6 +143,11 @@ pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
 /// The card's free memory as NVML sees it (what room there is for a
 /// process to come back to).
 pub fn free_memory(uuid: &[u8; 16]) -> Option<u64> {
+    memory(uuid).map(|(free, _)| free)
+}
+
+/// The card's free and total memory as NVML sees them.
+pub fn memory(uuid: &[u8; 16]) -> Option<(u64, u64)> {
     if !init() {
         return None;
     }
@@ -152,7 +157,7 @@ pub fn free_memory(uuid: &[u8; 16]) -> Option<u64> {
         let _internal = Guard::enter();
         real::nvmlDeviceGetMemoryInfo(dev, &mut m)
     };
-    rc.is_ok().then_some(m.free)
+    rc.is_ok().then_some((m.free, m.total))
 }
 
 /// The memory allocated on `dev`, processes' and the driver's, less what

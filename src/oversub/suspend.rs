@@ -288,49 +288,62 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         return true;
     };
     // A want on the board is another process's word: suspend only for a
-    // shortage this process sees itself (its NVML answers while it runs).
+    // shortage this process sees itself (its NVML answers while it runs),
+    // and never for a want no card could hold (a hostile u64::MAX).
+    let Some((free, total)) = crate::nvml::client::memory(&card) else {
+        return true;
+    };
     let wanted = others
         .iter()
         .filter_map(|o| o.wants)
-        .filter(|(c, _)| c == &card)
+        .filter(|&(c, b)| c == card && b <= total)
         .map(|(_, b)| b)
-        .fold(0u64, u64::saturating_add);
-    match crate::nvml::client::free_memory(&card) {
-        Some(free) if free < wanted => {}
-        seen => {
-            log::debug!(
-                "CUDA_OVERSUBSCRIBE: not suspended: {} wanted on {}, NVML says {} free",
-                fmt_bytes(wanted),
-                vgpu_shm::format_uuid(&card),
-                seen.map_or("nothing".into(), fmt_bytes)
-            );
-            return true;
-        }
-    }
-    // Its restore will need a figure of its own from a child process: no
-    // suspension where that cannot be had.
-    // (One child at most every 10 s where none answers.)
-    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
-    let failed = FRESH_FAILED.load(Ordering::Relaxed);
-    if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
-        || crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none()
-    {
-        if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
-            FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
-        }
-        crate::warn_once!(
-            "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {}, which a restore needs: this process is not suspended",
-            vgpu_shm::format_uuid(&card)
+        .fold(0u64, u64::saturating_add)
+        .min(total);
+    if free >= wanted {
+        log::debug!(
+            "CUDA_OVERSUBSCRIBE: not suspended: {} wanted on {}, NVML says {} free",
+            fmt_bytes(wanted),
+            vgpu_shm::format_uuid(&card),
+            fmt_bytes(free)
         );
         return true;
     }
+    // The cheap refusal first: no child process is made for a suspension
+    // the host memory bound refuses anyway.
     let bytes: u64 = me.cards.iter().map(|&(_, b)| b).sum();
-    if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
+    if h.board.host_bytes(Some(h.entry)).saturating_add(bytes) > s.host_limit {
         crate::warn_once!(
             "CUDA_OVERSUBSCRIBE: suspending this process would take host memory for suspended state past {} (VGPU_OVERSUBSCRIBE_HOST_LIMIT, {} in use): no more suspensions until some is freed",
             fmt_bytes(s.host_limit),
             fmt_bytes(h.board.host_bytes(Some(h.entry)))
         );
+        return true;
+    }
+    // Its restore will need a figure of its own from a child process: no
+    // suspension where that cannot be had. One child at most every 10 s
+    // where none answers; one that answered stands for 60 s.
+    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
+    static FRESH_OK: AtomicU64 = AtomicU64::new(0);
+    let failed = FRESH_FAILED.load(Ordering::Relaxed);
+    let ok = FRESH_OK.load(Ordering::Relaxed);
+    let known_ok = ok != 0 && now.saturating_sub(ok) < 60_000_000_000;
+    if !known_ok {
+        if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
+            || crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none()
+        {
+            if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
+                FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
+            }
+            crate::warn_once!(
+                "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {}, which a restore needs: this process is not suspended",
+                vgpu_shm::format_uuid(&card)
+            );
+            return true;
+        }
+        FRESH_OK.store(now.max(1), Ordering::Relaxed);
+    }
+    if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         return true;
     }
     suspend(attach, h, card, bytes, &me.cards);
