@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{ACTIVE, here, settings};
+use super::state::{ACTIVE, here, settings};
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
 use crate::log::fmt_bytes;
@@ -21,8 +21,8 @@ const RETRY: Duration = Duration::from_millis(20);
 /// `deadline`, the allocation's own `VGPU_OVERSUBSCRIBE_WAIT_MS`): it
 /// judged the room before this allocation took any, and a restore the
 /// driver refuses loses its process.
-fn wait_for_moves(h: &super::Here, card: &[u8; 16], deadline: std::time::Instant) {
-    while super::suspend::restore_moving_on(h, card) && std::time::Instant::now() < deadline {
+fn wait_for_moves(h: &super::state::Here, card: &[u8; 16], deadline: std::time::Instant) {
+    while super::restore::restore_moving_on(h, card) && std::time::Instant::now() < deadline {
         std::thread::sleep(RETRY);
     }
 }

@@ -8,7 +8,8 @@
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, saying the card is full
 //! - `suspend`: the watcher's part: publish this process on the node's
 //!   board, suspend it when it is the idlest process on a card someone
-//!   waits for, restore it when one of its threads calls CUDA (that call
+//!   waits for
+//! - `restore`: restore it when one of its threads calls CUDA (that call
 //!   waits for room up to `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`, then
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, the process still suspended)
 //! - `policy`: who goes first (pure)
@@ -19,6 +20,8 @@
 //! - `room`: whether a card has room for a restore, on this process's own
 //!   figure only (the board can make a restore wait, within bounds, never
 //!   hurry it)
+//! - `state`: what they share: the process's state, counters, settings
+//!   and board entry
 //!
 //! The process is its own actor: its watcher thread locks, checkpoints,
 //! restores and unlocks it (a process may drive the API on itself, as
@@ -32,81 +35,23 @@ mod blocked;
 mod checkpoint;
 mod free_probe;
 mod policy;
+mod restore;
 mod room;
+mod state;
 mod suspend;
 
 use std::path::Path;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use vgpu_shm::board::{Board, BoardEntry};
+use vgpu_shm::board::Board;
 
 pub use admission::admit;
+pub use state::Above;
 pub use suspend::{suspended, tick};
 
-use crate::attach::Attach;
 use crate::config::Oversub;
 use crate::cuda::sys::CUresult;
-
-/// Oversubscription is on in this process.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// CUDA calls through our hooks so far: the watcher reads idleness off it.
-static ACTIVITY: AtomicU64 = AtomicU64::new(0);
-/// Synchronisations and copies in flight (a process waiting in one is busy).
-static IN_CALL: AtomicU64 = AtomicU64::new(0);
-
-/// This process's memory is on the card.
-const RUNNING: u8 = 0;
-/// Its memory is on the host; its hooks restore it first.
-const SUSPENDED: u8 = 1;
-/// A restore is under way.
-const RESTORING: u8 = 2;
-/// A checkpoint or restore failed for good: its CUDA calls fail.
-const FAILED: u8 = 3;
-/// The watcher is inside the checkpoint (tens of seconds for tens of GiB
-/// on an H200): callers wait for it, never restore meanwhile.
-const SUSPENDING: u8 = 4;
-static STATE: AtomicU8 = AtomicU8::new(RUNNING);
-
-/// What oversubscription needs from the layers above it, installed by
-/// `init` when it turns oversubscription on (as `attach::OnSlot` is), so
-/// that this module calls nothing above it.
-#[derive(Clone, Copy)]
-pub struct Above {
-    /// The attachment, if anything is enforced: a restore a hook asked
-    /// for beats the region slot while it waits.
-    pub attach: fn() -> Option<&'static Attach>,
-    /// Wakes the watcher thread (a restore is wanted).
-    pub kick: fn(),
-}
-
-struct Settings {
-    above: Above,
-    wait_ms: u64,
-    restore_wait_ms: u64,
-    idle_ns: u64,
-    host_limit: u64,
-    test_watcher_stop: bool,
-    /// How long other restores' claims may hold a restore up.
-    claim_bound: std::time::Duration,
-}
-
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
-
-/// This process's place on the node's board.
-struct Here {
-    board: Board,
-    entry: usize,
-    pid: u32,
-}
-
-impl Here {
-    fn entry(&self) -> &BoardEntry {
-        self.board.entry(self.entry)
-    }
-}
-
-static HERE: OnceLock<Option<Here>> = OnceLock::new();
+use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, RUNNING, SETTINGS, STATE, Settings};
 
 /// Turns oversubscription on for this process (init, with the flag).
 pub fn start(cfg: &Oversub, above: Above) {
@@ -166,27 +111,6 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
-fn settings() -> &'static Settings {
-    SETTINGS.get_or_init(|| Settings {
-        above: Above {
-            attach: || None,
-            kick: || {},
-        },
-        wait_ms: Oversub::default().wait_ms,
-        restore_wait_ms: Oversub::default().restore_wait_ms,
-        idle_ns: Oversub::default().idle_ms * 1_000_000,
-        host_limit: 0,
-        test_watcher_stop: false,
-        claim_bound: room::CLAIM_BOUND,
-    })
-}
-
-/// This process's board entry (None in a forked child: it is never
-/// suspended, since the entry is its parent's).
-fn here() -> Option<&'static Here> {
-    HERE.get()?.as_ref().filter(|h| h.pid == std::process::id())
-}
-
 /// Runs before every CUDA hook: counts the call, and restores this process
 /// first if it is suspended. Err: the call's answer (no room to restore
 /// within the bound, or the restore failed for good).
@@ -207,7 +131,7 @@ fn entered() -> Result<(), CUresult> {
     if STATE.load(Ordering::Acquire) == RUNNING {
         return Ok(());
     }
-    suspend::resume()
+    restore::resume()
 }
 
 /// Runs `call` counted as in flight: a process blocked in a

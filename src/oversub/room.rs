@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
 
-use super::{Here, free_probe};
+use super::free_probe;
+use super::state::Here;
 use crate::clock;
 
 /// A claim of another process counts this long at most.
@@ -139,7 +140,7 @@ pub(super) fn room_on(
     } else {
         0
     };
-    let claimed = if waited < super::settings().claim_bound {
+    let claimed = if waited < super::state::settings().claim_bound {
         claimed_after(card, at)
     } else {
         0

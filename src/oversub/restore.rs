@@ -1,0 +1,354 @@
+//! Restore of a suspended process (suspend.rs suspends it).
+//!
+//! Its threads' next CUDA call (`resume`) asks the watcher to restore it,
+//! which waits until the card has room (publishing what it needs, so that
+//! the idle processes there make it), restores and unlocks. A call waits
+//! for room up to `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`; then it returns
+//! `CUDA_ERROR_OUT_OF_MEMORY` and the process stays suspended, its host
+//! copy intact, for its next call to try again. If the watcher stops
+//! beating, the calling thread restores the process itself. One log line
+//! per restore and per call that gives up.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use vgpu_shm::board::ProcState;
+
+use super::checkpoint;
+use super::room;
+use super::state::{
+    FAILED, Here, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
+};
+use super::suspend::{BEAT, LAST_ACTIVE, SAVED, beating};
+use crate::attach::Attach;
+use crate::clock;
+use crate::cuda::sys::CUresult;
+use crate::log::fmt_bytes;
+
+/// A watcher silent this long is gone: callers restore the process.
+const WATCHER_GONE_NS: u64 = 2_000_000_000;
+const RETRY: Duration = Duration::from_millis(20);
+
+/// A thread waits for the process to be restored.
+pub(super) static RESTORE_WANTED: AtomicBool = AtomicBool::new(false);
+/// How long (monotonic ns) the restore may wait for room: the latest
+/// deadline of the calls waiting for it. Past it, the restorer gives up.
+pub(super) static RESTORE_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// The restore is inside the driver, moving memory back: a call past its
+/// deadline waits for it rather than fail while its memory arrives.
+static MOVING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a restore is moving memory onto `card` now: allocations there
+/// wait for it (admission.rs), since a restore the driver refuses loses
+/// the process.
+pub(super) fn restore_moving_on(h: &Here, card: &[u8; 16]) -> bool {
+    // On every allocation: the entry's words first, the liveness lock
+    // (a syscall) only for a candidate.
+    (0..vgpu_shm::board::BOARD_ENTRIES)
+        .filter(|&i| i != h.entry)
+        .any(|i| {
+            let e = h.board.entry(i);
+            e.state() == ProcState::Restoring && e.bytes_on(card) > 0 && h.board.held_by_other(i)
+        })
+}
+
+/// What a restore leaves free beyond the bytes it moves: the driver's own
+/// needs around them, and memory that moves meanwhile. A restore the
+/// driver refuses loses the process, so it is never tried on a guess.
+fn margin(bytes: u64) -> u64 {
+    (512 << 20) + bytes / 50
+}
+
+/// The first card without room for what this process saved there (cards
+/// it held nothing on need none), and the room judged on each (room.rs:
+/// this process's own figure only, asked at or after `after`). `waited`:
+/// how long this restore has waited so far.
+fn short_of_room(
+    h: &Here,
+    saved: &[([u8; 16], u64)],
+    wait: Duration,
+    waited: Duration,
+    after: u64,
+) -> (Option<[u8; 16]>, u64) {
+    let mut least = u64::MAX;
+    for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
+        let r = room::room_on(h, &card, wait, waited, after);
+        least = least.min(r);
+        if r < bytes.saturating_add(margin(bytes)) {
+            return (Some(card), least);
+        }
+    }
+    (None, least)
+}
+
+/// Claims the room on the board, under the node's restore lock (waited
+/// for within `room::LOCK_BOUND`). The bytes go on the board first, with
+/// the process restoring: allocations on the card wait for it from then
+/// on (admission.rs), and every other restore counts them as moving. Then,
+/// after [`CLAIM_SETTLE`] for an allocation that passed its check just
+/// before to land, room is judged on a figure asked since: a figure from
+/// before the claim may miss an allocation that took the room meanwhile
+/// (its want already gone from the board), and a restore the driver
+/// refuses loses the process. Without room the claim is taken back. One
+/// claim at a time on the node, so two restores never count on the same
+/// room. The room judged, or None when no claim was made.
+fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
+    let _node = room::restore_lock(h).ok()?;
+    let e = h.entry();
+    for &(card, bytes) in saved {
+        e.set_bytes_on(&card, bytes);
+    }
+    std::thread::sleep(CLAIM_SETTLE);
+    let after = clock::monotonic_ns();
+    let (short, judged) = short_of_room(h, saved, CLAIM_NVML_WAIT, waited, after);
+    if short.is_some() {
+        for &(card, _) in saved {
+            e.set_bytes_on(&card, 0);
+        }
+        return None;
+    }
+    e.set_want(&[0; 16], 0);
+    Some(judged)
+}
+
+/// How long a claim lets an allocation that passed its check before the
+/// claim reach the driver, before room is judged anew.
+const CLAIM_SETTLE: Duration = Duration::from_millis(50);
+/// How long a claim waits for its new figure (a child process's NVML).
+const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a restore waits for its own figure (a child process's NVML)
+/// in one look; it looks again every 20 ms.
+const NVML_WAIT: Duration = Duration::from_millis(100);
+
+/// When the first restore since the last suspension began (monotonic ns;
+/// 0: none yet).
+pub(super) static FIRST_TRY_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One restore at a time (the watcher, or a caller when it is gone).
+static RESTORER: Mutex<()> = Mutex::new(());
+/// Callers wait here for the restore.
+static DONE: Mutex<()> = Mutex::new(());
+static DONE_CV: Condvar = Condvar::new();
+
+/// When a restore asked for now must give up waiting for room.
+pub(super) fn deadline_from_now() -> u64 {
+    clock::monotonic_ns().saturating_add(settings().restore_wait_ms.saturating_mul(1_000_000))
+}
+
+/// Asks for a restore that may wait for room until `deadline`.
+pub(super) fn request_restore(deadline: u64) {
+    RESTORE_UNTIL.fetch_max(deadline, Ordering::AcqRel);
+    RESTORE_WANTED.store(true, Ordering::Release);
+    (settings().above.kick)();
+}
+
+/// A caller's way back: the watcher restores the process (or the caller
+/// itself, if the watcher is gone). Err: the call's answer: out of memory
+/// when the card had no room within `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`
+/// (the process stays suspended), illegal state when the restore failed.
+pub fn resume() -> Result<(), CUresult> {
+    let mut deadline = deadline_from_now();
+    request_restore(deadline);
+    let mut g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let state = STATE.load(Ordering::Acquire);
+        match state {
+            RUNNING => return Ok(()),
+            FAILED => {
+                crate::warn_once!(
+                    "CUDA_OVERSUBSCRIBE: this process's device memory could not be restored; its CUDA calls fail with CUDA_ERROR_ILLEGAL_STATE"
+                );
+                return Err(CUresult::ERROR_ILLEGAL_STATE);
+            }
+            // Our own checkpoint is still running: that is not waiting for
+            // room, so the bound starts when it ends.
+            SUSPENDING => {
+                deadline = deadline_from_now();
+                RESTORE_UNTIL.fetch_max(deadline, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+        let now = clock::monotonic_ns();
+        if now < deadline {
+            // The restorer gave up for earlier calls: ask again for this one.
+            if state == SUSPENDED && !RESTORE_WANTED.load(Ordering::Acquire) {
+                request_restore(deadline);
+            }
+        } else if state != SUSPENDING && !MOVING.load(Ordering::Acquire) {
+            drop(g);
+            no_room();
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
+        }
+        let silent = clock::monotonic_ns().saturating_sub(BEAT.load(Ordering::Acquire));
+        // (While SUSPENDING the watcher is inside the checkpoint: silent.)
+        if silent > WATCHER_GONE_NS
+            && STATE.load(Ordering::Acquire) == SUSPENDED
+            && let Some(h) = here()
+        {
+            drop(g);
+            crate::warn_once!(
+                "CUDA_OVERSUBSCRIBE: the watcher thread is gone ({} ms silent): restoring this process from the calling thread",
+                silent / 1_000_000
+            );
+            restore_now((settings().above.attach)(), h);
+            g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+            continue;
+        }
+        g = DONE_CV
+            .wait_timeout(g, Duration::from_millis(50))
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+/// The line of a call that gave up waiting for room to restore.
+fn no_room() {
+    let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let total: u64 = saved.iter().map(|&(_, b)| b).sum();
+    let cards: Vec<String> = saved
+        .iter()
+        .map(|(c, _)| vgpu_shm::format_uuid(c))
+        .collect();
+    log::warn!(
+        "CUDA_OVERSUBSCRIBE: the card had no room to restore this process ({} of device memory, on {}) within {} ms (VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS): this call returns CUDA_ERROR_OUT_OF_MEMORY; the process stays suspended with its memory on the host, and its next CUDA call tries again",
+        fmt_bytes(total),
+        cards.join(", "),
+        settings().restore_wait_ms
+    );
+}
+
+/// Restores the process: waits until its cards have room for it (asking
+/// for it on the board), then restore and unlock. Gives up, the process
+/// still suspended, when no call waits any longer (`RESTORE_UNTIL`).
+pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
+    let _one = RESTORER.lock().unwrap_or_else(PoisonError::into_inner);
+    if STATE.load(Ordering::Acquire) != SUSPENDED {
+        return;
+    }
+    STATE.store(RESTORING, Ordering::Release);
+    let e = h.entry();
+    e.set_state(ProcState::Restoring, clock::monotonic_ns());
+    let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let total: u64 = saved.iter().map(|&(_, b)| b).sum();
+    let t0 = Instant::now();
+    // What the board may hold a restore up for is bounded from the first
+    // try since the suspension, not from each call's (a process whose
+    // calls each wait less than the bounds would wait for ever).
+    let _ = FIRST_TRY_NS.compare_exchange(
+        0,
+        clock::monotonic_ns(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    let since_first = || {
+        Duration::from_nanos(
+            clock::monotonic_ns().saturating_sub(FIRST_TRY_NS.load(Ordering::Acquire)),
+        )
+    };
+    room::new_restore();
+    let mut waited = Duration::ZERO;
+    let mut said = Instant::now();
+    let mut next_try = Instant::now();
+    loop {
+        BEAT.store(clock::monotonic_ns(), Ordering::Release);
+        // The region slot's heartbeat too: the wait can last minutes.
+        if let Some(a) = attach {
+            a.tick();
+        }
+        let (short, _) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
+        if short.is_none() && Instant::now() >= next_try {
+            if let Some(judged) = claim_room(h, &saved, since_first()) {
+                MOVING.store(true, Ordering::Release);
+                // A move of tens of GiB takes up to a minute: the region
+                // slot keeps beating meanwhile.
+                let moved = beating(attach, || {
+                    checkpoint::restore().map(|()| checkpoint::unlock())
+                });
+                MOVING.store(false, Ordering::Release);
+                match moved {
+                    Ok(Ok(())) => break,
+                    Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
+                    // Driver 580 answers a restore without room with out of
+                    // memory, and every later one with 304: the process
+                    // can never be restored (run 28 on the H200).
+                    Err(rc) => {
+                        for &(card, _) in &saved {
+                            h.entry().set_bytes_on(&card, 0);
+                        }
+                        return fail(
+                            h,
+                            format!(
+                                "the driver refused the restore ({rc}; {} was judged free); on this driver a refused restore cannot be retried, so the process's device memory is lost",
+                                fmt_bytes(judged)
+                            ),
+                        );
+                    }
+                }
+            }
+            // Another restore claimed the room first: a moment, then again.
+            next_try = Instant::now() + RETRY * (1 + (h.entry as u32 % 4));
+        }
+        if clock::monotonic_ns() >= RESTORE_UNTIL.load(Ordering::Acquire) {
+            return give_up(h);
+        }
+        let card = short.unwrap_or(saved.first().map_or([0; 16], |&(c, _)| c));
+        e.set_want(&card, total);
+        if said.elapsed() >= Duration::from_secs(10) {
+            said = Instant::now();
+            log::warn!(
+                "CUDA_OVERSUBSCRIBE: still waiting for room for {} on {} to restore this process ({} s so far, VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS {} ms)",
+                fmt_bytes(total),
+                vgpu_shm::format_uuid(&card),
+                t0.elapsed().as_secs(),
+                settings().restore_wait_ms
+            );
+        }
+        std::thread::sleep(RETRY);
+        waited += RETRY;
+    }
+    for &(card, bytes) in &saved {
+        e.set_bytes_on(&card, bytes);
+    }
+    e.set_want(&[0; 16], 0);
+    e.host_bytes.fetch_sub(total, Ordering::SeqCst);
+    e.restores.fetch_add(1, Ordering::Relaxed);
+    e.last_active_ns
+        .store(clock::monotonic_ns(), Ordering::Release);
+    LAST_ACTIVE.store(clock::monotonic_ns(), Ordering::Relaxed);
+    e.set_state(ProcState::Running, clock::monotonic_ns());
+    RESTORE_WANTED.store(false, Ordering::Release);
+    finish(RUNNING);
+    log::warn!(
+        "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room)",
+        fmt_bytes(total),
+        t0.elapsed().as_millis(),
+        waited.min(t0.elapsed()).as_millis()
+    );
+}
+
+/// No call waits for the restore any longer: the process stays suspended
+/// (its host copy and host reservation kept) and stops asking for room.
+fn give_up(h: &Here) {
+    let e = h.entry();
+    e.set_want(&[0; 16], 0);
+    e.set_state(ProcState::Suspended, clock::monotonic_ns());
+    // Before the state: a caller that then sees SUSPENDED asks again.
+    RESTORE_WANTED.store(false, Ordering::Release);
+    finish(SUSPENDED);
+}
+
+pub(super) fn fail(h: &Here, why: String) {
+    h.entry()
+        .set_state(ProcState::Failed, clock::monotonic_ns());
+    log::error!("CUDA_OVERSUBSCRIBE: {why}; this process's CUDA calls fail from now on");
+    finish(FAILED);
+}
+
+fn finish(state: u8) {
+    let _g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+    STATE.store(state, Ordering::Release);
+    DONE_CV.notify_all();
+}

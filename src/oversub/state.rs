@@ -1,0 +1,95 @@
+//! The state the oversubscription modules share: this process's state
+//! (running, suspended, ...), its counters, its settings and its place on
+//! the node's board. Data only, so that the modules depend on it and not
+//! on each other's parent.
+#![forbid(unsafe_code)]
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+
+use vgpu_shm::board::{Board, BoardEntry};
+
+use super::room;
+use crate::attach::Attach;
+use crate::config::Oversub;
+
+/// Oversubscription is on in this process.
+pub(super) static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// CUDA calls through our hooks so far: the watcher reads idleness off it.
+pub(super) static ACTIVITY: AtomicU64 = AtomicU64::new(0);
+/// Synchronisations and copies in flight (a process waiting in one is busy).
+pub(super) static IN_CALL: AtomicU64 = AtomicU64::new(0);
+
+/// This process's memory is on the card.
+pub(super) const RUNNING: u8 = 0;
+/// Its memory is on the host; its hooks restore it first.
+pub(super) const SUSPENDED: u8 = 1;
+/// A restore is under way.
+pub(super) const RESTORING: u8 = 2;
+/// A checkpoint or restore failed for good: its CUDA calls fail.
+pub(super) const FAILED: u8 = 3;
+/// The watcher is inside the checkpoint (tens of seconds for tens of GiB
+/// on an H200): callers wait for it, never restore meanwhile.
+pub(super) const SUSPENDING: u8 = 4;
+pub(super) static STATE: AtomicU8 = AtomicU8::new(RUNNING);
+
+/// What oversubscription needs from the layers above it, installed by
+/// `init` when it turns oversubscription on (as `attach::OnSlot` is), so
+/// that this module calls nothing above it.
+#[derive(Clone, Copy)]
+pub struct Above {
+    /// The attachment, if anything is enforced: a restore a hook asked
+    /// for beats the region slot while it waits.
+    pub attach: fn() -> Option<&'static Attach>,
+    /// Wakes the watcher thread (a restore is wanted).
+    pub kick: fn(),
+}
+
+pub(super) struct Settings {
+    pub(super) above: Above,
+    pub(super) wait_ms: u64,
+    pub(super) restore_wait_ms: u64,
+    pub(super) idle_ns: u64,
+    pub(super) host_limit: u64,
+    pub(super) test_watcher_stop: bool,
+    /// How long other restores' claims may hold a restore up.
+    pub(super) claim_bound: std::time::Duration,
+}
+
+pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// This process's place on the node's board.
+pub(super) struct Here {
+    pub(super) board: Board,
+    pub(super) entry: usize,
+    pub(super) pid: u32,
+}
+
+impl Here {
+    pub(super) fn entry(&self) -> &BoardEntry {
+        self.board.entry(self.entry)
+    }
+}
+
+pub(super) static HERE: OnceLock<Option<Here>> = OnceLock::new();
+
+pub(super) fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| Settings {
+        above: Above {
+            attach: || None,
+            kick: || {},
+        },
+        wait_ms: Oversub::default().wait_ms,
+        restore_wait_ms: Oversub::default().restore_wait_ms,
+        idle_ns: Oversub::default().idle_ms * 1_000_000,
+        host_limit: 0,
+        test_watcher_stop: false,
+        claim_bound: room::CLAIM_BOUND,
+    })
+}
+
+/// This process's board entry (None in a forked child: it is never
+/// suspended, since the entry is its parent's).
+pub(super) fn here() -> Option<&'static Here> {
+    HERE.get()?.as_ref().filter(|h| h.pid == std::process::id())
+}
