@@ -117,23 +117,10 @@ pub fn judge(w: &Window) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::turns::tests::{clean, shared};
 
     const MS: u64 = 1_000_000;
     const P: u64 = turns::PERIOD_NS;
-
-    fn clean(ms: u64) -> Probe {
-        Probe {
-            cost_ns: ms * MS,
-            elapsed_ns: ms * MS + 100_000,
-        }
-    }
-
-    fn shared(ms: u64, lost_ms: u64) -> Probe {
-        Probe {
-            cost_ns: ms * MS,
-            elapsed_ns: (ms + lost_ms) * MS,
-        }
-    }
 
     fn window(probes: &[Probe]) -> Window<'_> {
         Window {

@@ -410,19 +410,21 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
 
-    fn clean(ms: u64) -> Probe {
+    /// A probe that met no one (judge.rs's tests use these too).
+    pub(in crate::limiter) fn clean(ms: u64) -> Probe {
         Probe {
             cost_ns: ms * MS,
             elapsed_ns: ms * MS + 100_000,
         }
     }
 
-    fn shared(ms: u64, lost_ms: u64) -> Probe {
+    /// A probe that lost `lost_ms` to another context.
+    pub(in crate::limiter) fn shared(ms: u64, lost_ms: u64) -> Probe {
         Probe {
             cost_ns: ms * MS,
             elapsed_ns: (ms + lost_ms) * MS,
