@@ -10,61 +10,13 @@
 
 mod common;
 
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
+use common::oversub::Node;
 use common::*;
 
-struct Node {
-    sim: Sim,
-}
-
 impl Node {
-    fn new() -> Node {
-        let mut sim = Sim::new(1, "4g");
-        let board = sim.dir.path().join("board").display().to_string();
-        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
-            .set("CUDA_OVERSUBSCRIBE", "true")
-            .set("VGPU_OVERSUBSCRIBE_DIR", &board)
-            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
-            // As the H200 behaved: NVML's memory queries of a suspended
-            // process wait for its restore.
-            .set("SIM_GPU_NVML_LOCKED", "1");
-        Node { sim }
-    }
-
-    /// cuclient in container `name`, with `env` on top.
-    fn client(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
-        self.client_via(Path3::Link, name, env, args)
-    }
-
-    fn client_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
-        let mut c = self.sim.client_cmd(path, true, args);
-        let region = self.sim.dir.path().join(format!("{name}.cache"));
-        c.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c
-    }
-
-    fn spawn(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-        self.spawn_via(Path3::Link, name, env, args)
-    }
-
-    /// `spawn` through another entry path of the driver.
-    fn spawn_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-        self.client_via(path, name, env, args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
-    fn run(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
-        Run::from(self.client(name, env, args).output().unwrap())
-    }
-
     /// After a's start, b asks for 2 GiB (held 1.5 s) that the card has
     /// only once a is suspended; returns b once a is.
     fn crowd_out(&self) -> Child {
@@ -80,12 +32,6 @@ impl Node {
             self.board()
         );
         b
-    }
-
-    /// `vgpuctl oversub` on the node's board.
-    fn board(&self) -> String {
-        let dir = self.sim.dir.path().join("board");
-        self.sim.ctl(&["oversub", dir.to_str().unwrap()]).stdout
     }
 
     /// Host copies the simulated driver holds for checkpointed processes.

@@ -15,43 +15,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use common::oversub::Node;
 use common::*;
 
-struct Node {
-    sim: Sim,
-}
-
 impl Node {
-    fn new() -> Node {
-        let mut sim = Sim::new(1, "4g");
-        let board = sim.dir.path().join("board").display().to_string();
-        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
-            .set("CUDA_OVERSUBSCRIBE", "true")
-            .set("VGPU_OVERSUBSCRIBE_DIR", &board)
-            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
-            .set("SIM_GPU_NVML_LOCKED", "1");
-        Node { sim }
-    }
-
-    fn board_dir(&self) -> std::path::PathBuf {
-        self.sim.dir.path().join("board")
-    }
-
-    fn spawn(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-        let mut c = self.sim.client_cmd(Path3::Link, true, args);
-        c.env(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            self.sim.dir.path().join(format!("{name}.cache")),
-        );
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
     /// The hostile neighbour in `mode` for `secs`, once in place.
     fn hostile(&self, mode: &str, secs: &str, extra: &[&str]) -> Child {
         let mut c = Command::new(artifacts().bin.join("hostile_board"));
@@ -65,12 +32,6 @@ impl Node {
         let line = first_line(child.stdout.as_mut().unwrap());
         assert!(line.starts_with("hostile_ready=1"), "{line}");
         child
-    }
-
-    /// `vgpuctl oversub` on the node's board.
-    fn board(&self) -> String {
-        let dir = self.board_dir();
-        self.sim.ctl(&["oversub", dir.to_str().unwrap()]).stdout
     }
 }
 

@@ -3,6 +3,8 @@
 //! machine in a temp dir, with or without `LD_PRELOAD=libvgpu.so`.
 #![allow(dead_code)]
 
+pub mod oversub;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

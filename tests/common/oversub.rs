@@ -1,0 +1,77 @@
+//! The simulated node of the oversubscription tests (tests/oversub.rs,
+//! tests/oversub_hostile.rs): each "container" has its own region; they
+//! share the simulated card (4 GiB, 256 MiB per context) and the node's
+//! board, and NVML's memory queries of a suspended process wait for its
+//! restore, as on the H200.
+
+use std::process::{Child, Command, Stdio};
+
+use super::{Path3, Run, Sim};
+
+pub struct Node {
+    pub sim: Sim,
+}
+
+impl Node {
+    pub fn new() -> Node {
+        let mut sim = Sim::new(1, "4g");
+        let board = sim.dir.path().join("board").display().to_string();
+        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
+            .set("CUDA_OVERSUBSCRIBE", "true")
+            .set("VGPU_OVERSUBSCRIBE_DIR", &board)
+            .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
+            // As the H200 behaved: NVML's memory queries of a suspended
+            // process wait for its restore.
+            .set("SIM_GPU_NVML_LOCKED", "1");
+        Node { sim }
+    }
+
+    /// The node's board directory.
+    pub fn board_dir(&self) -> std::path::PathBuf {
+        self.sim.dir.path().join("board")
+    }
+
+    /// `vgpuctl oversub` on the node's board.
+    pub fn board(&self) -> String {
+        let dir = self.board_dir();
+        self.sim.ctl(&["oversub", dir.to_str().unwrap()]).stdout
+    }
+
+    /// cuclient in container `name`, with `env` on top.
+    pub fn client(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
+        self.client_via(Path3::Link, name, env, args)
+    }
+
+    pub fn client_via(
+        &self,
+        path: Path3,
+        name: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Command {
+        let mut c = self.sim.client_cmd(path, true, args);
+        let region = self.sim.dir.path().join(format!("{name}.cache"));
+        c.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    pub fn spawn(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+        self.spawn_via(Path3::Link, name, env, args)
+    }
+
+    /// `spawn` through another entry path of the driver.
+    pub fn spawn_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+        self.client_via(path, name, env, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    pub fn run(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+        Run::from(self.client(name, env, args).output().unwrap())
+    }
+}
