@@ -11,4 +11,5 @@ K=50
 "$B/switchcost" solo "$D" $K
 pair() { rm -f /dev/shm/vgpu-switch; "$B/switchcost" "$1" "$D" $K 0 /dev/shm/vgpu-switch "${2:-0}" & "$B/switchcost" "$1" "$D" $K 1 /dev/shm/vgpu-switch "${2:-0}"; wait; }
 pair free
-for t in 200 500 1000 2000 5000 10000; do pair turns $t; done
+"$B/switchcost" solo "$D" 1000
+for t in 500 2000 10000; do pair turns $t; "$B/switchcost" threads "$D" $K 0 - $t; done
