@@ -141,9 +141,10 @@ impl<'a, T> From<&'a T> for In<'a, T> {
 pub trait Arg<Raw>: Sized {
     /// # Safety
     /// `raw` is an argument the program passed to a driver function, and
-    /// the driver's API makes a pointer argument NULL or valid for one
-    /// `T` (read for an in-parameter, written for an out-parameter) for
-    /// the whole call: the contract the program accepted.
+    /// that function's API makes a pointer argument NULL or valid for one
+    /// `T` for the whole call (read for an in-parameter, written for an
+    /// out-parameter, whose bytes, the program's memory, read as a `T` of
+    /// plain data): the contract the program accepted by calling it.
     unsafe fn arg(raw: Raw) -> Self;
 }
 
