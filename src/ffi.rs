@@ -1,16 +1,39 @@
-//! Reading and writing caller memory at the C edge. Every out-parameter of
-//! every hook goes through these two functions; NULL is allowed wherever
-//! the driver allows it, and never dereferenced.
+//! Reading and writing caller memory at the C edge. NULL is allowed
+//! wherever the driver allows it, and never dereferenced.
+//!
+//! A hook receives raw pointers from the program. The FFI edge (the hook
+//! tables, `hooks!`) turns each pointer the handler reads or writes into an
+//! [`In`] or [`Out`] ([`Arg`], the one `unsafe` step, justified by the
+//! driver API's contract), so the handlers behind it hold no `unsafe` code
+//! and cannot dereference anything else. vgpu's own calls build them from
+//! references (`Out::from(&mut x)`).
+
+use std::marker::PhantomData;
 
 /// Writes `v` through out-parameter `p`; false when `p` is NULL.
-pub fn put<T>(p: *mut T, v: T) -> bool {
+///
+/// # Safety
+/// `p` is NULL or valid for a (possibly unaligned) write of one `T`.
+pub unsafe fn put<T>(p: *mut T, v: T) -> bool {
     if p.is_null() {
         return false;
     }
-    // SAFETY: `p` is an out-parameter of a driver call the program made;
-    // the API contract is that a non-NULL out-parameter is writable for T.
+    // SAFETY: non-NULL, so writable for T (this function's contract).
     unsafe { p.write_unaligned(v) };
     true
+}
+
+/// Reads in-parameter `p`; None when NULL.
+///
+/// # Safety
+/// `p` is NULL or valid for a (possibly unaligned) read of one `T`, whose
+/// bytes are a valid `T`.
+pub unsafe fn get<T: Copy>(p: *const T) -> Option<T> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, so readable as a T (this function's contract).
+    Some(unsafe { p.read_unaligned() })
 }
 
 /// Runs `f` when the process exits normally (`exit`, or a return from
@@ -21,12 +44,150 @@ pub fn at_exit(f: extern "C" fn()) -> bool {
     unsafe { libc::atexit(f) == 0 }
 }
 
-/// Reads in-parameter `p`; None when NULL.
-pub fn get<T: Copy>(p: *const T) -> Option<T> {
-    if p.is_null() {
-        return None;
+/// An out-parameter: NULL, or one `T` that may be read and written for
+/// `'a`. The same bits as `*mut T`, so real functions take it as declared.
+#[repr(transparent)]
+pub struct Out<'a, T>(*mut T, PhantomData<&'a mut T>);
+
+impl<T> Clone for Out<'_, T> {
+    fn clone(&self) -> Self {
+        *self
     }
-    // SAFETY: `p` is an in-parameter of a driver call the program made; the
-    // API contract is that a non-NULL in-parameter points to a readable T.
-    Some(unsafe { p.read_unaligned() })
+}
+impl<T> Copy for Out<'_, T> {}
+
+impl<'a, T> Out<'a, T> {
+    /// # Safety
+    /// `p` is NULL, or valid for reads and writes of one `T` (unaligned
+    /// allowed) for `'a`, and its bytes are a valid `T` whenever read: `T`
+    /// is plain data (every bit pattern valid), as the driver's are.
+    pub unsafe fn from_raw(p: *mut T) -> Self {
+        Self(p, PhantomData)
+    }
+
+    pub fn is_null(self) -> bool {
+        self.0.is_null()
+    }
+
+    /// Writes `v`; false when NULL.
+    pub fn put(self, v: T) -> bool {
+        // SAFETY: NULL or writable for T for 'a (`from_raw`'s contract,
+        // or a `&mut T`).
+        unsafe { put(self.0, v) }
+    }
+
+    /// What it holds (what the driver wrote, after a call that succeeded);
+    /// None when NULL.
+    pub fn get(self) -> Option<T>
+    where
+        T: Copy,
+    {
+        // SAFETY: NULL or readable as a T for 'a (`from_raw`'s contract,
+        // or a `&mut T`).
+        unsafe { get(self.0) }
+    }
+}
+
+impl<'a, T> From<&'a mut T> for Out<'a, T> {
+    fn from(r: &'a mut T) -> Self {
+        Self(r, PhantomData)
+    }
+}
+
+/// An in-parameter: NULL, or one readable `T` for `'a`. The same bits as
+/// `*const T`.
+#[repr(transparent)]
+pub struct In<'a, T>(*const T, PhantomData<&'a T>);
+
+impl<T> Clone for In<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for In<'_, T> {}
+
+impl<'a, T> In<'a, T> {
+    /// # Safety
+    /// `p` is NULL, or valid for reads of one `T` (unaligned allowed) for
+    /// `'a`, whose bytes are a valid `T`.
+    pub unsafe fn from_raw(p: *const T) -> Self {
+        Self(p, PhantomData)
+    }
+
+    pub fn is_null(self) -> bool {
+        self.0.is_null()
+    }
+
+    /// What it points to; None when NULL.
+    pub fn get(self) -> Option<T>
+    where
+        T: Copy,
+    {
+        // SAFETY: NULL or readable as a T for 'a (`from_raw`'s contract,
+        // or a `&T`).
+        unsafe { get(self.0) }
+    }
+}
+
+impl<'a, T> From<&'a T> for In<'a, T> {
+    fn from(r: &'a T) -> Self {
+        Self(r, PhantomData)
+    }
+}
+
+/// How a hook's raw C argument becomes its handler's (and its real
+/// function's) parameter: unchanged, or a pointer as [`In`]/[`Out`]. The
+/// target is the parameter's type, so a handler states what it reads.
+pub trait Arg<Raw>: Sized {
+    /// # Safety
+    /// `raw` is an argument the program passed to a driver function, and
+    /// that function's API makes a pointer argument NULL or valid for one
+    /// `T` for the whole call (read for an in-parameter, written for an
+    /// out-parameter, whose bytes, the program's memory, read as a `T` of
+    /// plain data): the contract the program accepted by calling it.
+    unsafe fn arg(raw: Raw) -> Self;
+}
+
+impl<T> Arg<T> for T {
+    #[inline(always)]
+    unsafe fn arg(raw: T) -> T {
+        raw
+    }
+}
+
+impl<T> Arg<*mut T> for Out<'_, T> {
+    #[inline(always)]
+    unsafe fn arg(raw: *mut T) -> Self {
+        // SAFETY: the caller's contract (`Arg::arg`) is `from_raw`'s.
+        unsafe { Out::from_raw(raw) }
+    }
+}
+
+impl<T> Arg<*const T> for In<'_, T> {
+    #[inline(always)]
+    unsafe fn arg(raw: *const T) -> Self {
+        // SAFETY: the caller's contract (`Arg::arg`) is `from_raw`'s.
+        unsafe { In::from_raw(raw) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_and_in_read_write_and_answer_null() {
+        let mut x = 1u64;
+        let o = Out::from(&mut x);
+        assert_eq!(o.get(), Some(1));
+        assert!(o.put(7));
+        assert_eq!(x, 7);
+        // SAFETY: NULL is allowed.
+        let n: Out<u64> = unsafe { Out::from_raw(std::ptr::null_mut()) };
+        assert!(n.is_null() && !n.put(3) && n.get().is_none());
+        assert_eq!(In::from(&x).get(), Some(7));
+        // SAFETY: NULL is allowed.
+        let i: In<u64> = unsafe { In::from_raw(std::ptr::null()) };
+        assert!(i.is_null() && i.get().is_none());
+    }
 }

@@ -69,7 +69,9 @@
 //!   for a launch in this process (limits, HAMi's gate, oversubscription)
 //! - `unwind`: the unwinder, loaded from libgcc_s only once CUDA is used
 //! - `loaded`: the one line saying what this process enforces
-//! - `ffi`, `clock`, `log`: small edges
+//! - `ffi`: a program's pointers as `In`/`Out`, the one unsafe step at
+//!   the hook table (docs/architecture.md, "Where `unsafe` lives")
+//! - `clock`, `log`: small edges
 
 // Without exported hooks (unit tests, feature `interpose` off) nothing
 // reaches most of the crate.

@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use super::real;
 use super::sys::*;
 use super::{device, driver, launch};
-use crate::ffi::get;
+use crate::ffi::Out;
 use crate::limiter::{events, probes};
 use crate::process::{CONTEXTS, LiveContext};
 use crate::quota::{self, Freeing, overhead};
@@ -19,7 +19,7 @@ use crate::{hostpid, init, limiter, watcher};
 fn created(
     ordinal: CUdevice,
     primary: bool,
-    out: *mut CUcontext,
+    out: Out<CUcontext>,
     create: impl FnOnce() -> CUresult,
 ) -> CUresult {
     if let Some(attach) = init::attach()
@@ -46,7 +46,7 @@ fn created(
         let _in_driver = entry.map(|(_, dev)| overhead::in_driver(dev));
         create()
     };
-    let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), get(out)) else {
+    let (Some((attach, dev)), true, Some(ctx)) = (entry, rc.is_ok(), out.get()) else {
         return rc;
     };
     if let Some(c) = charge {
@@ -89,34 +89,32 @@ fn primary_of(ordinal: CUdevice) -> Option<usize> {
         .map(|(&c, _)| c)
 }
 
-pub fn create_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub fn create_v2(ctx: Out<CUcontext>, flags: c_uint, dev: CUdevice) -> CUresult {
     created(dev, false, ctx, || real::cuCtxCreate_v2(ctx, flags, dev))
 }
 
 pub fn create_v3(
-    ctx: *mut CUcontext,
-    params: *mut c_void,
-    n: c_int,
-    flags: c_uint,
+    call: &impl Fn() -> CUresult,
+    ctx: Out<CUcontext>,
+    _params: *mut c_void,
+    _n: c_int,
+    _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    created(dev, false, ctx, || {
-        real::cuCtxCreate_v3(ctx, params, n, flags, dev)
-    })
+    created(dev, false, ctx, call)
 }
 
 pub fn create_v4(
-    ctx: *mut CUcontext,
-    params: *mut c_void,
-    flags: c_uint,
+    call: &impl Fn() -> CUresult,
+    ctx: Out<CUcontext>,
+    _params: *mut c_void,
+    _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    created(dev, false, ctx, || {
-        real::cuCtxCreate_v4(ctx, params, flags, dev)
-    })
+    created(dev, false, ctx, call)
 }
 
-pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+pub fn primary_retain(ctx: Out<CUcontext>, dev: CUdevice) -> CUresult {
     created(dev, true, ctx, || real::cuDevicePrimaryCtxRetain(ctx, dev))
 }
 

@@ -9,19 +9,20 @@ use super::driver;
 use super::real;
 use super::sys::*;
 use crate::attach::Attach;
+use crate::ffi::Out;
 
 /// What the driver says about ordinal `dev`.
 fn info(dev: CUdevice) -> Option<DeviceInfo> {
     let mut uuid = [0u8; 16];
-    if !real::cuDeviceGetUuid_v2(&mut uuid, dev).is_ok()
-        && !real::cuDeviceGetUuid(&mut uuid, dev).is_ok()
+    if !real::cuDeviceGetUuid_v2(Out::from(&mut uuid), dev).is_ok()
+        && !real::cuDeviceGetUuid(Out::from(&mut uuid), dev).is_ok()
     {
         return None;
     }
     let mut total = 0usize;
-    let total_ok = real::cuDeviceTotalMem_v2(&mut total, dev).is_ok();
+    let total_ok = real::cuDeviceTotalMem_v2(Out::from(&mut total), dev).is_ok();
     let mut sms = 0;
-    let _ = real::cuDeviceGetAttribute(&mut sms, ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    let _ = real::cuDeviceGetAttribute(Out::from(&mut sms), ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     Some(DeviceInfo {
         uuid,
         total_mem: if total_ok { total as u64 } else { 0 },

@@ -4,11 +4,12 @@
 
 use super::real;
 use super::sys::*;
+use crate::ffi::Out;
 
 /// The current context, if any.
 pub fn current_context() -> Option<CUcontext> {
     let mut ctx: CUcontext = std::ptr::null_mut();
-    real::cuCtxGetCurrent(&mut ctx)
+    real::cuCtxGetCurrent(Out::from(&mut ctx))
         .is_ok()
         .then_some(ctx)
         .filter(|c| !c.is_null())
@@ -17,11 +18,14 @@ pub fn current_context() -> Option<CUcontext> {
 /// The ordinal of the current context's device.
 pub fn current_ordinal() -> Option<CUdevice> {
     let mut dev = CudaOrdinal(-1);
-    real::cuCtxGetDevice(&mut dev).is_ok().then_some(dev)
+    real::cuCtxGetDevice(Out::from(&mut dev))
+        .is_ok()
+        .then_some(dev)
 }
 
 /// Whether the primary context of `dev` is still alive.
 pub fn primary_active(dev: CUdevice) -> bool {
     let (mut flags, mut active) = (0, 0);
-    real::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active).is_ok() && active != 0
+    real::cuDevicePrimaryCtxGetState(dev, Out::from(&mut flags), Out::from(&mut active)).is_ok()
+        && active != 0
 }

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::real;
 use super::sys::*;
-use crate::ffi::get;
+use crate::ffi::Out;
 use crate::limiter;
 
 /// Nested child graphs deeper than this are timed rather than costed.
@@ -24,11 +24,11 @@ pub fn cost(graph: CUgraph, depth: u32) -> Option<u64> {
         return None;
     }
     let mut n = 0usize;
-    if !real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n).is_ok() {
+    if !real::graph_nodes(graph, &mut [], &mut n).is_ok() {
         return None;
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
-    if n > 0 && !real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n).is_ok() {
+    if n > 0 && !real::graph_nodes(graph, &mut nodes, &mut n).is_ok() {
         return None;
     }
     nodes.truncate(n);
@@ -40,13 +40,13 @@ pub fn cost(graph: CUgraph, depth: u32) -> Option<u64> {
 
 fn node_cost(node: CUgraphNode, depth: u32) -> Option<u64> {
     let mut kind: c_int = -1;
-    if !real::cuGraphNodeGetType(node, &mut kind).is_ok() {
+    if !real::cuGraphNodeGetType(node, Out::from(&mut kind)).is_ok() {
         return None;
     }
     match kind {
         GRAPH_NODE_TYPE_KERNEL => {
             let mut p = KernelNodeParams::ZERO;
-            if !real::cuGraphKernelNodeGetParams_v2(node, &mut p).is_ok() {
+            if !real::cuGraphKernelNodeGetParams_v2(node, Out::from(&mut p)).is_ok() {
                 return None;
             }
             let func = if p.func.is_null() { p.kern } else { p.func };
@@ -54,7 +54,7 @@ fn node_cost(node: CUgraphNode, depth: u32) -> Option<u64> {
         }
         GRAPH_NODE_TYPE_GRAPH => {
             let mut child: CUgraph = std::ptr::null_mut();
-            if real::cuGraphChildGraphNodeGetGraph(node, &mut child).is_ok() {
+            if real::cuGraphChildGraphNodeGetGraph(node, Out::from(&mut child)).is_ok() {
                 cost(child, depth + 1)
             } else {
                 None
@@ -64,9 +64,9 @@ fn node_cost(node: CUgraphNode, depth: u32) -> Option<u64> {
     }
 }
 
-fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresult {
+fn instantiated(exec: Out<CUgraphExec>, graph: CUgraph, rc: CUresult) -> CUresult {
     if rc.is_ok()
-        && let Some(e) = get(exec)
+        && let Some(e) = exec.get()
         && let Some(c) = cost(graph, 0).filter(|&c| c > 0)
     {
         limiter::graph_instantiated(e as usize, c);
@@ -74,7 +74,7 @@ fn instantiated(exec: *mut CUgraphExec, graph: CUgraph, rc: CUresult) -> CUresul
     rc
 }
 
-pub fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
+pub fn instantiate_with_flags(exec: Out<CUgraphExec>, graph: CUgraph, flags: u64) -> CUresult {
     instantiated(
         exec,
         graph,
@@ -83,55 +83,43 @@ pub fn instantiate_with_flags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64
 }
 
 pub fn instantiate_v2(
-    exec: *mut CUgraphExec,
+    call: &impl Fn() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    err: *mut CUgraphNode,
-    log: *mut c_char,
-    size: usize,
+    _err: *mut CUgraphNode,
+    _log: *mut c_char,
+    _size: usize,
 ) -> CUresult {
-    instantiated(
-        exec,
-        graph,
-        real::cuGraphInstantiate_v2(exec, graph, err, log, size),
-    )
+    instantiated(exec, graph, call())
 }
 
 pub fn instantiate_v1(
-    exec: *mut CUgraphExec,
+    call: &impl Fn() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    err: *mut CUgraphNode,
-    log: *mut c_char,
-    size: usize,
+    _err: *mut CUgraphNode,
+    _log: *mut c_char,
+    _size: usize,
 ) -> CUresult {
-    instantiated(
-        exec,
-        graph,
-        real::cuGraphInstantiate(exec, graph, err, log, size),
-    )
+    instantiated(exec, graph, call())
 }
 
 pub fn instantiate_with_params(
-    exec: *mut CUgraphExec,
+    call: &impl Fn() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    params: *mut c_void,
+    _params: *mut c_void,
 ) -> CUresult {
-    instantiated(
-        exec,
-        graph,
-        real::cuGraphInstantiateWithParams(exec, graph, params),
-    )
+    instantiated(exec, graph, call())
 }
 
 pub fn instantiate_with_params_ptsz(
-    exec: *mut CUgraphExec,
+    call: &impl Fn() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    params: *mut c_void,
+    _params: *mut c_void,
 ) -> CUresult {
-    instantiated(
-        exec,
-        graph,
-        real::cuGraphInstantiateWithParams_ptsz(exec, graph, params),
-    )
+    instantiated(exec, graph, call())
 }
 
 fn began(rc: CUresult) -> CUresult {
@@ -164,35 +152,33 @@ pub fn begin_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult {
 }
 
 pub fn begin_to_graph(
-    stream: CUstream,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    data: *const c_void,
-    n: usize,
-    mode: c_int,
+    call: &impl Fn() -> CUresult,
+    _stream: CUstream,
+    _graph: CUgraph,
+    _deps: *const CUgraphNode,
+    _data: *const c_void,
+    _n: usize,
+    _mode: c_int,
 ) -> CUresult {
-    began(real::cuStreamBeginCaptureToGraph(
-        stream, graph, deps, data, n, mode,
-    ))
+    began(call())
 }
 
 pub fn begin_to_graph_ptsz(
-    stream: CUstream,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    data: *const c_void,
-    n: usize,
-    mode: c_int,
+    call: &impl Fn() -> CUresult,
+    _stream: CUstream,
+    _graph: CUgraph,
+    _deps: *const CUgraphNode,
+    _data: *const c_void,
+    _n: usize,
+    _mode: c_int,
 ) -> CUresult {
-    began(real::cuStreamBeginCaptureToGraph_ptsz(
-        stream, graph, deps, data, n, mode,
-    ))
+    began(call())
 }
 
-pub fn end(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+pub fn end(stream: CUstream, graph: Out<CUgraph>) -> CUresult {
     ended(real::cuStreamEndCapture(stream, graph))
 }
 
-pub fn end_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+pub fn end_ptsz(stream: CUstream, graph: Out<CUgraph>) -> CUresult {
     ended(real::cuStreamEndCapture_ptsz(stream, graph))
 }

@@ -8,7 +8,7 @@ use std::ffi::c_uint;
 use super::device;
 use super::real;
 use super::sys::*;
-use crate::ffi::{get, put};
+use crate::ffi::Out;
 use crate::{init, view, watcher};
 
 pub fn cu_init(flags: c_uint) -> CUresult {
@@ -38,7 +38,7 @@ pub fn cu_init(flags: c_uint) -> CUresult {
     rc
 }
 
-pub fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
+pub fn mem_get_info(free_out: Out<usize>, total_out: Out<usize>) -> CUresult {
     // The program's pointers pass through unchanged, NULLs included: the
     // driver's answer to them is the answer.
     let rc = real::cuMemGetInfo_v2(free_out, total_out);
@@ -51,24 +51,24 @@ pub fn mem_get_info(free_out: *mut usize, total_out: *mut usize) -> CUresult {
     let Some((dev, _)) = device::current_entry(attach) else {
         return rc;
     };
-    let physical_free = match get(free_out) {
+    let physical_free = match free_out.get() {
         Some(free) => free,
         None => {
             let (mut free, mut total) = (0usize, 0usize);
-            if !real::cuMemGetInfo_v2(&mut free, &mut total).is_ok() {
+            if !real::cuMemGetInfo_v2(Out::from(&mut free), Out::from(&mut total)).is_ok() {
                 return rc;
             }
             free
         }
     };
     if let Some(v) = view::of(attach, dev, physical_free as u64) {
-        put(free_out, v.free as usize);
-        put(total_out, v.total as usize);
+        free_out.put(v.free as usize);
+        total_out.put(v.total as usize);
     }
     rc
 }
 
-pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
+pub fn device_total_mem(bytes: Out<usize>, dev: CUdevice) -> CUresult {
     let rc = real::cuDeviceTotalMem_v2(bytes, dev);
     if rc.is_ok()
         && !bytes.is_null()
@@ -78,7 +78,7 @@ pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
     {
         let limit = attach.region.device(entry).mem_limit();
         if limit != 0 {
-            put(bytes, limit as usize);
+            bytes.put(limit as usize);
         }
     }
     rc

@@ -13,7 +13,7 @@ use super::real;
 use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;
-use crate::ffi::get;
+use crate::ffi::In;
 use crate::limiter::launch::Launch;
 use crate::limiter::{self, estimate};
 use crate::{hami, init, process};
@@ -96,6 +96,7 @@ pub fn context_gone(ctx: usize) {
 
 #[allow(clippy::too_many_arguments)]
 pub fn kernel(
+    call: &impl Fn() -> CUresult,
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -103,19 +104,20 @@ pub fn kernel(
     bx: c_uint,
     by: c_uint,
     bz: c_uint,
-    shmem: c_uint,
+    _shmem: c_uint,
     stream: CUstream,
-    params: Args,
-    extra: Args,
+    _params: Args,
+    _extra: Args,
 ) -> CUresult {
     launched(
         || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
+        call,
     )
 }
 
 #[allow(clippy::too_many_arguments)]
 pub fn kernel_ptsz(
+    call: &impl Fn() -> CUresult,
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -123,36 +125,36 @@ pub fn kernel_ptsz(
     bx: c_uint,
     by: c_uint,
     bz: c_uint,
-    shmem: c_uint,
+    _shmem: c_uint,
     stream: CUstream,
-    params: Args,
-    extra: Args,
+    _params: Args,
+    _extra: Args,
 ) -> CUresult {
     launched(
         || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
+        call,
     )
 }
 
 /// A NULL config is the driver's to reject; it is passed straight through.
 fn config_launch(
-    config: *const LaunchConfig,
+    config: In<LaunchConfig>,
     f: CUfunction,
     per_thread: bool,
 ) -> impl FnOnce() -> Launch {
-    move || match get(config) {
+    move || match config.get() {
         Some(c) => kernel_launch(f, c.grid, c.block, c.stream, per_thread),
         None => kernel_launch(f, [0; 3], [0; 3], std::ptr::null_mut(), per_thread),
     }
 }
 
 pub fn kernel_ex(
-    config: *const LaunchConfig,
+    go: &impl Fn() -> CUresult,
+    config: In<LaunchConfig>,
     f: CUfunction,
-    params: Args,
-    extra: Args,
+    _params: Args,
+    _extra: Args,
 ) -> CUresult {
-    let go = || real::cuLaunchKernelEx(config, f, params, extra);
     if config.is_null() {
         return go();
     }
@@ -160,12 +162,12 @@ pub fn kernel_ex(
 }
 
 pub fn kernel_ex_ptsz(
-    config: *const LaunchConfig,
+    go: &impl Fn() -> CUresult,
+    config: In<LaunchConfig>,
     f: CUfunction,
-    params: Args,
-    extra: Args,
+    _params: Args,
+    _extra: Args,
 ) -> CUresult {
-    let go = || real::cuLaunchKernelEx_ptsz(config, f, params, extra);
     if config.is_null() {
         return go();
     }
@@ -174,6 +176,7 @@ pub fn kernel_ex_ptsz(
 
 #[allow(clippy::too_many_arguments)]
 pub fn cooperative(
+    call: &impl Fn() -> CUresult,
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -181,18 +184,19 @@ pub fn cooperative(
     bx: c_uint,
     by: c_uint,
     bz: c_uint,
-    shmem: c_uint,
+    _shmem: c_uint,
     stream: CUstream,
-    params: Args,
+    _params: Args,
 ) -> CUresult {
     launched(
         || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, false),
-        || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
+        call,
     )
 }
 
 #[allow(clippy::too_many_arguments)]
 pub fn cooperative_ptsz(
+    call: &impl Fn() -> CUresult,
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,
@@ -200,13 +204,13 @@ pub fn cooperative_ptsz(
     bx: c_uint,
     by: c_uint,
     bz: c_uint,
-    shmem: c_uint,
+    _shmem: c_uint,
     stream: CUstream,
-    params: Args,
+    _params: Args,
 ) -> CUresult {
     launched(
         || kernel_launch(f, [gx, gy, gz], [bx, by, bz], stream, true),
-        || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params),
+        call,
     )
 }
 

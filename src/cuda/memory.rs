@@ -14,7 +14,7 @@ use super::real;
 use super::sys::*;
 use super::{device, driver};
 use crate::attach::Attach;
-use crate::ffi::get;
+use crate::ffi::{In, Out};
 use crate::init;
 use crate::process::POOLS;
 use crate::quota::{self, Charge, Key};
@@ -60,11 +60,11 @@ fn current_context() -> usize {
     driver::current_context().map_or(0, |c| c as usize)
 }
 
-fn ptr_key(p: *mut CUdeviceptr) -> impl FnOnce() -> Option<Key> {
-    move || get(p).map(Key::Ptr)
+fn ptr_key(p: Out<CUdeviceptr>) -> impl FnOnce() -> Option<Key> {
+    move || p.get().map(Key::Ptr)
 }
 
-pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
     if dptr.is_null() || bytes == 0 {
         return real::cuMemAlloc_v2(dptr, bytes);
     }
@@ -77,7 +77,7 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     )
 }
 
-pub fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
+pub fn alloc_managed(dptr: Out<CUdeviceptr>, bytes: usize, flags: c_uint) -> CUresult {
     let call = || real::cuMemAllocManaged(dptr, bytes, flags);
     if dptr.is_null() || bytes == 0 {
         return call();
@@ -96,8 +96,8 @@ pub fn alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUr
 const PITCH_ALIGN: usize = 512;
 
 pub fn alloc_pitch(
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
+    dptr: Out<CUdeviceptr>,
+    pitch: Out<usize>,
     width: usize,
     height: usize,
     elem: c_uint,
@@ -118,7 +118,7 @@ pub fn alloc_pitch(
     };
     let rc = call();
     let Some(mut c) = charge else { return rc };
-    let (Some(p), Some(row), true) = (get(dptr), get(pitch), rc.is_ok()) else {
+    let (Some(p), Some(row), true) = (dptr.get(), pitch.get(), rc.is_ok()) else {
         return rc;
     };
     if let Err(deny) = c.settle((row as u64).saturating_mul(height as u64)) {
@@ -130,20 +130,20 @@ pub fn alloc_pitch(
     rc
 }
 
-pub fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+pub fn alloc_async(dptr: Out<CUdeviceptr>, bytes: usize, stream: CUstream) -> CUresult {
     counted_async(dptr, bytes, On::CurrentContext, || {
         real::cuMemAllocAsync(dptr, bytes, stream)
     })
 }
 
-pub fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult {
+pub fn alloc_async_ptsz(dptr: Out<CUdeviceptr>, bytes: usize, stream: CUstream) -> CUresult {
     counted_async(dptr, bytes, On::CurrentContext, || {
         real::cuMemAllocAsync_ptsz(dptr, bytes, stream)
     })
 }
 
 pub fn alloc_from_pool(
-    dptr: *mut CUdeviceptr,
+    dptr: Out<CUdeviceptr>,
     bytes: usize,
     pool: CUmemoryPool,
     stream: CUstream,
@@ -155,7 +155,7 @@ pub fn alloc_from_pool(
 }
 
 pub fn alloc_from_pool_ptsz(
-    dptr: *mut CUdeviceptr,
+    dptr: Out<CUdeviceptr>,
     bytes: usize,
     pool: CUmemoryPool,
     stream: CUstream,
@@ -167,7 +167,7 @@ pub fn alloc_from_pool_ptsz(
 }
 
 fn counted_async(
-    dptr: *mut CUdeviceptr,
+    dptr: Out<CUdeviceptr>,
     bytes: usize,
     on: On,
     mut call: impl FnMut() -> CUresult,
@@ -191,13 +191,13 @@ pub fn free_async_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
 }
 
 pub fn vmm_create(
-    handle: *mut CUmemGenericAllocationHandle,
+    call: &impl Fn() -> CUresult,
+    handle: Out<CUmemGenericAllocationHandle>,
     bytes: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
+    prop: In<MemAllocationProp>,
+    _flags: u64,
 ) -> CUresult {
-    let call = || real::cuMemCreate(handle, bytes, prop, flags);
-    let Some(p) = get(prop) else { return call() };
+    let Some(p) = prop.get() else { return call() };
     if handle.is_null() || bytes == 0 || p.location.kind != MEM_LOCATION_TYPE_DEVICE {
         return call();
     }
@@ -206,7 +206,7 @@ pub fn vmm_create(
         Kind::Vmm,
         bytes as u64,
         call,
-        move || get(handle).map(Key::Vmm),
+        move || handle.get().map(Key::Vmm),
     )
 }
 
@@ -214,13 +214,13 @@ pub fn vmm_release(handle: CUmemGenericAllocationHandle) -> CUresult {
     uncounted(Key::Vmm(handle), || real::cuMemRelease(handle))
 }
 
-fn array_key(a: *mut CUarray) -> impl FnOnce() -> Option<Key> {
-    move || get(a).map(|h| Key::Array(h as usize))
+fn array_key(a: Out<CUarray>) -> impl FnOnce() -> Option<Key> {
+    move || a.get().map(|h| Key::Array(h as usize))
 }
 
-pub fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult {
+pub fn array_create(array: Out<CUarray>, desc: In<ArrayDescriptor>) -> CUresult {
     let call = || real::cuArrayCreate_v2(array, desc);
-    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+    let Some(d) = desc.get().filter(|_| !array.is_null()) else {
         return call();
     };
     let bytes = d.bytes();
@@ -233,9 +233,9 @@ pub fn array_create(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresu
     )
 }
 
-pub fn array3d_create(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult {
+pub fn array3d_create(array: Out<CUarray>, desc: In<Array3dDescriptor>) -> CUresult {
     let call = || real::cuArray3DCreate_v2(array, desc);
-    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+    let Some(d) = desc.get().filter(|_| !array.is_null()) else {
         return call();
     };
     let bytes = d.bytes();
@@ -253,12 +253,12 @@ pub fn array_destroy(array: CUarray) -> CUresult {
 }
 
 pub fn mipmap_create(
-    array: *mut CUmipmappedArray,
-    desc: *const Array3dDescriptor,
+    array: Out<CUmipmappedArray>,
+    desc: In<Array3dDescriptor>,
     levels: c_uint,
 ) -> CUresult {
     let call = || real::cuMipmappedArrayCreate(array, desc, levels);
-    let Some(d) = get(desc).filter(|_| !array.is_null()) else {
+    let Some(d) = desc.get().filter(|_| !array.is_null()) else {
         return call();
     };
     let bytes = d.mipmap_bytes(levels);
@@ -284,10 +284,14 @@ fn pool_device(pool: CUmemoryPool) -> On {
         .map_or(On::CurrentContext, |&d| On::Ordinal(d))
 }
 
-pub fn pool_create(pool: *mut CUmemoryPool, props: *const MemPoolProps) -> CUresult {
-    let rc = real::cuMemPoolCreate(pool, props);
+pub fn pool_create(
+    call: &impl Fn() -> CUresult,
+    pool: Out<CUmemoryPool>,
+    props: In<MemPoolProps>,
+) -> CUresult {
+    let rc = call();
     if rc.is_ok()
-        && let (Some(p), Some(h)) = (get(props), get(pool))
+        && let (Some(p), Some(h)) = (props.get(), pool.get())
         && p.location.kind == MEM_LOCATION_TYPE_DEVICE
     {
         POOLS.lock().insert(h as usize, CudaOrdinal(p.location.id));

@@ -7,47 +7,46 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::real;
 use super::sys::*;
-use crate::ffi::{get, put};
+use crate::ffi::Out;
 use crate::interpose::real::Lib;
 use crate::interpose::{table, trampoline};
 
 /// Replaces the driver's pointer in `*pfn` by our wrapper, if we hook it;
 /// with oversubscription, any other by a trampoline that restores a
 /// suspended process before the call (the driver would block it).
-fn substitute(pfn: *mut *mut c_void, rc: CUresult) -> CUresult {
+fn substitute(pfn: Out<*mut c_void>, rc: CUresult) -> CUresult {
     if rc.is_ok()
         && !crate::init::control_disabled()
-        && let Some(found) = get(pfn)
+        && let Some(found) = pfn.get()
         && let Some(wrapper) = table::wrapper_for(Lib::Cuda, found).or_else(|| {
             crate::oversub::active()
                 .then(|| trampoline::wrap(found))
                 .flatten()
         })
     {
-        put(pfn, wrapper);
+        pfn.put(wrapper);
     }
     rc
 }
 
 pub fn get_proc_address(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
+    call: &impl Fn() -> CUresult,
+    _symbol: *const c_char,
+    pfn: Out<*mut c_void>,
+    _version: c_int,
+    _flags: u64,
 ) -> CUresult {
-    let rc = real::cuGetProcAddress(symbol, pfn, version, flags);
-    substitute(pfn, rc)
+    substitute(pfn, call())
 }
 
 pub fn get_proc_address_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
+    call: &impl Fn() -> CUresult,
+    _symbol: *const c_char,
+    pfn: Out<*mut c_void>,
+    _version: c_int,
+    _flags: u64,
+    _status: *mut c_int,
 ) -> CUresult {
-    let rc = real::cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-    substitute(pfn, rc)
+    substitute(pfn, call())
 }

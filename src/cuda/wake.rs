@@ -13,6 +13,7 @@ use std::ffi::{c_uchar, c_uint, c_void};
 
 use super::real;
 use super::sys::*;
+use crate::ffi::Out;
 use crate::limiter::probes::{self, Waits};
 use crate::oversub::in_call;
 
@@ -25,7 +26,7 @@ pub fn ctx_synchronize_v2(ctx: CUcontext) -> CUresult {
     probes::synchronise(Waits::All, || in_call(|| real::cuCtxSynchronize_v2(ctx)))
 }
 
-pub fn ctx_get_current(ctx: *mut CUcontext) -> CUresult {
+pub fn ctx_get_current(ctx: Out<CUcontext>) -> CUresult {
     in_call(|| real::cuCtxGetCurrent(ctx))
 }
 
@@ -66,12 +67,22 @@ pub fn memcpy_async_ptsz(
     in_call(|| real::cuMemcpyAsync_ptsz(dst, src, n, stream))
 }
 
-pub fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
-    in_call(|| real::cuMemcpyHtoD_v2(dst, src, n))
+pub fn memcpy_htod(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: *const c_void,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
-pub fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    in_call(|| real::cuMemcpyDtoH_v2(dst, src, n))
+pub fn memcpy_dtoh(
+    call: &impl Fn() -> CUresult,
+    _dst: *mut c_void,
+    _src: CUdeviceptr,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
 pub fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
@@ -79,21 +90,23 @@ pub fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
 }
 
 pub fn memcpy_htod_async(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-    stream: CUstream,
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: *const c_void,
+    _n: usize,
+    _stream: CUstream,
 ) -> CUresult {
-    in_call(|| real::cuMemcpyHtoDAsync_v2(dst, src, n, stream))
+    in_call(call)
 }
 
 pub fn memcpy_dtoh_async(
-    dst: *mut c_void,
-    src: CUdeviceptr,
-    n: usize,
-    stream: CUstream,
+    call: &impl Fn() -> CUresult,
+    _dst: *mut c_void,
+    _src: CUdeviceptr,
+    _n: usize,
+    _stream: CUstream,
 ) -> CUresult {
-    in_call(|| real::cuMemcpyDtoHAsync_v2(dst, src, n, stream))
+    in_call(call)
 }
 
 pub fn memset_d8(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {

@@ -66,6 +66,16 @@ impl Hook {
 ///   process with no driver that calls one of our exports by accident;
 /// - its entry in `HOOKS`, which `dlsym` and `cuGetProcAddress` consult.
 ///
+/// This is where the program's pointers cross into vgpu: each argument
+/// reaches the handler as the handler's parameter type says ([`Arg`]):
+/// unchanged, or a pointer the handler reads or writes as an
+/// [`In`]/[`Out`], which the driver API makes NULL or valid for one value
+/// for the call. A handler whose real function is `unsafe` (its pointers'
+/// extent is the driver's business: a kernel's parameters, a host buffer)
+/// is named `handler [real]`, and gets first the real call with the
+/// program's own arguments, unchanged, as `&impl Fn() -> R`. So handlers
+/// hold no `unsafe` code.
+///
 /// `enter` runs before every handler (not for our own internal calls):
 /// an Err is the hook's answer instead (the CUDA side restores a process
 /// that oversubscription suspended, `oversub::enter`; NVML's is [`open`]).
@@ -79,37 +89,64 @@ impl Hook {
 /// `real` names the module that `reals!` (`reals.rs`) filled with the
 /// library's real functions: a hook whose signature differs from its real
 /// function's does not compile.
+///
+/// [`Arg`]: crate::ffi::Arg
+/// [`In`]: crate::ffi::In
+/// [`Out`]: crate::ffi::Out
 macro_rules! hooks {
     (
         lib: $lib:expr, missing: $missing:expr, real: $real:ident, enter: $enter:path;
-        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path $(, idle: $idle:path)?; )*
+        $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path $([$with:ident])? $(, idle: $idle:path)?; )*
     ) => {
         $(
             #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                /// # Safety
+                /// The arguments are the program's own to this driver
+                /// function, which its API contract makes valid.
                 #[inline(always)]
-                fn whole($($arg: $ty),*) -> $ret {
+                unsafe fn whole($($arg: $ty),*) -> $ret {
                     if $real::slot::$name.get().is_none() {
                         return match $crate::interpose::real::handle($lib) {
                             Some(_) => $missing,
                             None => <$ret as $crate::interpose::real::NoLibrary>::NO_LIBRARY,
                         };
                     }
+                    // The real call with the program's arguments, exactly.
+                    // (A hook with no arguments and a safe real function
+                    // needs no `unsafe` here.)
+                    #[allow(unused_unsafe)]
+                    let real = || {
+                        // SAFETY: the program's own arguments to this very
+                        // function, unchanged (whole's contract), each as
+                        // the real function declares it (`ffi::Arg`).
+                        unsafe { $real::$name($($crate::ffi::Arg::arg($arg)),*) }
+                    };
                     $crate::guard::ffi_boundary(
                         stringify!($name),
                         || match $enter() {
-                            Ok(()) => $imp($($arg),*),
+                            Ok(()) => $imp(
+                                $( { _ = stringify!($with); &real }, )?
+                                $(
+                                    // SAFETY: the program's own argument:
+                                    // the driver API makes a pointer NULL
+                                    // or valid for its one value for the
+                                    // call (`ffi::Arg`, whole's contract).
+                                    unsafe { $crate::ffi::Arg::arg($arg) }
+                                ),*
+                            ),
                             Err(rc) => rc,
                         },
-                        || $real::$name($($arg),*),
+                        &real,
                     )
                 }
                 // Out of line behind an idle test, and with the hook's own
                 // convention: the test needs no frame of its own.
                 #[inline(never)]
-                extern "C" fn whole_out_of_line($($arg: $ty),*) -> $ret {
-                    whole($($arg),*)
+                unsafe extern "C" fn whole_out_of_line($($arg: $ty),*) -> $ret {
+                    // SAFETY: the program's own arguments, passed on.
+                    unsafe { whole($($arg),*) }
                 }
                 let idle: Option<fn() -> bool> = None $(.or(Some($idle)))?;
                 if let Some(idle) = idle {
@@ -127,7 +164,9 @@ macro_rules! hooks {
                     // it meant to call or to the whole path.
                     return unsafe { f($($arg),*) };
                 }
-                whole($($arg),*)
+                // SAFETY: the program's own arguments (this export's
+                // contract: it is the driver function the program called).
+                unsafe { whole($($arg),*) }
             }
         )*
 

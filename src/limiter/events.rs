@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::estimate::{self, Slot};
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
+use crate::ffi::Out;
 use crate::lock::Lock;
 
 /// A timing in flight.
@@ -65,7 +66,7 @@ pub(super) fn take_event(ctx: usize) -> Option<CUevent> {
         return Some(e as CUevent);
     }
     let mut e: CUevent = std::ptr::null_mut();
-    real::cuEventCreate(&mut e, EVENT_DEFAULT as u32)
+    real::cuEventCreate(Out::from(&mut e), EVENT_DEFAULT as u32)
         .is_ok()
         .then_some(e)
 }
@@ -183,7 +184,8 @@ fn collect(wait_for: Option<&'static Slot>) {
         }
         let mut ms = 0f32;
         if rc.is_ok()
-            && real::cuEventElapsedTime(&mut ms, p.start as CUevent, p.end as CUevent).is_ok()
+            && real::cuEventElapsedTime(Out::from(&mut ms), p.start as CUevent, p.end as CUevent)
+                .is_ok()
         {
             p.slot.record_timing((f64::from(ms) * 1e6) as u64, p.idle);
         }

@@ -12,6 +12,7 @@ use super::{events, probes};
 use crate::attach::Attach;
 use crate::cuda::real;
 use crate::cuda::sys::*;
+use crate::ffi::Out;
 
 /// What a launch is, for the bucket and for timing.
 #[derive(Clone, Copy)]
@@ -72,5 +73,5 @@ pub fn run(
 
 fn capturing(stream: CUstream) -> bool {
     let mut status: c_int = 0;
-    real::cuStreamIsCapturing(stream, &mut status).is_ok() && status != 0
+    real::cuStreamIsCapturing(stream, Out::from(&mut status)).is_ok() && status != 0
 }

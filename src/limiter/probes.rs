@@ -28,6 +28,7 @@ use crate::attach::Attach;
 use crate::clock;
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
+use crate::ffi::Out;
 use crate::lock::Lock;
 use crate::process;
 
@@ -320,7 +321,8 @@ fn poll(attach: &Attach, now: u64) {
         }
         let mut ms = 0f32;
         if rc.is_ok()
-            && real::cuEventElapsedTime(&mut ms, o.start as CUevent, o.end as CUevent).is_ok()
+            && real::cuEventElapsedTime(Out::from(&mut ms), o.start as CUevent, o.end as CUevent)
+                .is_ok()
         {
             done.push(Done {
                 dev: o.dev,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::real;
 use super::sys::*;
+use crate::ffi::Out;
 use crate::guard::Guard;
 use crate::lock::{Lock, Map, map};
 
@@ -77,7 +78,7 @@ pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {
     let mut dev: NvmlDevice = std::ptr::null_mut();
     let rc = {
         let _internal = Guard::enter();
-        real::nvmlDeviceGetHandleByUUID(text.as_ptr(), &mut dev)
+        real::handle_by_uuid(&text, &mut dev)
     };
     if !rc.is_ok() || dev.is_null() {
         return None;
@@ -96,7 +97,7 @@ pub fn index_of(uuid: &[u8; 16]) -> Option<NvmlIndex> {
     let mut index = NvmlIndex::default();
     let rc = {
         let _internal = Guard::enter();
-        real::nvmlDeviceGetIndex(dev, &mut index)
+        real::nvmlDeviceGetIndex(dev, Out::from(&mut index))
     };
     rc.is_ok().then_some(index)
 }
@@ -108,15 +109,15 @@ pub fn processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
     loop {
         let mut buf = vec![ProcessInfo::default(); cap as usize];
         let mut n = cap;
-        let mut rc = real::nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, buf.as_mut_ptr());
+        let mut rc = real::processes_v3(dev, &mut n, &mut buf);
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             n = cap;
-            rc = real::nvmlDeviceGetComputeRunningProcesses_v2(dev, &mut n, buf.as_mut_ptr());
+            rc = real::processes_v2(dev, &mut n, &mut buf);
         }
         if rc == NvmlReturn::ERROR_FUNCTION_NOT_FOUND {
             let mut v1 = vec![ProcessInfoV1::default(); cap as usize];
             n = cap;
-            rc = real::nvmlDeviceGetComputeRunningProcesses(dev, &mut n, v1.as_mut_ptr());
+            rc = real::processes_v1(dev, &mut n, &mut v1);
             buf = v1
                 .iter()
                 .map(|p| ProcessInfo {
@@ -155,7 +156,7 @@ pub fn memory(uuid: &[u8; 16]) -> Option<(u64, u64)> {
     let mut m = Memory::default();
     let rc = {
         let _internal = Guard::enter();
-        real::nvmlDeviceGetMemoryInfo(dev, &mut m)
+        real::nvmlDeviceGetMemoryInfo(dev, Out::from(&mut m))
     };
     rc.is_ok().then_some((m.free, m.total))
 }
@@ -169,7 +170,7 @@ pub fn allocated_memory(dev: NvmlDevice) -> Option<u64> {
     };
     let rc = {
         let _internal = Guard::enter();
-        real::nvmlDeviceGetMemoryInfo_v2(dev, &mut m)
+        real::nvmlDeviceGetMemoryInfo_v2(dev, Out::from(&mut m))
     };
     rc.is_ok().then_some(m.used)
 }
@@ -182,7 +183,7 @@ pub fn utilization(dev: NvmlDevice, since: u64) -> Result<Vec<UtilSample>, NvmlR
     loop {
         let mut buf = vec![UtilSample::default(); cap as usize];
         let mut n = cap;
-        match real::nvmlDeviceGetProcessUtilization(dev, buf.as_mut_ptr(), &mut n, since) {
+        match real::process_utilization(dev, &mut buf, &mut n, since) {
             NvmlReturn::SUCCESS => {
                 buf.truncate(n as usize);
                 return Ok(buf);

@@ -6,6 +6,7 @@ use std::ffi::c_int;
 
 use crate::cuda::real;
 use crate::cuda::sys::{CUresult, CheckpointLockArgs};
+use crate::ffi::{In, Out};
 
 /// `CUprocessState` values.
 pub const FAILED: c_int = 3;
@@ -21,41 +22,32 @@ fn ok(rc: CUresult) -> Result<(), CUresult> {
 /// Locks this process's CUDA calls, waiting up to `timeout_ms` for calls
 /// in flight and submitted work (on a timeout it stays running).
 pub fn lock(timeout_ms: u32) -> Result<(), CUresult> {
-    let mut args = CheckpointLockArgs {
+    let args = CheckpointLockArgs {
         timeout_ms,
         ..Default::default()
     };
-    ok(real::cuCheckpointProcessLock(own_pid(), &mut args))
+    ok(real::cuCheckpointProcessLock(own_pid(), In::from(&args)))
 }
 
 /// Moves this process's device memory to the host (locked → checkpointed).
 pub fn checkpoint() -> Result<(), CUresult> {
-    ok(real::cuCheckpointProcessCheckpoint(
-        own_pid(),
-        std::ptr::null_mut(),
-    ))
+    ok(real::checkpoint_process(own_pid()))
 }
 
 /// Moves it back (checkpointed → locked); the card must have room.
 pub fn restore() -> Result<(), CUresult> {
-    ok(real::cuCheckpointProcessRestore(
-        own_pid(),
-        std::ptr::null_mut(),
-    ))
+    ok(real::restore_process(own_pid()))
 }
 
 /// Lets calls through again (locked → running).
 pub fn unlock() -> Result<(), CUresult> {
-    ok(real::cuCheckpointProcessUnlock(
-        own_pid(),
-        std::ptr::null_mut(),
-    ))
+    ok(real::unlock_process(own_pid()))
 }
 
 /// The driver's view of this process (`CUprocessState`).
 pub fn state() -> Option<c_int> {
     let mut s: c_int = -1;
-    real::cuCheckpointProcessGetState(own_pid(), &mut s)
+    real::cuCheckpointProcessGetState(own_pid(), Out::from(&mut s))
         .is_ok()
         .then_some(s)
 }
