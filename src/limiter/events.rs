@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::estimate::{self, Slot};
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
-use crate::lock::Lock;
+use crate::lock::{Listed, Lock, Name};
 
 /// A timing in flight.
 pub struct Pending {
@@ -51,6 +51,14 @@ pub static PENDING: Lock<Vec<Pending>> = Lock::new(Vec::new(), |pending| {
 });
 /// Idle events: (context, event). A forked child has none.
 pub static POOL: Lock<Vec<(usize, usize)>> = Lock::new(Vec::new(), |pool| pool.clear());
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 2] {
+    [
+        (Name::of("events.pending"), &PENDING),
+        (Name::of("events.pool"), &POOL),
+    ]
+}
 
 const EVENT_DEFAULT: c_int = 0;
 

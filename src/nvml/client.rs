@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::real;
 use super::sys::*;
 use crate::guard::Guard;
-use crate::lock::{Lock, Map, map};
+use crate::lock::{Listed, Lock, Map, Name, map};
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
@@ -67,6 +67,11 @@ pub static DEVICES: Lock<Map<[u8; 16], usize>> = Lock::new(map(), |devices| {
     devices.clear();
     STATE.store(IDLE, Ordering::Release);
 });
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("nvml.devices"), &DEVICES)]
+}
 
 /// NVML's handle for the GPU with this UUID.
 pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {

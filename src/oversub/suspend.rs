@@ -11,7 +11,6 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
@@ -28,6 +27,7 @@ use super::state::{
     ACTIVE, ACTIVITY, Here, IN_CALL, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
 };
 use crate::attach::Attach;
+use crate::lock::{Listed, Lock, Name, keep};
 use crate::log::fmt_bytes;
 use crate::{clock, process};
 
@@ -66,10 +66,19 @@ pub(super) fn beating<R>(attach: Option<&Attach>, call: impl FnOnce() -> R) -> R
     })
 }
 
-/// The threads when the last suspension began (blocked.rs).
-static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
+/// The threads when the last suspension began (blocked.rs); a forked
+/// child has none of them.
+static BASELINE: Lock<Option<Baseline>> = Lock::new(None, |b| *b = None);
 /// What the process held on each card when it was suspended.
-pub(super) static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
+pub(super) static SAVED: Lock<Vec<([u8; 16], u64)>> = Lock::new(Vec::new(), keep);
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 2] {
+    [
+        (Name::of("oversub.baseline"), &BASELINE),
+        (Name::of("oversub.saved"), &SAVED),
+    ]
+}
 
 /// Whether this process's memory is off the card (the watcher then does
 /// nothing else: any other step could call into the locked driver).
@@ -115,7 +124,6 @@ pub fn tick(attach: &Attach) -> bool {
         SUSPENDED => {
             let waiting = BASELINE
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
                 .as_ref()
                 .and_then(Baseline::waiting_in_driver);
             if let Some((tid, name)) = waiting {
@@ -259,7 +267,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     let driver = crate::cuda::real::slot::cuInit
         .get()
         .map(|f| f.as_ptr() as u64);
-    *BASELINE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline::take(driver));
+    *BASELINE.lock() = Some(Baseline::take(driver));
     if let Err(rc) = checkpoint::lock(LOCK_TIMEOUT_MS) {
         return undo(format!(
             "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
@@ -282,7 +290,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
         STATE.store(RUNNING, Ordering::Release);
         return undo(format!("the checkpoint failed ({rc})"));
     }
-    *SAVED.lock().unwrap_or_else(PoisonError::into_inner) = cards.to_vec();
+    *SAVED.lock() = cards.to_vec();
     BEAT.store(clock::monotonic_ns(), Ordering::Release);
     FIRST_TRY_NS.store(0, Ordering::Release);
     STATE.store(SUSPENDED, Ordering::Release);
