@@ -311,10 +311,9 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         e.set_bytes_on(&card, bytes);
     }
     e.set_want(&[0; 16], 0);
-    e.host_bytes.fetch_sub(total, Ordering::SeqCst);
-    e.restores.fetch_add(1, Ordering::Relaxed);
-    e.last_active_ns
-        .store(clock::monotonic_ns(), Ordering::Release);
+    e.release_host_bytes(total);
+    e.count_restore();
+    e.set_last_active_ns(clock::monotonic_ns());
     LAST_ACTIVE.store(clock::monotonic_ns(), Ordering::Relaxed);
     e.set_state(ProcState::Running, clock::monotonic_ns());
     RESTORE_WANTED.store(false, Ordering::Release);

@@ -70,7 +70,7 @@ fn observe(h: &Here, card: &[u8; 16], now: u64) {
         if e.state() != ProcState::Restoring || bytes == 0 {
             continue;
         }
-        let pid = e.pid.load(std::sync::atomic::Ordering::Relaxed);
+        let pid = e.pid();
         match claims
             .iter_mut()
             .find(|c| c.entry == i && c.pid == pid && &c.card == card)

@@ -102,7 +102,7 @@ pub fn tick(attach: &Attach) -> bool {
         || LAST_ACTIVE.load(Ordering::Relaxed) == 0
     {
         LAST_ACTIVE.store(now, Ordering::Relaxed);
-        h.entry().last_active_ns.store(now, Ordering::Release);
+        h.entry().set_last_active_ns(now);
     }
     match STATE.load(Ordering::Acquire) {
         RUNNING if !h.board.intact() => {
@@ -172,7 +172,7 @@ fn seen(h: &Here, i: usize) -> Seen {
     Seen {
         index: i,
         state: e.state(),
-        last_active_ns: e.last_active_ns.load(Ordering::Acquire),
+        last_active_ns: e.last_active_ns(),
         cards: e.cards(),
         wants: e.wants(),
     }
@@ -258,7 +258,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
     let before = ACTIVITY.load(Ordering::Relaxed);
     let undo = |why: String| {
-        e.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        e.release_host_bytes(bytes);
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
@@ -297,7 +297,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     for (c, _) in cards {
         e.set_bytes_on(c, 0);
     }
-    e.suspensions.fetch_add(1, Ordering::Relaxed);
+    e.count_suspension();
     e.set_state(ProcState::Suspended, clock::monotonic_ns());
     log::warn!(
         "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms, to make room on {}",
