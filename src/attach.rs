@@ -17,7 +17,7 @@ use vgpu_shm::{
 
 use crate::config::{Config, DeviceNumber};
 use crate::cuda::sys::CudaOrdinal;
-use crate::lock::{ForkLock, Lock, keep};
+use crate::lock::{Listed, Lock, Name, keep};
 use crate::nvml::client;
 use crate::nvml::sys::NvmlIndex;
 use crate::{numbering, process};
@@ -344,14 +344,14 @@ impl Attach {
     /// This attachment's locks, outermost first (`claiming` and
     /// `switching` are held while the region's is taken, and all three
     /// while the others are).
-    pub fn locks(&'static self) -> [(&'static str, &'static dyn ForkLock); 6] {
+    pub fn locks(&'static self) -> [Listed; 6] {
         [
-            ("attach.claiming", &self.claiming),
-            ("attach.switching", &self.switching),
-            ("region", self.region.fork_lock()),
-            ("attach.me", &self.me),
-            ("attach.claim_error", &self.claim_error),
-            ("attach.known", &self.known),
+            (Name::of("attach.claiming"), &self.claiming),
+            (Name::of("attach.switching"), &self.switching),
+            (Name::of("region"), self.region.fork_lock()),
+            (Name::of("attach.me"), &self.me),
+            (Name::of("attach.claim_error"), &self.claim_error),
+            (Name::of("attach.known"), &self.known),
         ]
     }
 }

@@ -17,9 +17,13 @@
 //! - [`OVERSUB`]: `CUDA_OVERSUBSCRIBE`: every hook counts and may restore
 //!   the process first (`oversub::enter`; never cleared);
 //! - [`TEST_PANIC`]: `VGPU_TEST_PANIC` names a hook (`guard`).
+//!
+//! Beside the word, one fact the entry paths read and `init` writes at
+//! start: `CUDA_DISABLE_CONTROL` ([`control_disabled`]; not a bit of the
+//! word, which would take every launch off its short path).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 pub const UNMARKED: u8 = 1;
 pub const BLOCKED: u8 = 2;
@@ -82,6 +86,20 @@ pub fn clear(bits: u8) -> u8 {
 #[inline]
 pub fn clear_relaxed(bits: u8) {
     WORD.0.fetch_and(!bits, Ordering::Relaxed);
+}
+
+/// `CUDA_DISABLE_CONTROL` is set (never cleared).
+static CONTROL_DISABLED: AtomicBool = AtomicBool::new(false);
+
+/// `init`, at start: `CUDA_DISABLE_CONTROL` is set, every call passes
+/// through.
+pub fn disable_control() {
+    CONTROL_DISABLED.store(true, Ordering::Release);
+}
+
+/// Whether `CUDA_DISABLE_CONTROL` is set (false until `init` has started).
+pub fn control_disabled() -> bool {
+    CONTROL_DISABLED.load(Ordering::Acquire)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `fork`: the child inherits our memory but not our threads. Every lock of
-//! ours is listed here, outermost first ([`each_lock`]): the `prepare`
+//! ours is listed here, outermost first ([`each_lock`], from each module's
+//! own list, `locks()`): the `prepare`
 //! handler takes them all in that order, so no lock is held by another
 //! thread at the fork (the one order keeps that free of deadlock: a thread
 //! holding one of them waits only for those listed after it). The parent
@@ -21,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use crate::attach::Attach;
 use crate::limiter::{events, probes};
-use crate::lock::{ForkLock, Held};
-use crate::nvml::client;
+use crate::lock::{ForkLock, Held, Name};
+use crate::nvml::{client, fresh};
 use crate::quota::tracker;
-use crate::{hostpid, process, watcher};
+use crate::{hostpid, oversub, process, watcher};
 
 /// The attachment, if the runtime has one (a function `init.rs` gives, so
 /// that this file need not start the runtime).
@@ -48,46 +49,28 @@ fn attach() -> Option<&'static Attach> {
     ATTACH.get().and_then(|f| f())
 }
 
-/// The names of the tracker's shards.
-const TRACKER: [&str; 16] = [
-    "tracker.0",
-    "tracker.1",
-    "tracker.2",
-    "tracker.3",
-    "tracker.4",
-    "tracker.5",
-    "tracker.6",
-    "tracker.7",
-    "tracker.8",
-    "tracker.9",
-    "tracker.10",
-    "tracker.11",
-    "tracker.12",
-    "tracker.13",
-    "tracker.14",
-    "tracker.15",
-];
-
-/// Every lock of ours with its name, outermost first: the attachment's
-/// (a claim takes the region's lock and starts the watcher), then those
-/// no code holds while it takes another.
-fn each_lock(mut f: impl FnMut(&'static str, &'static dyn ForkLock)) {
-    if let Some(a) = attach() {
-        for (name, lock) in a.locks() {
-            f(name, lock);
-        }
+/// Every lock of ours, outermost first, as each module lists its own:
+/// the attachment's (a claim takes the region's lock and starts the
+/// watcher), then those no code holds while it takes another, but for
+/// `oversub.restore_done`, held while the watcher is kicked, so the
+/// watcher's lock comes last.
+fn each_lock(mut f: impl FnMut(Name, &'static dyn ForkLock)) {
+    let all = attach()
+        .map(Attach::locks)
+        .into_iter()
+        .flatten()
+        .chain(process::locks())
+        .chain(tracker::locks())
+        .chain(events::locks())
+        .chain(probes::locks())
+        .chain(client::locks())
+        .chain(hostpid::locks())
+        .chain(oversub::locks())
+        .chain(fresh::locks())
+        .chain(watcher::locks());
+    for (name, lock) in all {
+        f(name, lock);
     }
-    f("contexts", &process::CONTEXTS);
-    f("pools", &process::POOLS);
-    for (name, shard) in TRACKER.iter().zip(tracker::shards()) {
-        f(name, shard);
-    }
-    f("events.pending", &events::PENDING);
-    f("events.pool", &events::POOL);
-    f("probes", &probes::PROBES);
-    f("nvml.devices", &client::DEVICES);
-    f("hostpid.before", &hostpid::BEFORE);
-    f("watcher.thread", &watcher::THREAD);
 }
 
 /// Forks under way in this process (the test hook waits for one).
@@ -128,14 +111,14 @@ extern "C" fn child() {
             a.reset_in_child();
         }
         FORKING.store(0, Ordering::Release);
-        if let Some(name) = HELD_FOR_TEST.get() {
+        if let Some(&name) = HELD_FOR_TEST.get() {
             check_free_in_child(name);
         }
     }));
 }
 
 /// The lock a test holds (`VGPU_TEST_HOLD_LOCK`).
-static HELD_FOR_TEST: OnceLock<String> = OnceLock::new();
+static HELD_FOR_TEST: OnceLock<Name> = OnceLock::new();
 
 /// Has a thread hold lock `name` from now until a fork has waited for it
 /// (or 10 s), so that a test forks while it is held. An unknown name is
@@ -144,19 +127,20 @@ pub fn hold_for_test(name: &str) {
     let mut found = None;
     let mut names = Vec::new();
     each_lock(|n, lock| {
-        names.push(n);
-        if n == name {
-            found = Some(lock);
+        let text = n.to_string();
+        if text == name {
+            found = Some((n, lock));
         }
+        names.push(text);
     });
-    let Some(lock) = found else {
+    let Some((n, lock)) = found else {
         log::error!(
             "VGPU_TEST_HOLD_LOCK={name}: no such lock; locks: {}",
             names.join(" ")
         );
         return;
     };
-    if HELD_FOR_TEST.set(name.to_string()).is_err() {
+    if HELD_FOR_TEST.set(n).is_err() {
         return;
     }
     let (held, is_held) = std::sync::mpsc::channel();
@@ -179,7 +163,7 @@ pub fn hold_for_test(name: &str) {
 }
 
 /// In a forked child: the lock a test held at the fork must be free.
-fn check_free_in_child(name: &str) {
+fn check_free_in_child(name: Name) {
     each_lock(|n, lock| {
         if n == name && lock.try_hold().is_none() {
             log::error!("VGPU_TEST_HOLD_LOCK: {name} is still held in the forked child");

@@ -24,13 +24,18 @@ use vgpu_shm::procinfo::INIT_PIDNS;
 use vgpu_shm::{EntryIndex, Region, SlotIndex};
 
 use crate::attach::Attach;
-use crate::lock::Lock;
+use crate::lock::{Listed, Lock, Name};
 use crate::nvml::client;
 use crate::process;
 
 /// NVML pids on a device (region entry) just before our first context
 /// there. A forked child has had no context yet.
 pub static BEFORE: Lock<Option<(EntryIndex, Vec<u32>)>> = Lock::new(None, |b| *b = None);
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("hostpid.before"), &BEFORE)]
+}
 
 fn in_initial_namespace() -> bool {
     vgpu_shm::procinfo::my_pidns() == INIT_PIDNS

@@ -79,6 +79,12 @@ pub fn control_disabled() -> bool {
     runtime().config.disable_control
 }
 
+/// Starts the runtime, if it has not started (what the entry paths need
+/// of `init`: the bits it sets in `duty.rs` are then true).
+pub fn start() {
+    let _ = runtime();
+}
+
 impl Runtime {
     fn start() -> Runtime {
         let secure = secure_execution();
@@ -93,6 +99,9 @@ impl Runtime {
             ),
         };
         crate::log::init(config.log_level);
+        if config.disable_control {
+            crate::duty::disable_control();
+        }
         if !crate::unwind::load() {
             log::warn!(
                 "libgcc_s.so.1 could not be loaded: an internal error of vgpu would abort this process instead of being caught"

@@ -16,7 +16,7 @@ use vgpu_shm::{EntryIndex, MAX_DEVICES};
 
 use crate::cuda::sys::CudaOrdinal;
 use crate::limiter::credit::DeviceCredit;
-use crate::lock::{Lock, Map, map};
+use crate::lock::{Listed, Lock, Map, Name, map};
 use crate::quota::counters::DeviceQuota;
 
 /// What this process keeps about one device entry.
@@ -75,6 +75,14 @@ pub static CONTEXTS: Lock<Map<usize, LiveContext>> = Lock::new(map(), |m| m.clea
 
 /// Memory pools we saw created, with their device (`cuda/memory.rs`).
 pub static POOLS: Lock<Map<usize, CudaOrdinal>> = Lock::new(map(), |m| m.clear());
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 2] {
+    [
+        (Name::of("contexts"), &CONTEXTS),
+        (Name::of("pools"), &POOLS),
+    ]
+}
 
 /// This process's pid as NVML sees it (0: unknown yet; `hostpid.rs`
 /// finds it).

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::attach::Attach;
 use crate::limiter::{self, leader::Leader};
-use crate::lock::Lock;
+use crate::lock::{Listed, Lock, Name};
 use crate::nvml::client;
 use crate::process;
 use crate::quota::overhead;
@@ -38,6 +38,11 @@ const RECONCILE_NS: u64 = 1_000_000_000;
 static STARTED_BY: AtomicU32 = AtomicU32::new(0);
 /// The thread, to wake it. A forked child has none until it starts one.
 pub static THREAD: Lock<Option<Thread>> = Lock::new(None, |t| *t = None);
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("watcher.thread"), &THREAD)]
+}
 
 /// Starts the watcher of this process, once.
 pub fn start(attach: &'static Attach) {

@@ -28,12 +28,27 @@ fn a_fork_while_any_lock_is_held_never_hangs_the_child() {
     let mut sim = Sim::new(1, "8g");
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "2g");
     let names = lock_names(&sim);
+    // One name of each module's list, so that a list left out of the
+    // library's fails here.
     for expected in [
         "attach.claiming",
         "region",
         "contexts",
         "pools",
+        "tracker.0",
         "tracker.15",
+        "events.pending",
+        "probes",
+        "nvml.devices",
+        "hostpid.before",
+        "oversub.restore_done",
+        "oversub.free_probe",
+        "oversub.claims",
+        "oversub.lock_missed",
+        "oversub.baseline",
+        "oversub.saved",
+        "nvml.unreaped",
+        "watcher.thread",
     ] {
         assert!(names.iter().any(|n| n == expected), "{expected}: {names:?}");
     }

@@ -1,5 +1,6 @@
 //! The import graph keeps its layers: no file imports from a layer above
-//! its own, and no import circle spans more than four files.
+//! its own, and no import circle spans more than four files. And every
+//! lock is a `lock::Lock`, defined in `src/lock.rs` alone.
 //!
 //! The layer order is written once, in the crate's `lib.rs` (the lines
 //! `//! N. name: module, module`); this test reads it from there. It parses
@@ -28,6 +29,54 @@ fn core_imports_keep_their_layers() {
 #[test]
 fn shm_imports_keep_their_layers() {
     check(Path::new("src/shm"), "lib.rs", &[], &[]);
+}
+
+/// Words that make a lock the fork handlers would not know of.
+const LOCK_WORDS: &[&str] = &["Mutex", "Condvar", "RwLock", "ReentrantLock", "parking_lot"];
+
+/// Every lock is a `lock::Lock` (or `CondLock`), which the fork handlers
+/// take and renew (`fork.rs`): no mutex, condition variable or rwlock
+/// outside `src/lock.rs` (vgpu-shm's own in `src/shm/lock.rs`), static or
+/// in a value, outside tests.
+#[test]
+fn every_lock_lives_in_lock_rs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for (dir, allowed) in [("src", "src/lock.rs"), ("src/shm", "src/shm/lock.rs")] {
+        let skip: &[&str] = if dir == "src" { &["shm"] } else { &[] };
+        for file in modules(&root.join(dir), "lib.rs", skip).into_values() {
+            let rel = file
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if rel == allowed {
+                continue;
+            }
+            let text = strip(&fs::read_to_string(&file).unwrap());
+            for word in lock_words(&text) {
+                found.push(format!("{rel}: {word}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "locks outside src/lock.rs, which fork.rs cannot take before a fork (make them lock::Lock):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// The [`LOCK_WORDS`] used in `text` (whole identifiers).
+fn lock_words(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| LOCK_WORDS.contains(w))
+        .collect()
+}
+
+#[test]
+fn lock_words_are_seen_in_code_not_in_comments() {
+    let text = "static A: std::sync::Mutex<u8> = x; // a Condvar\nstatic B: OnceLock<parking_lot::RwLock<()>>;\nlet g: MutexGuard<'_, ()>;\n";
+    assert_eq!(lock_words(&strip(text)), ["Mutex", "parking_lot", "RwLock"]);
 }
 
 #[test]

@@ -361,6 +361,25 @@ fn a_process_with_no_environment_finds_the_region_next_to_the_library() {
 }
 
 #[test]
+fn dlsym_as_a_programs_first_call_knows_whether_control_is_disabled() {
+    // dlopen, then dlsym: the lookup is often the first thing of vgpu a
+    // program runs; it starts the runtime to answer (interpose/dlsym.rs).
+    let mut sim = Sim::new(1, "8g");
+    sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let r = sim.client(Path3::Dlsym, true, &["owner"]).ok();
+    assert_eq!(r.u64("dlsym_found"), 1);
+    assert_eq!(r.u64("dlsym_driver"), 0, "limited: the hook");
+    sim.set("CUDA_DISABLE_CONTROL", "1");
+    let r = sim.client(Path3::Dlsym, true, &["owner"]).ok();
+    assert_eq!(r.u64("dlsym_found"), 1);
+    assert_eq!(
+        r.u64("dlsym_driver"),
+        1,
+        "control disabled: the driver's own"
+    );
+}
+
+#[test]
 fn rtld_next_and_dlvsym_reach_the_hooks() {
     let mut sim = Sim::new(1, "8g");
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");

@@ -101,11 +101,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
             // Fails the lookup glibc's way, dlerror included.
             return super::stub::next(hook.real.name());
         }
-        return if crate::init::control_disabled() {
-            PASS
-        } else {
-            ours
-        };
+        return if control_disabled() { PASS } else { ours };
     }
     let found = real::dlsym(handle, hook.real.name());
     if found.is_null() {
@@ -121,7 +117,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if crate::init::control_disabled() {
+    if control_disabled() {
         return found;
     }
     match hook.real.get() {
@@ -244,6 +240,14 @@ mod exports {
         // SAFETY: arguments pass through unchanged.
         unsafe { f(handle, symbol, version) }
     }
+}
+
+/// Whether `CUDA_DISABLE_CONTROL` is set, as `init` publishes it in
+/// `duty.rs` once the runtime has started (started here if it has not: a
+/// program's first use of vgpu is often this lookup, before any hook).
+fn control_disabled() -> bool {
+    crate::init::start();
+    duty::control_disabled()
 }
 
 /// A driver function without a hook, looked up in a handle (as XLA's

@@ -14,7 +14,7 @@ use super::estimate::{self, Slot};
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
 use crate::ffi::Out;
-use crate::lock::Lock;
+use crate::lock::{Listed, Lock, Name};
 
 /// A timing in flight.
 pub struct Pending {
@@ -52,6 +52,14 @@ pub static PENDING: Lock<Vec<Pending>> = Lock::new(Vec::new(), |pending| {
 });
 /// Idle events: (context, event). A forked child has none.
 pub static POOL: Lock<Vec<(usize, usize)>> = Lock::new(Vec::new(), |pool| pool.clear());
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 2] {
+    [
+        (Name::of("events.pending"), &PENDING),
+        (Name::of("events.pool"), &POOL),
+    ]
+}
 
 const EVENT_DEFAULT: c_int = 0;
 

@@ -29,7 +29,7 @@ use crate::clock;
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
 use crate::ffi::Out;
-use crate::lock::Lock;
+use crate::lock::{Listed, Lock, Name};
 use crate::process;
 
 /// A probe still taking in launches (one per thread).
@@ -144,6 +144,11 @@ pub static PROBES: Lock<(Vec<Pending>, Vec<Done>)> = Lock::new((Vec::new(), Vec:
     p.0.clear();
     p.1.clear();
 });
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("probes"), &PROBES)]
+}
 
 /// A launch that a probe takes in: what [`after`] needs.
 pub struct Token {

@@ -14,7 +14,7 @@ use super::real;
 use super::sys::*;
 use crate::ffi::Out;
 use crate::guard::Guard;
-use crate::lock::{Lock, Map, map};
+use crate::lock::{Listed, Lock, Map, Name, map};
 
 const IDLE: u8 = 0;
 const STARTING: u8 = 1;
@@ -68,6 +68,11 @@ pub static DEVICES: Lock<Map<[u8; 16], usize>> = Lock::new(map(), |devices| {
     devices.clear();
     STATE.store(IDLE, Ordering::Release);
 });
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("nvml.devices"), &DEVICES)]
+}
 
 /// NVML's handle for the GPU with this UUID.
 pub fn device(uuid: &[u8; 16]) -> Option<NvmlDevice> {

@@ -16,19 +16,25 @@
 //! No answer is "not known", never "room".
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::sys::{Memory, NvmlDevice};
+use crate::lock::{Listed, Lock, Name};
 
 type InitFn = unsafe extern "C" fn() -> c_int;
 type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int;
 type MemFn = unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int;
 
-/// Children killed but not yet reaped (one stuck in the driver).
-static UNREAPED: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+/// Children killed but not yet reaped (one stuck in the driver). A
+/// forked child has none: they are its parent's.
+static UNREAPED: Lock<Vec<libc::pid_t>> = Lock::new(Vec::new(), |v| v.clear());
 /// No new child while this many are stuck.
 const MAX_UNREAPED: usize = 4;
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub fn locks() -> [Listed; 1] {
+    [(Name::of("nvml.unreaped"), &UNREAPED)]
+}
 
 /// Free bytes on `uuid` as a fresh child process's NVML says, within
 /// `wait`; None when it did not answer (or NVML cannot say).
@@ -113,16 +119,12 @@ fn reap(pid: libc::pid_t) {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    if let Ok(mut v) = UNREAPED.lock() {
-        v.push(pid);
-    }
+    UNREAPED.lock().push(pid);
 }
 
 /// Reaps what it can of the children stuck before; how many are left.
 fn reap_old() -> usize {
-    let Ok(mut v) = UNREAPED.lock() else {
-        return MAX_UNREAPED;
-    };
+    let mut v = UNREAPED.lock();
     v.retain(|&pid| {
         // SAFETY: as in `reap`.
         let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG | libc::__WALL) };

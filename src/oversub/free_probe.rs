@@ -10,8 +10,9 @@
 //! is not this process's and so does not wait for the restore.
 #![forbid(unsafe_code)]
 
-use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use crate::lock::{CondLock, Listed, Name};
 
 /// An answer is used while it is this fresh.
 const FRESH_NS: u64 = 500_000_000;
@@ -27,11 +28,20 @@ struct Probe {
     last: Option<([u8; 16], u64, u64)>,
 }
 
-static PROBE: Mutex<Probe> = Mutex::new(Probe {
-    asking: false,
-    last: None,
-});
-static ANSWERED: Condvar = Condvar::new();
+/// The probe; its condition variable says a query was answered. A forked
+/// child has no query in flight (the thread asking is its parent's).
+static PROBE: CondLock<Probe> = CondLock::new(
+    Probe {
+        asking: false,
+        last: None,
+    },
+    |p| *p = Probe::default(),
+);
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 1] {
+    [(Name::of("oversub.free_probe"), &PROBE)]
+}
 
 /// Free bytes on `card` as NVML says, asked at or after `after` (monotonic
 /// ns; 0: any figure under half a second old), waiting at most `wait`, and
@@ -46,7 +56,7 @@ pub fn free_asked_after(
     checkpointed: bool,
 ) -> Option<(u64, u64)> {
     let deadline = Instant::now() + wait;
-    let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut p = PROBE.lock();
     let fresh = |p: &Probe| {
         p.last
             .filter(|&(c, _, at)| {
@@ -78,12 +88,12 @@ pub fn free_asked_after(
                     } else {
                         crate::nvml::client::free_memory(&card)
                     };
-                    let mut p = PROBE.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut p = PROBE.lock();
                     p.asking = false;
                     if let Some(free) = free {
                         p.last = Some((card, free, at));
                     }
-                    ANSWERED.notify_all();
+                    PROBE.notify_all();
                 });
             if spawned.is_err() {
                 p.asking = false;
@@ -94,9 +104,6 @@ pub fn free_asked_after(
         if left.is_zero() {
             return None;
         }
-        p = ANSWERED
-            .wait_timeout(p, left)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        p = PROBE.wait_timeout(p, left);
     }
 }

@@ -51,6 +51,7 @@ pub use suspend::{suspended, tick};
 
 use crate::config::Oversub;
 use crate::cuda::sys::CUresult;
+use crate::lock::Listed;
 use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, RUNNING, SETTINGS, STATE, Settings};
 
 /// Turns oversubscription on for this process (init, with the flag).
@@ -104,6 +105,18 @@ pub fn start(cfg: &Oversub, above: Above) {
 /// [`enter`], its answer as a raw code.
 pub fn gate() -> Result<(), i32> {
     enter().map_err(|rc| rc.0)
+}
+
+/// This module's locks, for the fork handlers (`fork.rs`), outermost
+/// first: a caller waiting for its restore holds `oversub.restore_done`
+/// while it kicks the watcher (`watcher.thread`); the others are taken
+/// alone.
+pub fn locks() -> impl Iterator<Item = Listed> {
+    restore::locks()
+        .into_iter()
+        .chain(free_probe::locks())
+        .chain(room::locks())
+        .chain(suspend::locks())
 }
 
 /// Oversubscription is on in this process.

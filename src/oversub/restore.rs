@@ -11,7 +11,6 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
@@ -25,6 +24,7 @@ use super::suspend::{BEAT, LAST_ACTIVE, SAVED, beating};
 use crate::attach::Attach;
 use crate::clock;
 use crate::cuda::sys::CUresult;
+use crate::lock::{CondLock, Listed, Name, keep};
 use crate::log::fmt_bytes;
 
 /// A watcher silent this long is gone: callers restore the process.
@@ -127,11 +127,14 @@ const NVML_WAIT: Duration = Duration::from_millis(100);
 /// 0: none yet).
 pub(super) static FIRST_TRY_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// One restore at a time (the watcher, or a caller when it is gone).
-static RESTORER: Mutex<()> = Mutex::new(());
-/// Callers wait here for the restore.
-static DONE: Mutex<()> = Mutex::new(());
-static DONE_CV: Condvar = Condvar::new();
+/// Callers wait here for the restore to end (`STATE` leaving
+/// `RESTORING`, under this lock).
+static DONE: CondLock<()> = CondLock::new((), keep);
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 1] {
+    [(Name::of("oversub.restore_done"), &DONE)]
+}
 
 /// When a restore asked for now must give up waiting for room.
 pub(super) fn deadline_from_now() -> u64 {
@@ -152,7 +155,7 @@ pub(super) fn request_restore(deadline: u64) {
 pub fn resume() -> Result<(), CUresult> {
     let mut deadline = deadline_from_now();
     request_restore(deadline);
-    let mut g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut g = DONE.lock();
     loop {
         let state = STATE.load(Ordering::Acquire);
         match state {
@@ -194,19 +197,16 @@ pub fn resume() -> Result<(), CUresult> {
                 silent / 1_000_000
             );
             restore_now((settings().above.attach)(), h);
-            g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+            g = DONE.lock();
             continue;
         }
-        g = DONE_CV
-            .wait_timeout(g, Duration::from_millis(50))
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        g = DONE.wait_timeout(g, Duration::from_millis(50));
     }
 }
 
 /// The line of a call that gave up waiting for room to restore.
 fn no_room() {
-    let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let saved = SAVED.lock().clone();
     let total: u64 = saved.iter().map(|&(_, b)| b).sum();
     let cards: Vec<String> = saved
         .iter()
@@ -224,14 +224,12 @@ fn no_room() {
 /// for it on the board), then restore and unlock. Gives up, the process
 /// still suspended, when no call waits any longer (`RESTORE_UNTIL`).
 pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
-    let _one = RESTORER.lock().unwrap_or_else(PoisonError::into_inner);
-    if STATE.load(Ordering::Acquire) != SUSPENDED {
+    if !become_restorer() {
         return;
     }
-    STATE.store(RESTORING, Ordering::Release);
     let e = h.entry();
     e.set_state(ProcState::Restoring, clock::monotonic_ns());
-    let saved = SAVED.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let saved = SAVED.lock().clone();
     let total: u64 = saved.iter().map(|&(_, b)| b).sum();
     let t0 = Instant::now();
     // What the board may hold a restore up for is bounded from the first
@@ -313,10 +311,9 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         e.set_bytes_on(&card, bytes);
     }
     e.set_want(&[0; 16], 0);
-    e.host_bytes.fetch_sub(total, Ordering::SeqCst);
-    e.restores.fetch_add(1, Ordering::Relaxed);
-    e.last_active_ns
-        .store(clock::monotonic_ns(), Ordering::Release);
+    e.release_host_bytes(total);
+    e.count_restore();
+    e.set_last_active_ns(clock::monotonic_ns());
     LAST_ACTIVE.store(clock::monotonic_ns(), Ordering::Relaxed);
     e.set_state(ProcState::Running, clock::monotonic_ns());
     RESTORE_WANTED.store(false, Ordering::Release);
@@ -327,6 +324,23 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         t0.elapsed().as_millis(),
         waited.min(t0.elapsed()).as_millis()
     );
+}
+
+/// One restore at a time (the watcher, or a caller when it is gone): the
+/// state goes from suspended to restoring for this thread alone. Another
+/// thread's restore is waited for (it ends running, suspended again if it
+/// gave up, or failed); false when there is nothing to restore. (No lock
+/// is held across the restore, which waits for room and calls the
+/// driver: a fork meanwhile does not wait for it.)
+fn become_restorer() -> bool {
+    let mut g = DONE.lock();
+    loop {
+        match STATE.compare_exchange(SUSPENDED, RESTORING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(RESTORING) => g = DONE.wait_timeout(g, Duration::from_millis(50)),
+            Err(_) => return false,
+        }
+    }
 }
 
 /// No call waits for the restore any longer: the process stays suspended
@@ -348,7 +362,7 @@ pub(super) fn fail(h: &Here, why: String) {
 }
 
 fn finish(state: u8) {
-    let _g = DONE.lock().unwrap_or_else(PoisonError::into_inner);
+    let _g = DONE.lock();
     STATE.store(state, Ordering::Release);
-    DONE_CV.notify_all();
+    DONE.notify_all();
 }

@@ -18,7 +18,6 @@
 //!   [`LOCK_BOUND`] in all; then the restore claims without it.
 #![forbid(unsafe_code)]
 
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
@@ -26,6 +25,7 @@ use vgpu_shm::board::ProcState;
 use super::free_probe;
 use super::state::Here;
 use crate::clock;
+use crate::lock::{Listed, Lock, Name};
 
 /// A claim of another process counts this long at most.
 pub const CLAIM_BOUND: Duration = Duration::from_secs(120);
@@ -48,19 +48,29 @@ struct Claim {
     last_ns: u64,
 }
 
-static CLAIMS: Mutex<Vec<Claim>> = Mutex::new(Vec::new());
+/// A forked child sees none of them (it never restores: its board entry
+/// is its parent's).
+static CLAIMS: Lock<Vec<Claim>> = Lock::new(Vec::new(), |c| c.clear());
 /// Since when this restore has not had the node's restore lock.
-static LOCK_MISSED: Mutex<Option<Instant>> = Mutex::new(None);
+static LOCK_MISSED: Lock<Option<Instant>> = Lock::new(None, |m| *m = None);
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 2] {
+    [
+        (Name::of("oversub.claims"), &CLAIMS),
+        (Name::of("oversub.lock_missed"), &LOCK_MISSED),
+    ]
+}
 
 /// Notes the restores other processes have in flight on `card` now.
 fn observe(h: &Here, card: &[u8; 16], now: u64) {
-    let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut claims = CLAIMS.lock();
     for (i, e) in h.board.others(Some(h.entry)) {
         let bytes = e.bytes_on(card);
         if e.state() != ProcState::Restoring || bytes == 0 {
             continue;
         }
-        let pid = e.pid.load(std::sync::atomic::Ordering::Relaxed);
+        let pid = e.pid();
         match claims
             .iter_mut()
             .find(|c| c.entry == i && c.pid == pid && &c.card == card)
@@ -87,7 +97,6 @@ fn observe(h: &Here, card: &[u8; 16], now: u64) {
 fn claimed_after(card: &[u8; 16], at: u64) -> u64 {
     CLAIMS
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
         .iter()
         .filter(|c| &c.card == card && c.last_ns.saturating_add(SLACK_NS) >= at)
         .map(|c| c.bytes)
@@ -97,7 +106,7 @@ fn claimed_after(card: &[u8; 16], at: u64) -> u64 {
 /// A new restore: the node's restore lock is waited for anew (a miss of
 /// an earlier restore does not let this one skip it).
 pub(super) fn new_restore() {
-    *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    *LOCK_MISSED.lock() = None;
 }
 
 /// What the board's running processes wait for on `card`.
@@ -152,17 +161,17 @@ pub(super) fn room_on(
 /// holds the lock for longer than [`LOCK_BOUND`] does not stop a restore.
 /// Err: not yet (try again).
 pub(super) fn restore_lock(h: &Here) -> Result<Option<vgpu_shm::board::RestoreLock<'_>>, ()> {
-    let missed_since = *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner);
+    let missed_since = *LOCK_MISSED.lock();
     // Past the bound, one try each time: the room was judged just now.
     let wait = match missed_since {
         Some(t) if t.elapsed() >= LOCK_BOUND => Duration::ZERO,
         _ => Duration::from_secs(1),
     };
     if let Some(l) = h.board.restore_lock_within(wait) {
-        *LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *LOCK_MISSED.lock() = None;
         return Ok(Some(l));
     }
-    let mut missed = LOCK_MISSED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut missed = LOCK_MISSED.lock();
     let since = *missed.get_or_insert_with(Instant::now);
     if since.elapsed() < LOCK_BOUND {
         return Err(());

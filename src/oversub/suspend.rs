@@ -11,7 +11,6 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
@@ -28,6 +27,7 @@ use super::state::{
     ACTIVE, ACTIVITY, Here, IN_CALL, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
 };
 use crate::attach::Attach;
+use crate::lock::{Listed, Lock, Name, keep};
 use crate::log::fmt_bytes;
 use crate::{clock, process};
 
@@ -66,10 +66,19 @@ pub(super) fn beating<R>(attach: Option<&Attach>, call: impl FnOnce() -> R) -> R
     })
 }
 
-/// The threads when the last suspension began (blocked.rs).
-static BASELINE: Mutex<Option<Baseline>> = Mutex::new(None);
+/// The threads when the last suspension began (blocked.rs); a forked
+/// child has none of them.
+static BASELINE: Lock<Option<Baseline>> = Lock::new(None, |b| *b = None);
 /// What the process held on each card when it was suspended.
-pub(super) static SAVED: Mutex<Vec<([u8; 16], u64)>> = Mutex::new(Vec::new());
+pub(super) static SAVED: Lock<Vec<([u8; 16], u64)>> = Lock::new(Vec::new(), keep);
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 2] {
+    [
+        (Name::of("oversub.baseline"), &BASELINE),
+        (Name::of("oversub.saved"), &SAVED),
+    ]
+}
 
 /// Whether this process's memory is off the card (the watcher then does
 /// nothing else: any other step could call into the locked driver).
@@ -93,7 +102,7 @@ pub fn tick(attach: &Attach) -> bool {
         || LAST_ACTIVE.load(Ordering::Relaxed) == 0
     {
         LAST_ACTIVE.store(now, Ordering::Relaxed);
-        h.entry().last_active_ns.store(now, Ordering::Release);
+        h.entry().set_last_active_ns(now);
     }
     match STATE.load(Ordering::Acquire) {
         RUNNING if !h.board.intact() => {
@@ -115,7 +124,6 @@ pub fn tick(attach: &Attach) -> bool {
         SUSPENDED => {
             let waiting = BASELINE
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
                 .as_ref()
                 .and_then(Baseline::waiting_in_driver);
             if let Some((tid, name)) = waiting {
@@ -164,7 +172,7 @@ fn seen(h: &Here, i: usize) -> Seen {
     Seen {
         index: i,
         state: e.state(),
-        last_active_ns: e.last_active_ns.load(Ordering::Acquire),
+        last_active_ns: e.last_active_ns(),
         cards: e.cards(),
         wants: e.wants(),
     }
@@ -250,7 +258,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
     let before = ACTIVITY.load(Ordering::Relaxed);
     let undo = |why: String| {
-        e.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        e.release_host_bytes(bytes);
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
@@ -259,7 +267,7 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     let driver = crate::cuda::real::slot::cuInit
         .get()
         .map(|f| f.as_ptr() as u64);
-    *BASELINE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline::take(driver));
+    *BASELINE.lock() = Some(Baseline::take(driver));
     if let Err(rc) = checkpoint::lock(LOCK_TIMEOUT_MS) {
         return undo(format!(
             "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
@@ -282,14 +290,14 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
         STATE.store(RUNNING, Ordering::Release);
         return undo(format!("the checkpoint failed ({rc})"));
     }
-    *SAVED.lock().unwrap_or_else(PoisonError::into_inner) = cards.to_vec();
+    *SAVED.lock() = cards.to_vec();
     BEAT.store(clock::monotonic_ns(), Ordering::Release);
     FIRST_TRY_NS.store(0, Ordering::Release);
     STATE.store(SUSPENDED, Ordering::Release);
     for (c, _) in cards {
         e.set_bytes_on(c, 0);
     }
-    e.suspensions.fetch_add(1, Ordering::Relaxed);
+    e.count_suspension();
     e.set_state(ProcState::Suspended, clock::monotonic_ns());
     log::warn!(
         "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms, to make room on {}",

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_shm::{EntryIndex, Kind};
 
-use crate::lock::{Lock, Map, map};
+use crate::lock::{Listed, Lock, Map, Name, map};
 use crate::process;
 
 /// An allocation's identity: device pointers, VMM handles and array
@@ -35,9 +35,10 @@ type Shard = Lock<Map<Key, Tracked>>;
 
 static TABLE: [Shard; SHARDS] = [const { Lock::new(map(), |m| m.clear()) }; SHARDS];
 
-/// The table's locks, for the fork handlers.
-pub fn shards() -> &'static [Shard; SHARDS] {
-    &TABLE
+/// The table's locks, for the fork handlers (`fork.rs`): `tracker.0`
+/// to `tracker.15`.
+pub fn locks() -> [Listed; SHARDS] {
+    std::array::from_fn(|i| (Name::at("tracker", i), &TABLE[i] as _))
 }
 
 fn shard(key: &Key) -> &'static Shard {

@@ -26,6 +26,8 @@ pub use crate::board_dir::default_dir;
 
 mod entry;
 
+pub use entry::BoardEntry;
+
 /// `"VGPUOVS\0"` read as a little-endian `u64`.
 pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
 /// Bumped when the layout changes; other versions are refused.
@@ -90,46 +92,6 @@ pub struct BoardHeader {
     /// [`BOARD_ENTRIES`].
     pub entries: AtomicU32,
     _reserved: [AtomicU64; 6],
-}
-
-/// One process's entry. Times are `CLOCK_MONOTONIC` nanoseconds (one
-/// clock for the whole node).
-#[repr(C)]
-pub struct BoardEntry {
-    /// The owner's pid in its own namespace (for people to read).
-    pub pid: AtomicU32,
-    /// [`ProcState`].
-    pub state: AtomicU32,
-    /// UUIDs of the cards it uses (two words each; zero: none).
-    pub cards: [[AtomicU64; 2]; BOARD_CARDS],
-    /// Bytes it holds on each of those cards while running.
-    pub device_bytes: [AtomicU64; BOARD_CARDS],
-    /// Bytes of its device state on the host (reserved while suspending).
-    pub host_bytes: AtomicU64,
-    /// Bytes it waits for (an allocation or its own restore); 0: none.
-    pub want_bytes: AtomicU64,
-    /// The card it waits on.
-    pub want_card: [AtomicU64; 2],
-    /// Its last CUDA activity (launch, allocation, copy, synchronisation).
-    pub last_active_ns: AtomicU64,
-    /// When the current state began.
-    pub since_ns: AtomicU64,
-    /// Time spent suspended and restoring, over its life.
-    pub suspended_total_ns: AtomicU64,
-    /// Time spent restoring (waiting for room included).
-    pub restoring_total_ns: AtomicU64,
-    /// Suspensions and restores so far.
-    pub suspensions: AtomicU64,
-    /// Restores so far.
-    pub restores: AtomicU64,
-    /// Free bytes on each of its cards as NVML told this (running)
-    /// process. No longer written by vgpu nor read by anyone: a figure of
-    /// another container must not drive a restore (issue 26); kept so
-    /// that the layout (version 2) does not change.
-    pub free_seen: [AtomicU64; BOARD_CARDS],
-    /// When each `free_seen` was read (0: never).
-    pub free_seen_ns: [AtomicU64; BOARD_CARDS],
-    _reserved: [AtomicU64; 1],
 }
 
 const HEADER_SIZE: usize = 4096;
@@ -382,11 +344,8 @@ impl Board {
     /// Bytes of suspended state on the host, over every live process
     /// (`mine` included).
     pub fn host_bytes(&self, mine: Option<usize>) -> u64 {
-        let own = mine.map_or(0, |i| self.entry(i).host_bytes.load(Ordering::SeqCst));
-        own + self
-            .others(mine)
-            .map(|(_, e)| e.host_bytes.load(Ordering::SeqCst))
-            .sum::<u64>()
+        let own = mine.map_or(0, |i| self.entry(i).host_bytes());
+        own + self.others(mine).map(|(_, e)| e.host_bytes()).sum::<u64>()
     }
 
     /// Reserves `bytes` of host memory for entry `mine`'s suspension, if
@@ -395,11 +354,11 @@ impl Board {
     /// the limit).
     pub fn reserve_host(&self, mine: usize, bytes: u64, limit: u64) -> bool {
         let e = self.entry(mine);
-        e.host_bytes.fetch_add(bytes, Ordering::SeqCst);
+        e.add_host_bytes(bytes);
         if self.host_bytes(Some(mine)) <= limit {
             return true;
         }
-        e.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        e.release_host_bytes(bytes);
         false
     }
 
@@ -478,8 +437,8 @@ mod tests {
         e.set_state(ProcState::Suspended, 2000);
         e.set_state(ProcState::Restoring, 5000);
         e.set_state(ProcState::Running, 6000);
-        assert_eq!(e.suspended_total_ns.load(Ordering::Relaxed), 4000);
-        assert_eq!(e.restoring_total_ns.load(Ordering::Relaxed), 1000);
+        assert_eq!(e.suspended_ns_at(7000), 4000);
+        assert_eq!(e.restoring_ns_at(7000), 1000);
         e.set_want(&card, 9);
         assert_eq!(e.wants(), Some((card, 9)));
         e.set_want(&card, 0);
@@ -518,7 +477,7 @@ mod tests {
         let i = b.claim(42, 1000).unwrap();
         b.entry(i).set_bytes_on(&[7u8; 16], 5 << 30);
         b.entry(i).set_state(ProcState::Suspended, 2000);
-        b.entry(i).host_bytes.store(5 << 30, Ordering::SeqCst);
+        b.entry(i).add_host_bytes(5 << 30);
         // Read through the board's own descriptor: closing any other
         // descriptor of the file would drop this process's locks (POSIX).
         let file_now = || {
@@ -542,7 +501,7 @@ mod tests {
                 let live: Vec<(usize, u64, u64, ProcState)> = c
                     .others(None)
                     .map(|(j, e)| {
-                        let host = e.host_bytes.load(Ordering::Relaxed);
+                        let host = e.host_bytes();
                         (j, host, e.suspended_ns_at(5000), e.state())
                     })
                     .collect();

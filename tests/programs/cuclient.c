@@ -56,6 +56,9 @@
  *                                          the step latency's p50_ms, p99_ms, max_ms
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
+ *   cuclient owner                         first thing, dlopen the driver and dlsym
+ *                                          cuMemAlloc_v2 from it: dlsym_driver=1
+ *                                          if that is the driver's own function
  *   cuclient forkheld                      cuInit, fork; the child makes a context,
  *                                          allocates (buffer, pool) and exits; both
  *                                          report (with VGPU_TEST_HOLD_LOCK a thread
@@ -956,6 +959,17 @@ static int cmd_bypass(size_t bytes, const char *version) {
     return 0;
 }
 
+/* Before any other call: whose cuMemAlloc_v2 dlsym hands out for the
+ * driver's handle (the driver's own, or vgpu's hook). */
+static int cmd_owner(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    void *p = lib ? dlsym(lib, "cuMemAlloc_v2") : NULL;
+    Dl_info info;
+    int driver = p && dladdr(p, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda");
+    printf("dlsym_found=%d dlsym_driver=%d\n", p != NULL, driver);
+    return 0;
+}
+
 /* A process that holds a slot and nothing else. */
 static int cmd_idle(double secs) {
     load_and_init();
@@ -1119,6 +1133,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
     if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
+    if (!strcmp(cmd, "owner")) return cmd_owner();
     if (!strcmp(cmd, "idle")) return cmd_idle(atof(ARG(2, "10")));
     if (!strcmp(cmd, "await"))
         return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));

@@ -9,7 +9,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use vgpu_shm::board::{Board, monotonic_ns};
 use vgpu_shm::format_uuid;
@@ -54,20 +53,20 @@ pub fn report(dir: Option<&Path>) -> Result<String, String> {
         let _ = writeln!(
             out,
             "entry={i} pid={} state={} cards={} host_bytes={} wants={wants} idle_ms={} in_state_ms={} suspended_ms_total={} restoring_ms_total={} suspensions={} restores={}",
-            e.pid.load(Ordering::Acquire),
+            e.pid(),
             e.state().name(),
             if cards.is_empty() {
                 "-".into()
             } else {
                 cards.join(",")
             },
-            e.host_bytes.load(Ordering::Acquire),
-            ms(now.saturating_sub(e.last_active_ns.load(Ordering::Acquire))),
+            e.host_bytes(),
+            ms(now.saturating_sub(e.last_active_ns())),
             ms(e.in_state_ns(now)),
             ms(e.suspended_ns_at(now)),
             ms(e.restoring_ns_at(now)),
-            e.suspensions.load(Ordering::Relaxed),
-            e.restores.load(Ordering::Relaxed),
+            e.suspensions(),
+            e.restores(),
         );
     }
     Ok(out)

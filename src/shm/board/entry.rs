@@ -1,10 +1,51 @@
-//! A board entry's fields, read and written through their atomics: the
-//! cards it holds, its state and the time spent in each, what it waits
-//! for.
+//! A board entry: its fields, private to this module, read and written
+//! through its methods only (the cards it holds, its state and the time
+//! spent in each, what it waits for, its host memory and counters), so
+//! that every access to the shared file goes through one place.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::{BOARD_CARDS, BoardEntry, ProcState};
+use super::{BOARD_CARDS, ProcState};
+
+/// One process's entry. Times are `CLOCK_MONOTONIC` nanoseconds (one
+/// clock for the whole node).
+#[repr(C)]
+pub struct BoardEntry {
+    /// The owner's pid in its own namespace (for people to read).
+    pid: AtomicU32,
+    /// [`ProcState`].
+    state: AtomicU32,
+    /// UUIDs of the cards it uses (two words each; zero: none).
+    cards: [[AtomicU64; 2]; BOARD_CARDS],
+    /// Bytes it holds on each of those cards while running.
+    device_bytes: [AtomicU64; BOARD_CARDS],
+    /// Bytes of its device state on the host (reserved while suspending).
+    host_bytes: AtomicU64,
+    /// Bytes it waits for (an allocation or its own restore); 0: none.
+    want_bytes: AtomicU64,
+    /// The card it waits on.
+    want_card: [AtomicU64; 2],
+    /// Its last CUDA activity (launch, allocation, copy, synchronisation).
+    last_active_ns: AtomicU64,
+    /// When the current state began.
+    since_ns: AtomicU64,
+    /// Time spent suspended and restoring, over its life.
+    suspended_total_ns: AtomicU64,
+    /// Time spent restoring (waiting for room included).
+    restoring_total_ns: AtomicU64,
+    /// Suspensions and restores so far.
+    suspensions: AtomicU64,
+    /// Restores so far.
+    restores: AtomicU64,
+    /// Free bytes on each of its cards as NVML told this (running)
+    /// process. No longer written by vgpu nor read by anyone: a figure of
+    /// another container must not drive a restore (issue 26); kept so
+    /// that the layout (version 2) does not change.
+    free_seen: [AtomicU64; BOARD_CARDS],
+    /// When each `free_seen` was read (0: never).
+    free_seen_ns: [AtomicU64; BOARD_CARDS],
+    _reserved: [AtomicU64; 1],
+}
 
 fn uuid_words(uuid: &[u8; 16]) -> [u64; 2] {
     let (a, b) = uuid.split_at(8);
@@ -22,6 +63,57 @@ fn words_uuid(w: [u64; 2]) -> [u8; 16] {
 }
 
 impl BoardEntry {
+    /// The owner's pid in its own namespace (for people to read).
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Acquire)
+    }
+
+    /// Bytes of its device state on the host.
+    pub fn host_bytes(&self) -> u64 {
+        self.host_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Adds `bytes` to its host memory (a reservation for a suspension).
+    pub fn add_host_bytes(&self, bytes: u64) {
+        self.host_bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    /// Takes `bytes` off its host memory (a restore, or a suspension
+    /// undone).
+    pub fn release_host_bytes(&self, bytes: u64) {
+        self.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Its last CUDA activity.
+    pub fn last_active_ns(&self) -> u64 {
+        self.last_active_ns.load(Ordering::Acquire)
+    }
+
+    /// Records CUDA activity at `now`.
+    pub fn set_last_active_ns(&self, now: u64) {
+        self.last_active_ns.store(now, Ordering::Release);
+    }
+
+    /// Suspensions so far.
+    pub fn suspensions(&self) -> u64 {
+        self.suspensions.load(Ordering::Relaxed)
+    }
+
+    /// Counts a suspension.
+    pub fn count_suspension(&self) {
+        self.suspensions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Restores so far.
+    pub fn restores(&self) -> u64 {
+        self.restores.load(Ordering::Relaxed)
+    }
+
+    /// Counts a restore.
+    pub fn count_restore(&self) {
+        self.restores.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The cards it uses and its bytes on each.
     pub fn cards(&self) -> Vec<([u8; 16], u64)> {
         (0..BOARD_CARDS)

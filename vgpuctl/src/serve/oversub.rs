@@ -9,8 +9,6 @@
 //! started on the node) these families are not registered at all.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::Ordering;
-
 use prometheus_client::registry::Registry;
 use vgpu_shm::board::{Board, ProcState};
 
@@ -104,10 +102,7 @@ impl Oversub {
         let mut live = 0;
         for (i, e) in b.others(None) {
             live += 1;
-            let labels = vec![
-                ("entry", i.to_string()),
-                ("pid", e.pid.load(Ordering::Acquire).to_string()),
-            ];
+            let labels = vec![("entry", i.to_string()), ("pid", e.pid().to_string())];
             let current = e.state();
             for s in STATES {
                 let mut l = labels.clone();
@@ -119,7 +114,7 @@ impl Oversub {
                 l.push(("device_uuid", vgpu_shm::format_uuid(&uuid)));
                 set(&self.device_bytes, &l, bytes as f64);
             }
-            let host = e.host_bytes.load(Ordering::Acquire);
+            let host = e.host_bytes();
             set(&self.host_bytes, &labels, host as f64);
             let waiting = e.wants().map_or(0, |(_, n)| n);
             set(&self.waiting_bytes, &labels, waiting as f64);
@@ -127,11 +122,8 @@ impl Oversub {
             let counters = [
                 (&self.suspended_seconds, secs(e.suspended_ns_at(now))),
                 (&self.restoring_seconds, secs(e.restoring_ns_at(now))),
-                (
-                    &self.suspensions,
-                    e.suspensions.load(Ordering::Relaxed) as f64,
-                ),
-                (&self.restores, e.restores.load(Ordering::Relaxed) as f64),
+                (&self.suspensions, e.suspensions() as f64),
+                (&self.restores, e.restores() as f64),
             ];
             for (family, v) in counters {
                 family.get_or_create(&labels).inc_by(v);
