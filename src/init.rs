@@ -75,10 +75,6 @@ pub fn started() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
-pub fn control_disabled() -> bool {
-    runtime().config.disable_control
-}
-
 /// Starts the runtime, if it has not started (what the entry paths need
 /// of `init`: the bits it sets in `duty.rs` are then true).
 pub fn start() {

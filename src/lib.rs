@@ -23,9 +23,11 @@
 //! Policy gets what it needs from above passed in (an `&'static Attach`)
 //! or installed by `init` at start (as `attach::OnSlot` is), never by
 //! calling up. `tests/layers.rs` reads this list and checks every import;
-//! a module path names its files, and the longest path wins. The one
+//! a module path names its files, and the longest path wins. The largest
 //! circle allowed: the hook table (`interpose/table.rs`), the two export
-//! lists it holds, and `cuda/proc_address.rs`, which consults the table.
+//! lists it holds, and `cuda/proc_address.rs`, which consults the table;
+//! three smaller ones, inside `config` and `oversub`, are named in the
+//! test, which fails on any other.
 //! 1. entry: interpose, cuda::exports, cuda::proc_address, nvml
 //! 2. hooks: cuda
 //! 3. boot: init, fork, watcher

@@ -228,3 +228,117 @@ fn pointer_mismatches(text: &str) -> Vec<String> {
     }
     bad
 }
+
+/// Safe functions at the edges that take a raw pointer and never read or
+/// write through it: they compare, store or pass on the address only
+/// (`dlsym`'s handle, a code address, a mapping's start).
+const ADDRESS_ONLY: &[&str] = &[
+    "src/interpose/dlsym.rs: decide_hooked",
+    "src/interpose/dlsym.rs: unhooked",
+    "src/interpose/real.rs: resolve_libc",
+    "src/interpose/real.rs: dlsym",
+    "src/interpose/real.rs: dlvsym",
+    "src/interpose/stub.rs: owns",
+    "src/interpose/table.rs: wrapper_for",
+    "src/interpose/trampoline.rs: wrap",
+    "src/unwind.rs: fill",
+    "src/shm/sigbus.rs: new",
+    "src/shm/sigbus.rs: chain",
+];
+
+#[test]
+fn safe_edge_functions_do_not_take_raw_pointers() {
+    let mut bad = Vec::new();
+    for (root, edges) in [("src", CORE_EDGES), ("src/shm", SHM_EDGES)] {
+        for file in edges {
+            let text = fs::read_to_string(Path::new(root).join(file)).unwrap();
+            for name in safe_fns_taking_pointers(&text) {
+                let at = format!("{root}/{file}: {name}");
+                if !ADDRESS_ONLY.contains(&at.as_str()) {
+                    bad.push(at);
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{bad:?} are safe but take a raw pointer: make each `unsafe fn` with a `# Safety` \
+         section, or, if it only compares or stores the address, list it in ADDRESS_ONLY"
+    );
+}
+
+#[test]
+fn the_pointer_scan_sees_multi_line_signatures() {
+    let text = "pub fn a(x: *const u8) {}\npub(crate) unsafe extern \"C\" fn b(x: *mut u8) {}\n\
+                extern \"C\" fn c(\n    h: *mut c_void,\n    s: u32,\n) -> u8 {}\nfn d(x: &u8, f: fn(*mut u8)) {}\n\
+                fn e(p: *mut u8) -> R => handler;\n";
+    assert_eq!(safe_fns_taking_pointers(text), ["a", "c"]);
+}
+
+/// Names of functions not declared `unsafe` whose own parameters include a
+/// raw pointer. A hook table's one-line declarations (`fn name(..) -> R =>
+/// handler;`) are not functions: the table's `unsafe fn` converts their
+/// pointers at the edge.
+fn safe_fns_taking_pointers(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("fn ") {
+        let line_start = rest[..at].rfind('\n').map_or(0, |i| i + 1);
+        let head = &rest[line_start..at];
+        let after = &rest[at + 3..];
+        rest = after;
+        // Only declarations: `fn` as a word, after nothing but qualifiers.
+        let qualifiers_only = head.split_whitespace().all(|w| {
+            matches!(w, "pub" | "unsafe" | "extern" | "\"C\"" | "const" | "async")
+                || w.starts_with("pub(")
+        });
+        if !qualifiers_only || head.split_whitespace().any(|w| w == "unsafe") {
+            continue;
+        }
+        let Some(open) = after.find('(') else {
+            continue;
+        };
+        let name = after[..open].trim();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '<' || c == '>')
+        {
+            continue;
+        }
+        // The parameter list up to its matching ')'; a nested `fn(..)`
+        // type's own parameters are skipped.
+        let mut depth = 0;
+        let mut params = String::new();
+        let mut nested = 0;
+        for (i, ch) in after[open..].char_indices() {
+            match ch {
+                '(' => {
+                    depth += 1;
+                    if depth > 1 && after[open..open + i].trim_end().ends_with("fn") {
+                        nested = depth;
+                    }
+                }
+                ')' => {
+                    if depth == nested {
+                        nested = 0;
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                _ if nested == 0 => params.push(ch),
+                _ => {}
+            }
+        }
+        let tail = after[open..].lines().next().unwrap_or("");
+        if tail.contains("=>") && tail.trim_end().ends_with(';') {
+            continue;
+        }
+        if params.contains("*const") || params.contains("*mut") {
+            out.push(name.split('<').next().unwrap_or(name).to_string());
+        }
+    }
+    out
+}

@@ -33,7 +33,10 @@ use crate::{duty, guard};
 const PASS: *mut c_void = 1 as *mut c_void;
 
 /// Decides for `dlsym`: [`PASS`], or the pointer to return.
-pub(crate) extern "C" fn decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+///
+/// # Safety
+/// `symbol` is NULL or a NUL-terminated string (dlsym's contract).
+pub(crate) unsafe extern "C" fn decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     real::ensure_libc_resolved();
     if symbol.is_null() || guard::is_internal() {
         return PASS;
@@ -50,20 +53,26 @@ pub(crate) extern "C" fn decide(handle: *mut c_void, symbol: *const c_char) -> *
 /// version (our wrapper if it is the driver function we track), so a
 /// version that does not exist still finds nothing; for `RTLD_NEXT`, our
 /// wrapper.
-pub(crate) extern "C" fn decide_versioned(
+///
+/// # Safety
+/// `symbol` and `version` are each NULL or a NUL-terminated string
+/// (dlvsym's contract).
+pub(crate) unsafe extern "C" fn decide_versioned(
     handle: *mut c_void,
     symbol: *const c_char,
     version: *const c_char,
 ) -> *mut c_void {
     if handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || version.is_null() {
-        return decide(handle, symbol);
+        // SAFETY: our caller's contract is decide's.
+        return unsafe { decide(handle, symbol) };
     }
     real::ensure_libc_resolved();
     if symbol.is_null() || guard::is_internal() {
         return PASS;
     }
-    // SAFETY: dlvsym's contract: `symbol` is a NUL-terminated string.
-    let name = unsafe { CStr::from_ptr(symbol) };
+    // SAFETY: dlvsym's contract: `symbol` and (checked above, not NULL)
+    // `version` are NUL-terminated strings.
+    let (name, version) = unsafe { (CStr::from_ptr(symbol), CStr::from_ptr(version)) };
     let Some(hook) = table::by_name(name.to_bytes()) else {
         return PASS;
     };
@@ -135,20 +144,31 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
 /// The stub's `dlsym` asks this for cu* and nvml* names: 1 to pass on to
 /// glibc, else the answer ([`decide`]).
 #[cfg(all(feature = "interpose", not(test)))]
+///
+/// # Safety
+/// `symbol` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
-pub extern "C" fn vgpu_core_decide(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    decide(handle, symbol)
+pub unsafe extern "C" fn vgpu_core_decide(
+    handle: *mut c_void,
+    symbol: *const c_char,
+) -> *mut c_void {
+    // SAFETY: the contract passes on unchanged.
+    unsafe { decide(handle, symbol) }
 }
 
 /// The same for the stub's `dlvsym`.
+///
+/// # Safety
+/// `symbol` and `version` are each NULL or a NUL-terminated string.
 #[cfg(all(feature = "interpose", not(test)))]
 #[unsafe(no_mangle)]
-pub extern "C" fn vgpu_core_decide_versioned(
+pub unsafe extern "C" fn vgpu_core_decide_versioned(
     handle: *mut c_void,
     symbol: *const c_char,
     version: *const c_char,
 ) -> *mut c_void {
-    decide_versioned(handle, symbol, version)
+    // SAFETY: the contract passes on unchanged.
+    unsafe { decide_versioned(handle, symbol, version) }
 }
 
 #[cfg(all(feature = "interpose", not(test), target_arch = "x86_64"))]
@@ -213,7 +233,8 @@ mod exports {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-        let r = super::decide(handle, symbol);
+        // SAFETY: dlsym's contract is decide's.
+        let r = unsafe { super::decide(handle, symbol) };
         if r != super::PASS {
             return r;
         }
@@ -230,7 +251,8 @@ mod exports {
         symbol: *const c_char,
         version: *const c_char,
     ) -> *mut c_void {
-        let r = super::decide_versioned(handle, symbol, version);
+        // SAFETY: dlvsym's contract is decide_versioned's.
+        let r = unsafe { super::decide_versioned(handle, symbol, version) };
         if r != super::PASS {
             return r;
         }

@@ -53,12 +53,12 @@ pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     unsafe { f(handle, name.as_ptr()) }
 }
 
-pub fn dlvsym(handle: *mut c_void, name: &CStr, version: *const c_char) -> *mut c_void {
+pub fn dlvsym(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_void {
     let p = resolve_libc(&REAL_DLVSYM, c"dlvsym", no_dlvsym as *mut c_void);
     // SAFETY: `p` is libc's dlvsym (or no_dlvsym), which has this signature.
     let f: DlvsymFn = unsafe { std::mem::transmute::<*mut c_void, DlvsymFn>(p) };
     // SAFETY: dlvsym accepts any handle value and NUL-terminated strings.
-    unsafe { f(handle, name.as_ptr(), version) }
+    unsafe { f(handle, name.as_ptr(), version.as_ptr()) }
 }
 
 /// The code a hook returns when its driver library cannot be loaded at

@@ -88,7 +88,10 @@ fn install() {
     });
 }
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+/// # Safety
+/// Called by the kernel only, as an `SA_SIGINFO` handler: `info` and `ctx`
+/// are what it passes.
+unsafe extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
     for (s, l) in STARTS.iter().zip(&LENS) {
