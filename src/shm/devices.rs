@@ -1,6 +1,8 @@
 //! The device table: one entry per physical GPU, keyed by UUID, so processes
 //! with different `CUDA_VISIBLE_DEVICES` still share one quota per card.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 
 use crate::Region;

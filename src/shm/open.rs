@@ -12,6 +12,8 @@
 //! | HAMi-core 1.2 | adopted (limits kept) unless HAMi-core processes map it: refused | see `hami::open_any` |
 //! | anything else | refused, untouched | refused |
 
+#![forbid(unsafe_code)]
+
 use std::fs::File;
 use std::path::Path;
 

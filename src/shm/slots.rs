@@ -5,6 +5,8 @@
 //! reclaim run under the region lock; the counters themselves are atomics
 //! that only their owner adds to.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -3,6 +3,8 @@
 //! spent in each, what it waits for, its host memory and counters), so
 //! that every access to the shared file goes through one place.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::{BOARD_CARDS, ProcState};
