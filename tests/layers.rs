@@ -96,6 +96,49 @@ fn every_lock_lives_in_lock_rs() {
     );
 }
 
+/// Every `Lock`/`CondLock` static is on its module's `locks()` list, which
+/// `fork.rs` joins (tests/fork.rs checks each module's list is joined): a
+/// lock left off would be held by another thread at a fork.
+#[test]
+fn every_lock_static_is_on_its_modules_list() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for file in modules(&root.join("src"), "lib.rs", &["shm"]).into_values() {
+        let text = strip(&fs::read_to_string(&file).unwrap());
+        let listed = text.find("fn locks(").map_or("", |at| &text[at..]);
+        for name in lock_statics(&text) {
+            if !listed.contains(&format!("&{name}")) {
+                missing.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "lock statics not on their module's locks() list:\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+/// Names of the `static NAME: Lock<..>` / `CondLock<..>` in `text`.
+fn lock_statics(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.trim_start().split_once("static "))
+        .filter_map(|(_, rest)| rest.split_once(':'))
+        .filter(|(_, ty)| {
+            let ty = ty.trim_start();
+            ty.starts_with("Lock<") || ty.starts_with("CondLock<")
+        })
+        .map(|(name, _)| name.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn lock_statics_are_found() {
+    let text =
+        "pub static A: Lock<u8> = x;\nstatic B: CondLock<()> = y;\nstatic C: OnceLock<u8> = z;\n";
+    assert_eq!(lock_statics(text), ["A", "B"]);
+}
+
 /// The [`LOCK_WORDS`] used in `text` (whole identifiers).
 fn lock_words(text: &str) -> Vec<&str> {
     text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
