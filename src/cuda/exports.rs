@@ -88,16 +88,16 @@ crate::interpose::table::hooks! {
     fn cuStreamSynchronize(stream: CUstream) -> CUresult => wake::stream_synchronize, idle: crate::duty::neither_oversub_nor_limit;
     fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => wake::stream_synchronize_ptsz, idle: crate::duty::neither_oversub_nor_limit;
     fn cuEventSynchronize(event: CUevent) -> CUresult => wake::event_synchronize, idle: crate::duty::neither_oversub_nor_limit;
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy, idle: crate::duty::no_oversub;
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async, idle: crate::duty::no_oversub;
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz, idle: crate::duty::no_oversub;
+    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy [real], idle: crate::duty::no_oversub;
+    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async [real], idle: crate::duty::no_oversub;
+    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_async_ptsz [real], idle: crate::duty::no_oversub;
     fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult => wake::memcpy_htod [real], idle: crate::duty::no_oversub;
     fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtoh [real], idle: crate::duty::no_oversub;
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtod, idle: crate::duty::no_oversub;
+    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult => wake::memcpy_dtod [real], idle: crate::duty::no_oversub;
     fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult => wake::memcpy_htod_async [real], idle: crate::duty::no_oversub;
     fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult => wake::memcpy_dtoh_async [real], idle: crate::duty::no_oversub;
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult => wake::memset_d8, idle: crate::duty::no_oversub;
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32, idle: crate::duty::no_oversub;
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async, idle: crate::duty::no_oversub;
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async, idle: crate::duty::no_oversub;
+    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult => wake::memset_d8 [real], idle: crate::duty::no_oversub;
+    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32 [real], idle: crate::duty::no_oversub;
+    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async [real], idle: crate::duty::no_oversub;
+    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async [real], idle: crate::duty::no_oversub;
 }

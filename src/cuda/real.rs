@@ -79,24 +79,26 @@ crate::interpose::reals::reals! {
     fn cuStreamEndCapture(stream: CUstream, graph: Out<CUgraph>) -> CUresult;
     fn cuStreamEndCapture_ptsz(stream: CUstream, graph: Out<CUgraph>) -> CUresult;
     // wake: calls that restore a suspended process (oversub), passed through
-    // (synchronisations noted for the turns' probes)
+    // (synchronisations noted for the turns' probes); copies and sets are
+    // unsafe even between device addresses: under unified addressing a
+    // CUdeviceptr may be host memory
     fn cuCtxSynchronize() -> CUresult;
     fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult;
     fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
     fn cuStreamSynchronize(stream: CUstream) -> CUresult;
     fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult;
-    fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
-    fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
-    fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
+    unsafe fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
+    unsafe fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
+    unsafe fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
     unsafe fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult;
     unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult;
-    fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
+    unsafe fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult;
     unsafe fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult;
     unsafe fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult;
-    fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult;
-    fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult;
-    fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult;
-    fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult;
+    unsafe fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult;
+    unsafe fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult;
+    unsafe fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult;
+    unsafe fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult;
     // checkpoint: a process suspending and restoring itself (oversub)
     fn cuCheckpointProcessLock(pid: c_int, args: In<CheckpointLockArgs>) -> CUresult;
     unsafe fn cuCheckpointProcessCheckpoint(pid: c_int, args: *mut c_void) -> CUresult;

@@ -50,21 +50,33 @@ pub fn event_synchronize(event: CUevent) -> CUresult {
     probes::synchronise(Waits::All, || in_call(|| real::cuEventSynchronize(event)))
 }
 
-pub fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    in_call(|| real::cuMemcpy(dst, src, n))
+pub fn memcpy(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
-pub fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
-    in_call(|| real::cuMemcpyAsync(dst, src, n, stream))
+pub fn memcpy_async(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _n: usize,
+    _stream: CUstream,
+) -> CUresult {
+    in_call(call)
 }
 
 pub fn memcpy_async_ptsz(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    n: usize,
-    stream: CUstream,
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _n: usize,
+    _stream: CUstream,
 ) -> CUresult {
-    in_call(|| real::cuMemcpyAsync_ptsz(dst, src, n, stream))
+    in_call(call)
 }
 
 pub fn memcpy_htod(
@@ -85,8 +97,13 @@ pub fn memcpy_dtoh(
     in_call(call)
 }
 
-pub fn memcpy_dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    in_call(|| real::cuMemcpyDtoD_v2(dst, src, n))
+pub fn memcpy_dtod(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
 pub fn memcpy_htod_async(
@@ -109,18 +126,40 @@ pub fn memcpy_dtoh_async(
     in_call(call)
 }
 
-pub fn memset_d8(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {
-    in_call(|| real::cuMemsetD8_v2(dst, v, n))
+pub fn memset_d8(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _v: c_uchar,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
-pub fn memset_d32(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
-    in_call(|| real::cuMemsetD32_v2(dst, v, n))
+pub fn memset_d32(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _v: c_uint,
+    _n: usize,
+) -> CUresult {
+    in_call(call)
 }
 
-pub fn memset_d8_async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult {
-    in_call(|| real::cuMemsetD8Async(dst, v, n, stream))
+pub fn memset_d8_async(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _v: c_uchar,
+    _n: usize,
+    _stream: CUstream,
+) -> CUresult {
+    in_call(call)
 }
 
-pub fn memset_d32_async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult {
-    in_call(|| real::cuMemsetD32Async(dst, v, n, stream))
+pub fn memset_d32_async(
+    call: &impl Fn() -> CUresult,
+    _dst: CUdeviceptr,
+    _v: c_uint,
+    _n: usize,
+    _stream: CUstream,
+) -> CUresult {
+    in_call(call)
 }
