@@ -227,6 +227,7 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     if !become_restorer() {
         return;
     }
+    let _unwinding = UnwindSuspended;
     let e = h.entry();
     e.set_state(ProcState::Restoring, clock::monotonic_ns());
     let saved = SAVED.lock().clone();
@@ -339,6 +340,19 @@ fn become_restorer() -> bool {
             Ok(_) => return true,
             Err(RESTORING) => g = DONE.wait_timeout(g, Duration::from_millis(50)),
             Err(_) => return false,
+        }
+    }
+}
+
+/// Should the restorer unwind (a bug: nothing here panics by design), the
+/// state goes back to suspended, so other callers do not wait on a restore
+/// no thread is doing.
+struct UnwindSuspended;
+
+impl Drop for UnwindSuspended {
+    fn drop(&mut self) {
+        if std::thread::panicking() && STATE.load(Ordering::Acquire) == RESTORING {
+            finish(SUSPENDED);
         }
     }
 }
