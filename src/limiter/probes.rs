@@ -3,7 +3,7 @@
 //! container learns whether its window opened while another context
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
-//! `turns::PROBE_NS`. A probe that the thread left (another stream or
+//! `turns::probe_ns()`. A probe that the thread left (another stream or
 //! context, a later window, a pause of the host with its stream dry) is
 //! dropped: its timing would hold time that was not the GPU's. A pause
 //! spent waiting in a synchronisation is not one ([`synced`]).
@@ -282,7 +282,7 @@ pub fn after(token: Token, rc: CUresult) {
         return;
     }
     open.last_ns = clock::monotonic_ns();
-    if open.cost_ns < turns::PROBE_NS {
+    if open.cost_ns < turns::probe_ns() {
         // (A launch from another library's thread-exit code, after ours
         // ran, has nowhere to keep its probe.)
         if OPEN.try_with(|o| o.set(Some(open))).is_err() {

@@ -56,27 +56,80 @@ pub fn set_period_ms(ms: u64) {
     let ms = ms.clamp(*PERIOD_MS_RANGE.start(), *PERIOD_MS_RANGE.end());
     PERIOD.store(ms * 1_000_000, Ordering::Relaxed);
 }
-/// A probe closes once its launches cost this much GPU time: more than
-/// a time slice (about 2.5 ms on an H200), so another context that has
-/// work shows in it whatever the kernels' length.
+/// The period the probes, slacks, leads and guards below were measured
+/// at; at shorter periods they shrink with it ([`scaled`]), so that a
+/// 10 % window of a 10 ms period still closes probes and moves.
+const TUNED_PERIOD_NS: u64 = 100_000_000;
+
+/// `ns`, a figure tuned at a 100 ms period, at this process's period:
+/// in proportion below 100 ms, as it is above.
+pub fn scaled(ns: u64) -> u64 {
+    scaled_at(ns, period_ns())
+}
+
+/// [`scaled`] at `period` (ns).
+pub fn scaled_at(ns: u64, period: u64) -> u64 {
+    let scaled =
+        u128::from(ns) * u128::from(period.min(TUNED_PERIOD_NS)) / u128::from(TUNED_PERIOD_NS);
+    // (At most `ns`: fits.)
+    u64::try_from(scaled).unwrap_or(ns)
+}
+
+/// A probe closes once its launches cost this much GPU time ([`probe_ns`]
+/// at a 100 ms period): more than a time slice (about 2.5 ms on an H200),
+/// so another context that has work shows in it whatever the kernels'
+/// length. At shorter periods it shrinks with the period (0.3 ms at
+/// 10 ms): a 10 % window then holds three, and one that met another
+/// context's slice shows it as a probe that lost more than it cost.
 pub const PROBE_NS: u64 = 3_000_000;
+
+/// [`PROBE_NS`] at this process's period.
+pub fn probe_ns() -> u64 {
+    scaled(PROBE_NS)
+}
+
 /// A probe ran beside another context when its timing exceeds its
-/// launches' cost by more than this, and by more than [`SHARE_PCT`] of
-/// the cost: a host that feeds the GPU a little late (9 % idle for a
-/// host-bound stream of 0.05 ms kernels) or a neighbour's last kernel
-/// finishing as the window opens is not a reason to move.
+/// launches' cost by more than [`slack_ns`], and by more than
+/// [`SHARE_PCT`] of the cost: a host that feeds the GPU a little late
+/// (9 % idle for a host-bound stream of 0.05 ms kernels) or a
+/// neighbour's last kernel finishing as the window opens is not a reason
+/// to move.
 pub const SLACK_NS: u64 = 1_000_000;
 pub const SHARE_PCT: u64 = 30;
+/// The least slack at any period: more than a switch between contexts
+/// (about 0.15 ms on an H100, gpu-tests/switchcost.cu).
+pub const MIN_SLACK_NS: u64 = 250_000;
+
+/// [`SLACK_NS`] at this process's period.
+pub fn slack_ns() -> u64 {
+    scaled(SLACK_NS).max(MIN_SLACK_NS)
+}
+
 /// The most a window moves at once: half the period.
 pub fn max_move_ns() -> u64 {
     period_ns() / 2
 }
 /// Less than this lost at a window's start is left to the window before
-/// to mend, by leaving a little of its share unspent.
+/// to mend, by leaving a little of its share unspent ([`min_lead_ns`]).
 pub const MIN_LEAD_NS: u64 = 3_000_000;
-/// The least: also what is added to what the probes lost, so that the
-/// window lands just clear of the other one.
+
+/// [`MIN_LEAD_NS`] at this process's period.
+pub fn min_lead_ns() -> u64 {
+    scaled(MIN_LEAD_NS)
+}
+
+/// The least a window moves ([`min_move_ns`]): also what is added to
+/// what the probes lost, so that the window lands just clear of the other
+/// one.
 pub const MIN_MOVE_NS: u64 = 500_000;
+/// The least move and guard at any period: about a switch between
+/// contexts.
+pub const MIN_STEP_NS: u64 = 100_000;
+
+/// [`MIN_MOVE_NS`] at this process's period.
+pub fn min_move_ns() -> u64 {
+    scaled(MIN_MOVE_NS).max(MIN_STEP_NS)
+}
 
 /// The start of the period that holds `now`, for turns anchored at
 /// `anchor`.
@@ -226,7 +279,7 @@ pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: 
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
-    let floor = if shared { GUARD_NS } else { 0 };
+    let floor = if shared { guard_ns() } else { 0 };
     let cut = cut.min(most);
     let cut = if covered(probes) {
         cut + share_ns / 8
@@ -260,6 +313,11 @@ pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
 /// is left
 /// (docs/benchmarks.md, run 68).
 pub const GUARD_NS: u64 = MIN_MOVE_NS;
+
+/// [`GUARD_NS`] at this process's period.
+pub fn guard_ns() -> u64 {
+    scaled(GUARD_NS).max(MIN_STEP_NS)
+}
 
 /// Covered windows in a row after a window with `probes` (`streak` before
 /// it) of a container whose share is `share_ns`: one more after a covered
@@ -346,7 +404,7 @@ impl Probe {
     /// Whether another context ran in the middle of the probe.
     pub fn beside_another(&self) -> bool {
         let lost = self.lost_ns();
-        lost > SLACK_NS && lost.saturating_mul(100) > self.cost_ns.saturating_mul(SHARE_PCT)
+        lost > slack_ns() && lost.saturating_mul(100) > self.cost_ns.saturating_mul(SHARE_PCT)
     }
 }
 
@@ -376,7 +434,7 @@ pub enum Move {
 ///   each on an H200, docs/benchmarks.md runs 68-69).
 pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<Move> {
     if ran_on_from_a_clear_start(probes) {
-        return Some(Move::Earlier(MIN_MOVE_NS));
+        return Some(Move::Earlier(min_move_ns()));
     }
     later(probes, random, late_before).map(Move::Later)
 }
@@ -396,17 +454,18 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
         .iter()
         .take_while(|p| p.beside_another())
         .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
-    if lost < MIN_LEAD_NS {
+    if lost < min_lead_ns() {
         // A predecessor a little late once: it leaves some of its share
         // unspent (`next_cut`). Moving would only push this window into
         // the next one's, and that one into the next, round the period.
         // Late again in the next window: this one opens too early, and
         // moves by just what it lost.
-        return late_before.then_some(lost.max(MIN_MOVE_NS));
+        return late_before.then_some(lost.max(min_move_ns()));
     }
     let factor_milli = 600 + random % 401;
-    let step = lost.saturating_mul(factor_milli) / 1000 + MIN_MOVE_NS;
-    Some(step.clamp(MIN_MOVE_NS, max_move_ns()))
+    let least = min_move_ns();
+    let step = lost.saturating_mul(factor_milli) / 1000 + least;
+    Some(step.clamp(least, max_move_ns()))
 }
 
 #[cfg(test)]
@@ -429,6 +488,21 @@ pub(super) mod tests {
             cost_ns: ms * MS,
             elapsed_ns: (ms + lost_ms) * MS,
         }
+    }
+
+    #[test]
+    fn probes_leads_and_moves_shrink_with_short_periods() {
+        // At the default period, the figures tuned there.
+        assert_eq!(probe_ns(), PROBE_NS);
+        assert_eq!(slack_ns(), SLACK_NS);
+        assert_eq!(min_lead_ns(), MIN_LEAD_NS);
+        assert_eq!((min_move_ns(), guard_ns()), (MIN_MOVE_NS, GUARD_NS));
+        // A 10 % window of a 10 ms period (1 ms) holds three probes;
+        // longer periods keep the 100 ms figures.
+        assert_eq!(scaled_at(PROBE_NS, 10 * MS), 300_000);
+        assert_eq!(scaled_at(MIN_LEAD_NS, 20 * MS), 600_000);
+        assert_eq!(scaled_at(PROBE_NS, 1000 * MS), PROBE_NS);
+        assert_eq!(scaled_at(u64::MAX, u64::MAX), u64::MAX);
     }
 
     #[test]
@@ -540,7 +614,10 @@ pub(super) mod tests {
         // its share stays whole.
         let ran_on = [clean(3), clean(3), shared(3, 3), shared(3, 3)];
         assert!(ran_on_from_a_clear_start(&ran_on));
-        assert_eq!(verdict(&ran_on, 0, true), Some(Move::Earlier(MIN_MOVE_NS)));
+        assert_eq!(
+            verdict(&ran_on, 0, true),
+            Some(Move::Earlier(min_move_ns()))
+        );
         assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true), 2 * MS);
         assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true), GUARD_NS);
         // Late at both ends: no room either side, so it leaves time.
