@@ -75,18 +75,26 @@ pub fn scaled_at(ns: u64, period: u64) -> u64 {
     u64::try_from(scaled).unwrap_or(ns)
 }
 
-/// A probe closes once its launches cost this much GPU time ([`probe_ns`]
-/// at a 100 ms period): more than a time slice (about 2.5 ms on an H200),
-/// so another context that has work shows in it whatever the kernels'
-/// length. At shorter periods it shrinks with the period (0.3 ms at
-/// 10 ms): a 10 % window then holds three, and one that met another
-/// context's slice shows it as a probe that lost more than it cost.
+/// A probe closes once its launches cost this much GPU time: more than a
+/// time slice (about 2.5 ms on an H200), so another context that has
+/// work shows in it whatever the kernels' length ([`probe_ns`]).
 pub const PROBE_NS: u64 = 3_000_000;
 
-/// [`PROBE_NS`] at this process's period.
-pub fn probe_ns() -> u64 {
-    scaled(PROBE_NS)
+/// The GPU time a probe of a container at `percent` closes at: [`PROBE_NS`],
+/// or half its window where that is shorter (1 ms for a 10 % window of a
+/// 20 ms period), so that a short window still closes two probes, and one
+/// that runs on into the next window shows it. Not
+/// shorter where the window allows: a probe of one 1 ms kernel met the
+/// other context's slices only every other time, and two 50 % windows
+/// at a 20 ms period then each looked clear at its start and moved
+/// earlier, time-slicing for good.
+pub fn probe_ns(percent: u32) -> u64 {
+    let window = period_ns() / 100 * u64::from(percent.min(100));
+    PROBE_NS.min(window / 2).max(MIN_PROBE_NS)
 }
+
+/// The shortest probe.
+pub const MIN_PROBE_NS: u64 = 100_000;
 
 /// A probe ran beside another context when its timing exceeds its
 /// launches' cost by more than [`slack_ns`], and by more than
@@ -260,6 +268,20 @@ pub fn waited_for_the_gpu(
 /// unspent time would only go to it.
 pub const COVERED_STREAK: u32 = 6;
 
+/// [`COVERED_STREAK`] at this process's period: as many windows as take
+/// 600 ms, as at 100 ms. Two 50 % containers at a 20 ms period that
+/// time-slice cover each other's windows, and six windows (120 ms) left
+/// them too little time to part before both stopped leaving time unspent.
+pub fn covered_streak() -> u32 {
+    covered_streak_at(period_ns())
+}
+
+/// [`covered_streak`] at `period` (ns).
+pub fn covered_streak_at(period: u64) -> u32 {
+    let periods = (TUNED_PERIOD_NS / period.max(1)).max(1);
+    COVERED_STREAK.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+}
+
 /// What a container leaves unspent of each period's share after a window
 /// was judged (`streak`: [`next_streak`] after this window).
 /// Two containers that always have work never find their turns, as
@@ -275,7 +297,7 @@ pub const COVERED_STREAK: u32 = 6;
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns`.
 pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: bool) -> u64 {
-    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > COVERED_STREAK {
+    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > covered_streak() {
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
@@ -316,8 +338,13 @@ pub const GUARD_NS: u64 = MIN_MOVE_NS;
 
 /// [`GUARD_NS`] at this process's period.
 pub fn guard_ns() -> u64 {
-    scaled(GUARD_NS).max(MIN_STEP_NS)
+    scaled(GUARD_NS).max(MIN_GUARD_NS)
 }
+
+/// The least guard at any period: a window's last launch runs on past its
+/// share, and each turn costs a switch (about 0.15 ms), whatever the
+/// period.
+pub const MIN_GUARD_NS: u64 = 300_000;
 
 /// Covered windows in a row after a window with `probes` (`streak` before
 /// it) of a container whose share is `share_ns`: one more after a covered
@@ -493,16 +520,22 @@ pub(super) mod tests {
     #[test]
     fn probes_leads_and_moves_shrink_with_short_periods() {
         // At the default period, the figures tuned there.
-        assert_eq!(probe_ns(), PROBE_NS);
+        assert_eq!(probe_ns(10), PROBE_NS);
+        assert_eq!(probe_ns(1), 500_000);
+        assert_eq!(probe_ns(0), MIN_PROBE_NS);
         assert_eq!(slack_ns(), SLACK_NS);
         assert_eq!(min_lead_ns(), MIN_LEAD_NS);
         assert_eq!((min_move_ns(), guard_ns()), (MIN_MOVE_NS, GUARD_NS));
-        // A 10 % window of a 10 ms period (1 ms) holds three probes;
-        // longer periods keep the 100 ms figures.
-        assert_eq!(scaled_at(PROBE_NS, 10 * MS), 300_000);
+        // Shorter periods shrink them; longer ones keep the 100 ms figures.
+        assert_eq!(scaled_at(MIN_LEAD_NS, 10 * MS), 300_000);
         assert_eq!(scaled_at(MIN_LEAD_NS, 20 * MS), 600_000);
-        assert_eq!(scaled_at(PROBE_NS, 1000 * MS), PROBE_NS);
+        assert_eq!(scaled_at(MIN_LEAD_NS, 1000 * MS), MIN_LEAD_NS);
         assert_eq!(scaled_at(u64::MAX, u64::MAX), u64::MAX);
+        // The covered streak lasts as long in time (600 ms).
+        assert_eq!(covered_streak(), COVERED_STREAK);
+        assert_eq!(covered_streak_at(20 * MS), 5 * COVERED_STREAK);
+        assert_eq!(covered_streak_at(1000 * MS), COVERED_STREAK);
+        assert_eq!(covered_streak_at(0), 100_000_000 * COVERED_STREAK);
     }
 
     #[test]
