@@ -42,6 +42,15 @@ fn spin_args(secs: u32, mode: &str) -> Vec<String> {
     ]
 }
 
+/// The period the containers run at (`NEIGHBOURS_SM_PERIOD_MS`, or the
+/// library's default, 100 ms), in ms.
+fn period_ms() -> f64 {
+    std::env::var("NEIGHBOURS_SM_PERIOD_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100.0)
+}
+
 /// Per-second completions of a spin run.
 fn per_sec(r: &Run) -> Vec<f64> {
     r.get("per_sec")
@@ -65,6 +74,9 @@ fn container_running(sim: &Sim, name: &str, limit: Option<u32>, secs: u32, mode:
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
         sim.dir.path().join(format!("{name}.cache")),
     );
+    if let Some(ms) = std::env::var_os("NEIGHBOURS_SM_PERIOD_MS") {
+        c.env("VGPU_SM_PERIOD_MS", ms); // (to try the suite at another period)
+    }
     match limit {
         Some(l) => c.env("CUDA_DEVICE_SM_LIMIT", l.to_string()),
         None => c.env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
@@ -200,10 +212,12 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
             .and_then(|t| t["phase_ms"].as_f64())
             .expect("turns shown")
     };
-    let (a, b) = (phase(&turns[0]), phase(&turns[1]));
-    let apart = (a - b).abs().min(100.0 - (a - b).abs());
-    eprintln!("windows open at {a:.1} and {b:.1} ms of each 100 ms");
-    assert!(apart >= 40.0, "windows {apart:.1} ms apart");
+    // (vgpuctl shows phases in 100 ms: the region holds no period.)
+    let period = period_ms();
+    let (a, b) = (phase(&turns[0]) % period, phase(&turns[1]) % period);
+    let apart = (a - b).abs().min(period - (a - b).abs());
+    eprintln!("windows open at {a:.1} and {b:.1} ms of each {period} ms");
+    assert!(apart >= 0.4 * period, "windows {apart:.1} ms apart");
     for (_, fraction, secs) in &halves {
         assert!(
             *fraction >= 0.47,
@@ -478,5 +492,60 @@ fn a_container_in_its_own_pid_namespace_is_not_alone_beside_a_neighbour() {
     assert!(
         after.last() == Some(&Some(true)),
         "after the neighbour left: {after:?}"
+    );
+}
+
+/// Synchronised 1 ms steps at 30 % beside a busy 60 % container, both at
+/// a `period_ms` period, for 10 s: (steps' share of the GPU, p50, p99,
+/// max in ms, the neighbour's share).
+fn steps_beside_sixty(period_ms: u32) -> (f64, f64, f64, f64, f64) {
+    let solo = solo_rate(DENSE);
+    let mut sim = Sim::new(1, "8g");
+    sim.set("VGPU_SM_PERIOD_MS", &period_ms.to_string());
+    let neighbour = container_for(&sim, "n", Some(60), 12);
+    let mut steps = sim.client_cmd(
+        Path3::ProcAddr,
+        true,
+        &["steps", "1000000", "132", "10", "2"],
+    );
+    steps
+        .env(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            sim.dir.path().join("steps.cache"),
+        )
+        .env("CUDA_DEVICE_SM_LIMIT", "30");
+    let r = Run::from(steps.output().expect("run cuclient steps"));
+    let n = finish(neighbour).ok();
+    let r = r.ok();
+    let share = r.f64("steps_per_s") * 1e-3;
+    let (p50, p99, max) = (r.f64("p50_ms"), r.f64("p99_ms"), r.f64("max_ms"));
+    let beside = n.f64("rate") / solo;
+    eprintln!(
+        "1 ms steps at 30 % beside 60 %, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
+    );
+    (share, p50, p99, max, beside)
+}
+
+/// Issue 29: beside another limited container each one spends its share
+/// of a period in one window, so a step that misses its window waits out
+/// the rest of the period: about 70 ms at 30 % of the default 100 ms. At
+/// a 20 ms period the wait is at most about 14 ms, and the shares hold.
+/// (Wall time on a loaded machine: the bound is the period, which a
+/// 100 ms period's wait exceeds three times over.)
+#[test]
+fn steps_beside_a_busy_neighbour_wait_at_most_a_short_period() {
+    let _serial = serial();
+    let (share, _, p99, _, beside) = steps_beside_sixty(20);
+    assert!(p99 <= 20.0, "p99 {p99:.2} ms at a 20 ms period");
+    // With the turns tuned to 100 ms the steps got 0.253 here (p99
+    // 16 ms); tuned to the period, 0.268-0.282 (p99 11-16 ms). At 100 ms:
+    // 0.264, p99 70 ms. (The share follows this machine's load too.)
+    assert!(
+        (0.25..=0.33).contains(&share),
+        "the steps held {share:.3} of the GPU at 30 %"
+    );
+    assert!(
+        (beside - 0.60).abs() <= 0.05,
+        "the neighbour got {beside:.3}"
     );
 }

@@ -3,7 +3,7 @@
 //! container learns whether its window opened while another context
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
-//! `turns::PROBE_NS`. A probe that the thread left (another stream or
+//! `turns::probe_ns`. A probe that the thread left (another stream or
 //! context, a later window, a pause of the host with its stream dry) is
 //! dropped: its timing would hold time that was not the GPU's. A pause
 //! spent waiting in a synchronisation is not one ([`synced`]).
@@ -50,6 +50,8 @@ struct Open {
     opened_ns: u64,
     last_ns: u64,
     cost_ns: u64,
+    /// It closes once `cost_ns` reaches this (`turns::probe_ns`).
+    close_ns: u64,
 }
 
 /// A closed probe waiting for its end event.
@@ -176,7 +178,12 @@ pub fn poll_if_due(attach: &Attach, dev: EntryIndex) -> Option<InTurns> {
         poll(attach, now);
         now = clock::monotonic_ns();
     }
-    Some(InTurns { anchor, now })
+    let close_ns = turns::probe_ns(attach.region.device(dev).sm_limit());
+    Some(InTurns {
+        anchor,
+        now,
+        close_ns,
+    })
 }
 
 /// A limited launch's container in turns: their anchor, and the time of
@@ -185,12 +192,17 @@ pub fn poll_if_due(attach: &Attach, dev: EntryIndex) -> Option<InTurns> {
 pub struct InTurns {
     anchor: u64,
     now: u64,
+    close_ns: u64,
 }
 
 /// Before a limited launch of `cost_ns` on `stream`, on device entry
 /// `dev`, whose container is in turns: the probe that takes it in.
 pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> Option<Token> {
-    let InTurns { anchor, now } = at;
+    let InTurns {
+        anchor,
+        now,
+        close_ns,
+    } = at;
     let period = turns::period_start(anchor, now);
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);
@@ -239,6 +251,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             opened_ns: now,
             last_ns: now,
             cost_ns,
+            close_ns,
         },
     })
 }
@@ -288,7 +301,7 @@ pub fn after(token: Token, rc: CUresult) {
         return;
     }
     open.last_ns = clock::monotonic_ns();
-    if open.cost_ns < turns::PROBE_NS {
+    if open.cost_ns < open.close_ns {
         // (A launch from another library's thread-exit code, after ours
         // ran, has nowhere to keep its probe.)
         if OPEN.try_with(|o| o.set(Some(open))).is_err() {

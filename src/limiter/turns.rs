@@ -56,27 +56,88 @@ pub fn set_period_ms(ms: u64) {
     let ms = ms.clamp(*PERIOD_MS_RANGE.start(), *PERIOD_MS_RANGE.end());
     PERIOD.store(ms * 1_000_000, Ordering::Relaxed);
 }
-/// A probe closes once its launches cost this much GPU time: more than
-/// a time slice (about 2.5 ms on an H200), so another context that has
-/// work shows in it whatever the kernels' length.
+/// The period the probes, slacks, leads and guards below were measured
+/// at; at shorter periods they shrink with it ([`scaled`]), so that a
+/// 10 % window of a 10 ms period still closes probes and moves.
+const TUNED_PERIOD_NS: u64 = 100_000_000;
+
+/// `ns`, a figure tuned at a 100 ms period, at this process's period:
+/// in proportion below 100 ms, as it is above.
+pub fn scaled(ns: u64) -> u64 {
+    scaled_at(ns, period_ns())
+}
+
+/// [`scaled`] at `period` (ns).
+pub fn scaled_at(ns: u64, period: u64) -> u64 {
+    let scaled =
+        u128::from(ns) * u128::from(period.min(TUNED_PERIOD_NS)) / u128::from(TUNED_PERIOD_NS);
+    // (At most `ns`: fits.)
+    u64::try_from(scaled).unwrap_or(ns)
+}
+
+/// A probe closes once its launches cost this much GPU time: more than a
+/// time slice (about 2.5 ms on an H200), so another context that has
+/// work shows in it whatever the kernels' length ([`probe_ns`]).
 pub const PROBE_NS: u64 = 3_000_000;
+
+/// The GPU time a probe of a container at `percent` closes at: [`PROBE_NS`],
+/// or half its window where that is shorter (1 ms for a 10 % window of a
+/// 20 ms period), so that a short window still closes two probes, and one
+/// that runs on into the next window shows it. Not
+/// shorter where the window allows: a probe of one 1 ms kernel met the
+/// other context's slices only every other time, and two 50 % windows
+/// at a 20 ms period then each looked clear at its start and moved
+/// earlier, time-slicing for good.
+pub fn probe_ns(percent: u32) -> u64 {
+    let window = period_ns() / 100 * u64::from(percent.min(100));
+    PROBE_NS.min(window / 2).max(MIN_PROBE_NS)
+}
+
+/// The shortest probe.
+pub const MIN_PROBE_NS: u64 = 100_000;
+
 /// A probe ran beside another context when its timing exceeds its
-/// launches' cost by more than this, and by more than [`SHARE_PCT`] of
-/// the cost: a host that feeds the GPU a little late (9 % idle for a
-/// host-bound stream of 0.05 ms kernels) or a neighbour's last kernel
-/// finishing as the window opens is not a reason to move.
+/// launches' cost by more than [`slack_ns`], and by more than
+/// [`SHARE_PCT`] of the cost: a host that feeds the GPU a little late
+/// (9 % idle for a host-bound stream of 0.05 ms kernels) or a
+/// neighbour's last kernel finishing as the window opens is not a reason
+/// to move.
 pub const SLACK_NS: u64 = 1_000_000;
 pub const SHARE_PCT: u64 = 30;
+/// The least slack at any period: more than a switch between contexts
+/// (about 0.15 ms on an H100, gpu-tests/switchcost.cu).
+pub const MIN_SLACK_NS: u64 = 250_000;
+
+/// [`SLACK_NS`] at this process's period.
+pub fn slack_ns() -> u64 {
+    scaled(SLACK_NS).max(MIN_SLACK_NS)
+}
+
 /// The most a window moves at once: half the period.
 pub fn max_move_ns() -> u64 {
     period_ns() / 2
 }
 /// Less than this lost at a window's start is left to the window before
-/// to mend, by leaving a little of its share unspent.
+/// to mend, by leaving a little of its share unspent ([`min_lead_ns`]).
 pub const MIN_LEAD_NS: u64 = 3_000_000;
-/// The least: also what is added to what the probes lost, so that the
-/// window lands just clear of the other one.
+
+/// [`MIN_LEAD_NS`] at this process's period.
+pub fn min_lead_ns() -> u64 {
+    scaled(MIN_LEAD_NS)
+}
+
+/// The least a window moves ([`min_move_ns`]): also what is added to
+/// what the probes lost, so that the window lands just clear of the other
+/// one.
 pub const MIN_MOVE_NS: u64 = 500_000;
+/// The least move and guard at any period: about a switch between
+/// contexts.
+pub const MIN_STEP_NS: u64 = 100_000;
+
+/// [`MIN_MOVE_NS`] at this process's period.
+pub fn min_move_ns() -> u64 {
+    scaled(MIN_MOVE_NS).max(MIN_STEP_NS)
+}
 
 /// The start of the period that holds `now`, for turns anchored at
 /// `anchor`.
@@ -207,6 +268,20 @@ pub fn waited_for_the_gpu(
 /// unspent time would only go to it.
 pub const COVERED_STREAK: u32 = 6;
 
+/// [`COVERED_STREAK`] at this process's period: as many windows as take
+/// 600 ms, as at 100 ms. Two 50 % containers at a 20 ms period that
+/// time-slice cover each other's windows, and six windows (120 ms) left
+/// them too little time to part before both stopped leaving time unspent.
+pub fn covered_streak() -> u32 {
+    covered_streak_at(period_ns())
+}
+
+/// [`covered_streak`] at `period` (ns).
+pub fn covered_streak_at(period: u64) -> u32 {
+    let periods = (TUNED_PERIOD_NS / period.max(1)).max(1);
+    COVERED_STREAK.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+}
+
 /// What a container leaves unspent of each period's share after a window
 /// was judged (`streak`: [`next_streak`] after this window).
 /// Two containers that always have work never find their turns, as
@@ -222,11 +297,11 @@ pub const COVERED_STREAK: u32 = 6;
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns`.
 pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: bool) -> u64 {
-    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > COVERED_STREAK {
+    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > covered_streak() {
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
-    let floor = if shared { GUARD_NS } else { 0 };
+    let floor = if shared { guard_ns() } else { 0 };
     let cut = cut.min(most);
     let cut = if covered(probes) {
         cut + share_ns / 8
@@ -260,6 +335,16 @@ pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
 /// is left
 /// (docs/benchmarks.md, run 68).
 pub const GUARD_NS: u64 = MIN_MOVE_NS;
+
+/// [`GUARD_NS`] at this process's period.
+pub fn guard_ns() -> u64 {
+    scaled(GUARD_NS).max(MIN_GUARD_NS)
+}
+
+/// The least guard at any period: a window's last launch runs on past its
+/// share, and each turn costs a switch (about 0.15 ms), whatever the
+/// period.
+pub const MIN_GUARD_NS: u64 = 300_000;
 
 /// Covered windows in a row after a window with `probes` (`streak` before
 /// it) of a container whose share is `share_ns`: one more after a covered
@@ -346,7 +431,7 @@ impl Probe {
     /// Whether another context ran in the middle of the probe.
     pub fn beside_another(&self) -> bool {
         let lost = self.lost_ns();
-        lost > SLACK_NS && lost.saturating_mul(100) > self.cost_ns.saturating_mul(SHARE_PCT)
+        lost > slack_ns() && lost.saturating_mul(100) > self.cost_ns.saturating_mul(SHARE_PCT)
     }
 }
 
@@ -376,7 +461,7 @@ pub enum Move {
 ///   each on an H200, docs/benchmarks.md runs 68-69).
 pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<Move> {
     if ran_on_from_a_clear_start(probes) {
-        return Some(Move::Earlier(MIN_MOVE_NS));
+        return Some(Move::Earlier(min_move_ns()));
     }
     later(probes, random, late_before).map(Move::Later)
 }
@@ -396,17 +481,18 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
         .iter()
         .take_while(|p| p.beside_another())
         .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
-    if lost < MIN_LEAD_NS {
+    if lost < min_lead_ns() {
         // A predecessor a little late once: it leaves some of its share
         // unspent (`next_cut`). Moving would only push this window into
         // the next one's, and that one into the next, round the period.
         // Late again in the next window: this one opens too early, and
         // moves by just what it lost.
-        return late_before.then_some(lost.max(MIN_MOVE_NS));
+        return late_before.then_some(lost.max(min_move_ns()));
     }
     let factor_milli = 600 + random % 401;
-    let step = lost.saturating_mul(factor_milli) / 1000 + MIN_MOVE_NS;
-    Some(step.clamp(MIN_MOVE_NS, max_move_ns()))
+    let least = min_move_ns();
+    let step = lost.saturating_mul(factor_milli) / 1000 + least;
+    Some(step.clamp(least, max_move_ns()))
 }
 
 #[cfg(test)]
@@ -429,6 +515,27 @@ pub(super) mod tests {
             cost_ns: ms * MS,
             elapsed_ns: (ms + lost_ms) * MS,
         }
+    }
+
+    #[test]
+    fn probes_leads_and_moves_shrink_with_short_periods() {
+        // At the default period, the figures tuned there.
+        assert_eq!(probe_ns(10), PROBE_NS);
+        assert_eq!(probe_ns(1), 500_000);
+        assert_eq!(probe_ns(0), MIN_PROBE_NS);
+        assert_eq!(slack_ns(), SLACK_NS);
+        assert_eq!(min_lead_ns(), MIN_LEAD_NS);
+        assert_eq!((min_move_ns(), guard_ns()), (MIN_MOVE_NS, GUARD_NS));
+        // Shorter periods shrink them; longer ones keep the 100 ms figures.
+        assert_eq!(scaled_at(MIN_LEAD_NS, 10 * MS), 300_000);
+        assert_eq!(scaled_at(MIN_LEAD_NS, 20 * MS), 600_000);
+        assert_eq!(scaled_at(MIN_LEAD_NS, 1000 * MS), MIN_LEAD_NS);
+        assert_eq!(scaled_at(u64::MAX, u64::MAX), u64::MAX);
+        // The covered streak lasts as long in time (600 ms).
+        assert_eq!(covered_streak(), COVERED_STREAK);
+        assert_eq!(covered_streak_at(20 * MS), 5 * COVERED_STREAK);
+        assert_eq!(covered_streak_at(1000 * MS), COVERED_STREAK);
+        assert_eq!(covered_streak_at(0), 100_000_000 * COVERED_STREAK);
     }
 
     #[test]
@@ -540,7 +647,10 @@ pub(super) mod tests {
         // its share stays whole.
         let ran_on = [clean(3), clean(3), shared(3, 3), shared(3, 3)];
         assert!(ran_on_from_a_clear_start(&ran_on));
-        assert_eq!(verdict(&ran_on, 0, true), Some(Move::Earlier(MIN_MOVE_NS)));
+        assert_eq!(
+            verdict(&ran_on, 0, true),
+            Some(Move::Earlier(min_move_ns()))
+        );
         assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true), 2 * MS);
         assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true), GUARD_NS);
         // Late at both ends: no room either side, so it leaves time.
