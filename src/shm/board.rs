@@ -122,14 +122,26 @@ pub struct BoardEntry {
     pub suspensions: AtomicU64,
     /// Restores so far.
     pub restores: AtomicU64,
-    /// Free bytes on each of its cards as NVML told this (running)
-    /// process. No longer written by vgpu nor read by anyone: a figure of
-    /// another container must not drive a restore (issue 26); kept so
-    /// that the layout (version 2) does not change.
-    pub free_seen: [AtomicU64; BOARD_CARDS],
-    /// When each `free_seen` was read (0: never).
-    pub free_seen_ns: [AtomicU64; BOARD_CARDS],
-    _reserved: [AtomicU64; 1],
+    /// When its current wait began (its place in the line for turns,
+    /// first come first served); 0 while it waits for nothing. Kept by
+    /// the want's setters.
+    pub want_since_ns: AtomicU64,
+    /// Its `CUDA_TASK_PRIORITY` (0 high, 1 normal; read as at most 1).
+    pub priority: AtomicU32,
+    /// Its `VGPU_OVERSUBSCRIBE_QUANTUM_MS` (0: it gives no turns), for
+    /// people to read.
+    pub quantum_ms: AtomicU32,
+    /// When its current turn on the card began (start, restore, or an
+    /// allocation granted after waiting).
+    pub turn_since_ns: AtomicU64,
+    /// Turns it was given: the card back after waiting for its turn.
+    pub turns_taken: AtomicU64,
+    /// Once `free_seen_ns`: kept zero, so that a reader of layout 2 from
+    /// before issue 26, which took a free-memory figure in the four words
+    /// above when its time here was set, finds none.
+    pub zero: [AtomicU64; BOARD_CARDS],
+    /// Turns it gave: suspended while busy, at a quantum's end.
+    pub turns_given: AtomicU64,
 }
 
 const HEADER_SIZE: usize = 4096;
@@ -138,6 +150,8 @@ pub const BOARD_SIZE: usize = HEADER_SIZE + BOARD_ENTRIES * size_of::<BoardEntry
 
 const _: () = assert!(size_of::<BoardHeader>() <= HEADER_SIZE);
 const _: () = assert!(size_of::<BoardEntry>() == 256);
+// Where layout 2 had `free_seen_ns`, before issue 26 read: zero.
+const _: () = assert!(std::mem::offset_of!(BoardEntry, zero) == 216);
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
 pub fn monotonic_ns() -> u64 {
@@ -492,9 +506,15 @@ mod tests {
         assert_eq!(e.wants(), Some((card, 4)));
         e.take_want(4);
         assert_eq!(e.wants(), None);
-        e.set_free_seen(&card, 11, 77);
-        assert_eq!(e.free_seen(&card), Some((11, 77)));
-        assert_eq!(e.free_seen(&[1u8; 16]), None);
+        // The want's age, for the line of turns: set by the first want,
+        // kept while it lasts, gone with it.
+        e.add_want(&card, 3);
+        let since = e.want_since_ns.load(Ordering::Acquire);
+        assert_ne!(since, 0);
+        e.set_want(&card, 5);
+        assert_eq!(e.want_since_ns.load(Ordering::Acquire), since);
+        e.set_want(&card, 0);
+        assert_eq!(e.want_since_ns.load(Ordering::Acquire), 0);
         // Our own entry is not another process's.
         assert_eq!(b.others(None).count(), 0);
     }

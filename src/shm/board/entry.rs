@@ -60,32 +60,6 @@ impl BoardEntry {
         }
     }
 
-    /// Records that NVML said `free` bytes were free on `card` at `now`
-    /// (a card it uses; others are ignored).
-    pub fn set_free_seen(&self, card: &[u8; 16], free: u64, now: u64) {
-        if let Some(i) = self.place_of(card) {
-            self.free_seen[i].store(free, Ordering::Release);
-            self.free_seen_ns[i].store(now, Ordering::Release);
-        }
-    }
-
-    /// The free bytes it last saw on `card`, and when: (free, ns).
-    pub fn free_seen(&self, card: &[u8; 16]) -> Option<(u64, u64)> {
-        let i = self.place_of(card)?;
-        let at = self.free_seen_ns[i].load(Ordering::Acquire);
-        (at != 0).then(|| (self.free_seen[i].load(Ordering::Acquire), at))
-    }
-
-    fn place_of(&self, card: &[u8; 16]) -> Option<usize> {
-        let w = uuid_words(card);
-        (0..BOARD_CARDS).find(|&i| {
-            [
-                self.cards[i][0].load(Ordering::Acquire),
-                self.cards[i][1].load(Ordering::Acquire),
-            ] == w
-        })
-    }
-
     /// Its state.
     pub fn state(&self) -> ProcState {
         ProcState::from_u32(self.state.load(Ordering::Acquire))
@@ -151,6 +125,17 @@ impl BoardEntry {
         self.want_card[0].store(w[0], Ordering::Release);
         self.want_card[1].store(w[1], Ordering::Release);
         self.want_bytes.store(bytes, Ordering::Release);
+        self.mark_since(bytes);
+    }
+
+    /// Keeps `want_since_ns`: set when a wait begins, zero when none.
+    fn mark_since(&self, bytes_now: u64) {
+        if bytes_now == 0 {
+            self.want_since_ns.store(0, Ordering::Release);
+        } else if self.want_since_ns.load(Ordering::Acquire) == 0 {
+            self.want_since_ns
+                .store(super::monotonic_ns(), Ordering::Release);
+        }
     }
 
     /// Adds `bytes` to what it waits for, on `card` (allocations of
@@ -162,16 +147,24 @@ impl BoardEntry {
             self.want_card[0].store(w[0], Ordering::Release);
             self.want_card[1].store(w[1], Ordering::Release);
         }
-        self.want_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let now = self.want_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.mark_since(now.saturating_add(bytes));
     }
 
     /// Takes `bytes` off what it waits for.
     pub fn take_want(&self, bytes: u64) {
-        let _ = self
+        let was = self
             .want_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
                 Some(b.saturating_sub(bytes))
-            });
+            })
+            .unwrap_or(0);
+        self.mark_since(was.saturating_sub(bytes));
+    }
+
+    /// Its priority as read (0 high; anything else normal, 1).
+    pub fn priority(&self) -> u32 {
+        self.priority.load(Ordering::Acquire).min(1)
     }
 
     pub(super) fn clear(&self, pid: u32, now: u64) {
@@ -188,17 +181,19 @@ impl BoardEntry {
             &self.restoring_total_ns,
             &self.suspensions,
             &self.restores,
+            &self.want_since_ns,
+            &self.turn_since_ns,
+            &self.turns_taken,
+            &self.turns_given,
         ] {
             b.store(0, Ordering::Relaxed);
         }
-        for b in self
-            .device_bytes
-            .iter()
-            .chain(&self.free_seen)
-            .chain(&self.free_seen_ns)
-        {
+        for b in self.device_bytes.iter().chain(&self.zero) {
             b.store(0, Ordering::Relaxed);
         }
+        self.priority.store(1, Ordering::Relaxed);
+        self.quantum_ms.store(0, Ordering::Relaxed);
+        self.turn_since_ns.store(now, Ordering::Relaxed);
         self.last_active_ns.store(now, Ordering::Relaxed);
         self.since_ns.store(now, Ordering::Relaxed);
         self.pid.store(pid, Ordering::Relaxed);
