@@ -41,16 +41,27 @@ fn quantum_ns() -> u64 {
     settings().quantum_ms.saturating_mul(1_000_000)
 }
 
-/// Publishes this process's priority and quantum; its turn begins now.
+/// Publishes this process's priority; its turn begins now.
 pub(super) fn start(h: &Here, priority: i32) {
-    let e = h.entry();
-    e.priority
+    h.entry()
+        .priority
         .store(u32::from(priority != 0), Ordering::Release);
-    e.quantum_ms.store(
-        u32::try_from(settings().quantum_ms).unwrap_or(u32::MAX),
-        Ordering::Release,
-    );
+    advertise(h);
     turn_began(h);
+}
+
+/// Publishes its quantum while it can give a turn, 0 while it cannot
+/// (none set, or the host memory bound would refuse its suspension):
+/// waiters on its card wait for a turn only where one can come (each
+/// tick).
+pub(super) fn advertise(h: &Here) {
+    let s = settings();
+    let mine: u64 = h.entry().cards().iter().map(|&(_, b)| b).sum();
+    let fits = h.board.host_bytes(Some(h.entry)).saturating_add(mine) <= s.host_limit;
+    let q = if fits { s.quantum_ms } else { 0 };
+    h.entry()
+        .quantum_ms
+        .store(u32::try_from(q).unwrap_or(u32::MAX), Ordering::Release);
 }
 
 /// A new turn on the card begins now (a restore, or an allocation

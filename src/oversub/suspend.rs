@@ -106,6 +106,7 @@ pub fn tick(attach: &Attach) -> bool {
         }
         RUNNING => {
             publish_cards(attach, h);
+            super::line::advertise(h);
             maybe_suspend(attach, h, now)
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {

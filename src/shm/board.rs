@@ -128,8 +128,9 @@ pub struct BoardEntry {
     pub want_since_ns: AtomicU64,
     /// Its `CUDA_TASK_PRIORITY` (0 high, 1 normal; read as at most 1).
     pub priority: AtomicU32,
-    /// Its `VGPU_OVERSUBSCRIBE_QUANTUM_MS` (0: it gives no turns), for
-    /// people to read.
+    /// Its `VGPU_OVERSUBSCRIBE_QUANTUM_MS` while it can give a turn; 0
+    /// while it cannot (none set, or the host memory bound would refuse
+    /// its suspension).
     pub quantum_ms: AtomicU32,
     /// When its current turn on the card began (start, restore, or an
     /// allocation granted after waiting).
