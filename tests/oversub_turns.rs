@@ -126,3 +126,27 @@ fn two_busy_jobs_the_card_cannot_hold_together_take_turns_and_keep_their_data() 
         assert_eq!(per["quantum_ms"], 2000, "{seen:?}");
     }
 }
+
+#[test]
+fn an_allocation_the_card_could_never_hold_fails_at_once_saying_so() {
+    // Within a 6 GiB quota, 5 GiB on a 4 GiB card: no turn makes room for
+    // it, so it does not wait its 20 s.
+    let _serial = serial();
+    let node = Node::new();
+    let t = Instant::now();
+    let r = node.run(
+        "a",
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "6g"),
+            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000"),
+        ],
+        &["hold", &(5 * GIB).to_string(), "0"],
+    );
+    assert_eq!(r.get("hold_rc"), "2", "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the card can never hold this"),
+        "{}",
+        r.stderr
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}

@@ -107,8 +107,9 @@ pub fn admit(
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
             }
             // Room it could take goes to those ahead of it in line first.
-            ahead = crate::nvml::client::memory(&card).is_some_and(|(free, _)| free >= bytes)
-                && line.let_first(h, &card);
+            ahead = line.let_first(h, &card, || {
+                crate::nvml::client::memory(&card).is_some_and(|(free, _)| free >= bytes)
+            });
             if !ahead {
                 line.pause();
             }

@@ -190,11 +190,17 @@ pub(super) struct Defer {
 
 impl Defer {
     /// Whether to leave room this process could take on `card` to a
-    /// waiter ahead of it in line: while one is there, within
-    /// [`DEFER_BOUND`] in all for this wait.
-    pub(super) fn let_first(&mut self, h: &Here, card: &[u8; 16]) -> bool {
+    /// waiter ahead of it in line: while one is there and `room` says
+    /// there is room (asked only then), within [`DEFER_BOUND`] in all for
+    /// this wait.
+    pub(super) fn let_first(
+        &mut self,
+        h: &Here,
+        card: &[u8; 16],
+        room: impl FnOnce() -> bool,
+    ) -> bool {
         let now = Instant::now();
-        if self.used >= DEFER_BOUND || ahead(h, card) == 0 {
+        if self.used >= DEFER_BOUND || ahead(h, card) == 0 || !room() {
             self.last = None;
             return false;
         }

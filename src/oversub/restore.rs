@@ -268,7 +268,7 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         }
         let (short, _) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
         // Room it could take: first those ahead of it in line (turns.rs).
-        let ahead = short.is_none() && line.let_first(h, &first_card);
+        let ahead = short.is_none() && line.let_first(h, &first_card, || true);
         if short.is_some() {
             line.pause();
         }
