@@ -266,6 +266,11 @@ fn suspend(
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
     let before = ACTIVITY.load(Ordering::Relaxed);
     let undo = |why: String| {
+        if busy {
+            // Its calls held at the gate go on as it runs again: none
+            // waits for a restore.
+            RESTORE_WANTED.store(false, Ordering::Release);
+        }
         STATE.store(RUNNING, Ordering::Release);
         e.host_bytes.fetch_sub(bytes, Ordering::SeqCst);
         e.set_state(ProcState::Running, clock::monotonic_ns());
