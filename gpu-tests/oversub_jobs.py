@@ -17,8 +17,17 @@
         burst_s, tflops), the data's digest compared (intact), the cache
         emptied, IDLE_S seconds without a CUDA call. Ends with done=1
         total_s (from the start of the script).
+    oversub_jobs.py busy GIB GEMMS
+        GIB GiB of seeded data, then GEMMS bf16 8192^3 matmuls without a
+        pause, synchronised every 20. A batch that took over a second more
+        than the typical one was suspended meanwhile (a turn given): the
+        data is checked then (turn= gap_s= intact=), and every 10 s too.
+        Ends with done=1 total_s, turns, intact (all checks), and
+        tflops_running (the work over the time it was on the card: the
+        gaps left out).
 """
 import os
+import statistics
 import sys
 import time
 
@@ -124,9 +133,64 @@ def bursts(gib, gemms, idle_s, count):
     print(f"done=1 total_s={time.time() - T0:.1f}", flush=True)
 
 
+def check(x, d0):
+    """The digest, its 2 GiB of temporaries given back to the card: what a
+    turn moves (and a restore needs room for) stays the data and little
+    more."""
+    ok = digest(x) == d0
+    torch.cuda.empty_cache()
+    return ok
+
+
+def busy(gib, gemms):
+    x = fill(gib)
+    d0 = digest(x)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    print(f"started=1 setup_s={time.time() - T0:.1f}", flush=True)
+    batches, gaps, checks, all_ok = [], 0.0, 0, True
+    t_start = last_check = time.time()
+    done = 0
+    while done < gemms:
+        t = time.time()
+        n = min(20, gemms - done)
+        for _ in range(n):
+            y = a @ b
+        torch.cuda.synchronize()
+        dt = time.time() - t
+        done += n
+        typical = statistics.median(batches[-50:]) if batches else dt
+        if batches and dt > typical + 1.0:
+            gaps += dt - typical
+            ok = check(x, d0)
+            all_ok &= ok
+            checks += 1
+            print(f"turn={checks} at_s={time.time() - t_start:.1f} gap_s={dt - typical:.1f} intact={int(ok)}",
+                  flush=True)
+            last_check = time.time()
+        else:
+            batches.append(dt)
+        if time.time() - last_check > 10:
+            ok = check(x, d0)
+            all_ok &= ok
+            last_check = time.time()
+        del y
+    torch.cuda.synchronize()
+    ok = check(x, d0)
+    all_ok &= ok
+    wall = time.time() - t_start
+    tflops = gemms * 2 * 8192 ** 3 / max(wall - gaps, 1e-9) / 1e12
+    print(f"done=1 total_s={time.time() - T0:.1f} work_s={wall:.1f} turns={checks} intact={int(all_ok)} "
+          f"tflops_running={tflops:.1f}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "hold":
         hold(float(sys.argv[2]))
+    elif sys.argv[1] == "busy":
+        busy(float(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "bursts":
         bursts(float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
     else:

@@ -133,7 +133,7 @@ impl Runtime {
             // Before oversubscription turns on: the trampolines of functions
             // without a hook restore a suspended process first.
             crate::interpose::trampoline::set_gate(crate::oversub::gate);
-            crate::oversub::start(&config.oversub, OVERSUB_ABOVE);
+            crate::oversub::start(&config.oversub, config.task_priority, OVERSUB_ABOVE);
         }
         if let Some(ms) = config.sm_period_ms {
             crate::limiter::turns::set_period_ms(ms);

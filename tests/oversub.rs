@@ -70,11 +70,15 @@ fn a_full_card_makes_an_allocation_wait_then_fail_saying_so_and_without_the_flag
 {
     let _serial = serial();
     let node = Node::new();
-    // The holder is never idle long enough to be suspended.
+    // The holder is never idle long enough to be suspended, and gives no
+    // turns (tests/oversub_turns.rs has those).
     let keep = keeper("4");
     let a = node.spawn(
         "a",
-        &[("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000")],
+        &[
+            ("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000"),
+            ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "0"),
+        ],
         &args(&keep),
     );
     std::thread::sleep(Duration::from_millis(1500));

@@ -209,6 +209,46 @@ fn a_symlink_squatted_as_the_board_directory_is_refused() {
 }
 
 #[test]
+fn a_waiter_first_in_line_for_ever_delays_turns_within_bounds_only() {
+    // A hostile entry waits on the card, first in the line of turns for
+    // ever (since boot, high priority), and never takes the room. Two busy
+    // jobs that take turns let it go first for 5 s per wait at most
+    // (line.rs, DEFER_BOUND), then take the room themselves.
+    let _serial = serial();
+    let node = Node::new();
+    let env = [
+        ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000"),
+        ("VGPU_OVERSUBSCRIBE_WAIT_MS", "8000"),
+    ];
+    let job = |seed| {
+        let ballast = (23 * GIB / 10 - 64 * MIB).to_string();
+        let args = ["bursts", "67108864", &ballast, seed, "1500", "0", "4"];
+        node.spawn(if seed == "7" { "a" } else { "b" }, &env, &args)
+    };
+    let a = job("7");
+    std::thread::sleep(Duration::from_millis(1000));
+    let liar = node.hostile("ahead", "150", &[]);
+    let b = job("9");
+    let (a, b) = (finish_within(a, 120.0), finish_within(b, 120.0));
+    stop(liar);
+    for r in [&a, &b] {
+        let bursts: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("burst="))
+            .collect();
+        assert_eq!(bursts.len(), 4, "{}\n{}", r.stdout, r.stderr);
+        assert!(
+            bursts.iter().all(|l| l.contains("rc=0 intact=1")),
+            "{}\n{}",
+            r.stdout,
+            r.stderr
+        );
+        assert!(r.stderr.contains("its turn was over"), "{}", r.stderr);
+    }
+}
+
+#[test]
 fn a_claim_that_never_lands_holds_a_restore_up_for_its_bound_only() {
     // A hostile entry shows a 64 GiB restore "in flight" on the card and
     // changes its pid every second. Claims count for a bounded part of a

@@ -266,6 +266,19 @@ fn oversubscription_settings_are_whole_milliseconds_and_bad_ones_warn_and_keep_d
     );
     assert_eq!(c.oversub.host_limit, Some(64 << 30));
     assert!(c.warnings.is_empty());
+    assert_eq!(d.quantum_ms, 660_000);
+    let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000")]).unwrap();
+    assert_eq!((c.oversub.quantum_ms, c.warnings.len()), (2000, 0));
+    let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2s")]).unwrap();
+    assert_eq!(c.oversub.quantum_ms, 660_000);
+    assert_eq!(c.warnings[0].var, "VGPU_OVERSUBSCRIBE_QUANTUM_MS");
+    assert!(
+        c.warnings[0].to_string().contains(
+            "VGPU_OVERSUBSCRIBE_QUANTUM_MS=\"2s\": expected a whole number of milliseconds"
+        ),
+        "{}",
+        c.warnings[0]
+    );
     for bad in ["10m", "-1", "1.5", "", "forever", "99999999999999999999999"] {
         let c = cfg(&[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", bad)]).unwrap();
         assert_eq!(c.oversub.restore_wait_ms, 600_000, "{bad:?}");

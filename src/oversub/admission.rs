@@ -5,6 +5,9 @@
 //! processes there suspend themselves, and tries again every 20 ms, up to
 //! `VGPU_OVERSUBSCRIBE_WAIT_MS`. Then it fails, with a line saying the card
 //! is full, not the quota. The bytes stay reserved in the quota meanwhile.
+//! Where the processes holding the card take turns (`turns.rs`), it waits
+//! for its turn in line instead, a few turns longer at most (`line.rs`);
+//! one the card could never hold fails at once.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,32 +64,87 @@ pub fn admit(
         fmt_bytes(bytes),
         wait.as_millis()
     );
+    // What this process would hold on the card (the request reserved
+    // already): more than the card has never fits, turns or not.
+    let holding = match here() {
+        Some(h) => {
+            // The bytes (reserved by the quota already) on the board
+            // first, then the want: a suspension's estimate takes bytes
+            // less wants as what is on the card, and must not count the
+            // reservation as held (run 26).
+            super::suspend::publish_card(attach, h, &card);
+            h.entry().bytes_on(&card).max(bytes)
+        }
+        None => bytes,
+    };
+    if let Some((_, total)) = crate::nvml::client::memory(&card)
+        && holding > total
+    {
+        log::warn!(
+            "out of memory on {uuid}: the card can never hold this: {} asked, {} held by this process with it, on a card of {}; returning CUDA_ERROR_OUT_OF_MEMORY at once",
+            fmt_bytes(bytes),
+            fmt_bytes(holding),
+            fmt_bytes(total)
+        );
+        return rc;
+    }
     WAITING.fetch_add(1, Ordering::AcqRel);
     if let Some(h) = here() {
-        // The bytes (reserved by the quota already) on the board first,
-        // then the want: a suspension's estimate takes bytes less wants
-        // as what is on the card, and must not count the reservation as
-        // held (run 26).
-        super::suspend::publish_card(attach, h, &card);
         h.entry().add_want(&card, bytes);
     }
+    // Its own bound, longer by the turns ahead of it where the card's
+    // holders take turns (never shorter once longer).
+    let mut bound = wait;
+    let mut turns = false;
+    let mut line = super::line::Defer::default();
     let rc = loop {
-        std::thread::sleep(RETRY.min(wait.saturating_sub(start.elapsed())));
+        std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
         moves_done();
-        let rc = alloc();
+        let mut ahead = false;
+        if let Some(h) = here() {
+            if super::line::turns_on(h, &card) {
+                turns = true;
+                bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
+            }
+            // Room it could take goes to those ahead of it in line first.
+            ahead = line.let_first(h, &card, || {
+                crate::nvml::client::memory(&card).is_some_and(|(free, _)| free >= bytes)
+            });
+            if !ahead {
+                line.pause();
+            }
+        }
+        let rc = if ahead {
+            CUresult::ERROR_OUT_OF_MEMORY
+        } else {
+            alloc()
+        };
         if rc != CUresult::ERROR_OUT_OF_MEMORY {
             log::info!(
                 "{uuid}: {} granted after {} ms",
                 fmt_bytes(bytes),
                 start.elapsed().as_millis()
             );
+            if let Some(h) = here() {
+                if turns {
+                    super::line::took_turn(h);
+                } else {
+                    super::line::turn_began(h);
+                }
+            }
             break rc;
         }
-        if start.elapsed() >= wait {
+        if start.elapsed() >= bound {
             log::warn!(
-                "out of memory on {uuid}: the card is full (not the quota): {} did not fit after waiting {} ms for idle processes to be suspended (VGPU_OVERSUBSCRIBE_WAIT_MS); returning CUDA_ERROR_OUT_OF_MEMORY",
+                "out of memory on {uuid}: the card is full (not the quota): {} did not fit after waiting {} ms for idle processes to be suspended{} (VGPU_OVERSUBSCRIBE_WAIT_MS{}); returning CUDA_ERROR_OUT_OF_MEMORY",
                 fmt_bytes(bytes),
-                start.elapsed().as_millis()
+                start.elapsed().as_millis(),
+                if turns { " and for its turn" } else { "" },
+                if turns {
+                    ", plus the turns ahead of it"
+                } else {
+                    ""
+                }
             );
             break rc;
         }

@@ -12,7 +12,9 @@
 //! - `restore`: restore it when one of its threads calls CUDA (that call
 //!   waits for room up to `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`, then
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, the process still suspended)
-//! - `policy`: who goes first (pure)
+//! - `policy`: which idle process goes first (pure)
+//! - `turns`: turns for busy processes when nobody is idle: who gives
+//!   its turn, who is next in line (pure); `line`: its driver part
 //! - `checkpoint`: the driver's checkpoint API, on this process itself
 //! - `blocked`: threads of a suspended process that wait inside the driver
 //!   (calls that never reach a hook), for the watcher to restore it
@@ -34,11 +36,13 @@ mod admission;
 mod blocked;
 mod checkpoint;
 mod free_probe;
+mod line;
 mod policy;
 mod restore;
 mod room;
 mod state;
 mod suspend;
+mod turns;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -54,8 +58,9 @@ use crate::cuda::sys::CUresult;
 use crate::lock::Listed;
 use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, RUNNING, SETTINGS, STATE, Settings};
 
-/// Turns oversubscription on for this process (init, with the flag).
-pub fn start(cfg: &Oversub, above: Above) {
+/// Turns oversubscription on for this process (init, with the flag);
+/// `priority`: its `CUDA_TASK_PRIORITY` (0 high), its place in turns.
+pub fn start(cfg: &Oversub, priority: i32, above: Above) {
     let host_limit = cfg
         .host_limit
         .unwrap_or_else(|| half_of_ram(Path::new("/proc/meminfo")));
@@ -64,6 +69,7 @@ pub fn start(cfg: &Oversub, above: Above) {
         wait_ms: cfg.wait_ms,
         restore_wait_ms: cfg.restore_wait_ms,
         idle_ns: cfg.idle_ms.saturating_mul(1_000_000),
+        quantum_ms: cfg.quantum_ms,
         host_limit,
         test_watcher_stop: cfg.test_watcher_stop,
         claim_bound: cfg
@@ -78,14 +84,16 @@ pub fn start(cfg: &Oversub, above: Above) {
     match here {
         Ok(h) => {
             log::info!(
-                "CUDA_OVERSUBSCRIBE: idle after {} ms, allocations wait up to {} ms for room and restores up to {} ms, host memory for suspended state up to {}, board {} entry {}",
+                "CUDA_OVERSUBSCRIBE: idle after {} ms, busy turns of {} ms, allocations wait up to {} ms for room and restores up to {} ms (and for their turn), host memory for suspended state up to {}, board {} entry {}",
                 cfg.idle_ms,
+                cfg.quantum_ms,
                 cfg.wait_ms,
                 cfg.restore_wait_ms,
                 crate::log::fmt_bytes(host_limit),
                 h.board.path().display(),
                 h.entry
             );
+            line::start(&h, priority);
             let _ = HERE.set(Some(h));
         }
         Err(e) => {

@@ -136,9 +136,12 @@ pub(super) fn locks() -> [Listed; 1] {
     [(Name::of("oversub.restore_done"), &DONE)]
 }
 
-/// When a restore asked for now must give up waiting for room.
+/// When a restore asked for now must give up waiting for room (a process
+/// that gave its turn waits for the others' turns too, `line.rs`).
 pub(super) fn deadline_from_now() -> u64 {
-    clock::monotonic_ns().saturating_add(settings().restore_wait_ms.saturating_mul(1_000_000))
+    clock::monotonic_ns()
+        .saturating_add(settings().restore_wait_ms.saturating_mul(1_000_000))
+        .saturating_add(super::line::restore_extra_ns())
 }
 
 /// Asks for a restore that may wait for room until `deadline`.
@@ -251,6 +254,11 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     let mut waited = Duration::ZERO;
     let mut said = Instant::now();
     let mut next_try = Instant::now();
+    let mut line = super::line::Defer::default();
+    let first_card = saved
+        .iter()
+        .find(|&&(_, b)| b > 0)
+        .map_or([0; 16], |&(c, _)| c);
     loop {
         BEAT.store(clock::monotonic_ns(), Ordering::Release);
         // The region slot's heartbeat too: the wait can last minutes.
@@ -258,7 +266,12 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
             a.tick();
         }
         let (short, _) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
-        if short.is_none() && Instant::now() >= next_try {
+        // Room it could take: first those ahead of it in line (turns.rs).
+        let ahead = short.is_none() && line.let_first(h, &first_card, || true);
+        if short.is_some() {
+            line.pause();
+        }
+        if short.is_none() && !ahead && Instant::now() >= next_try {
             if let Some(judged) = claim_room(h, &saved, since_first()) {
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
@@ -317,6 +330,11 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     e.set_last_active_ns(clock::monotonic_ns());
     LAST_ACTIVE.store(clock::monotonic_ns(), Ordering::Relaxed);
     e.set_state(ProcState::Running, clock::monotonic_ns());
+    if super::line::GAVE_TURN.swap(false, Ordering::AcqRel) {
+        super::line::took_turn(h);
+    } else {
+        super::line::turn_began(h);
+    }
     RESTORE_WANTED.store(false, Ordering::Release);
     finish(RUNNING);
     log::warn!(

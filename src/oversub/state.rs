@@ -50,6 +50,8 @@ pub(super) struct Settings {
     pub(super) wait_ms: u64,
     pub(super) restore_wait_ms: u64,
     pub(super) idle_ns: u64,
+    /// `VGPU_OVERSUBSCRIBE_QUANTUM_MS` (0: this process gives no turns).
+    pub(super) quantum_ms: u64,
     pub(super) host_limit: u64,
     pub(super) test_watcher_stop: bool,
     /// How long other restores' claims may hold a restore up.
@@ -82,6 +84,7 @@ pub(super) fn settings() -> &'static Settings {
         wait_ms: Oversub::default().wait_ms,
         restore_wait_ms: Oversub::default().restore_wait_ms,
         idle_ns: Oversub::default().idle_ms * 1_000_000,
+        quantum_ms: Oversub::default().quantum_ms,
         host_limit: 0,
         test_watcher_stop: false,
         claim_bound: room::CLAIM_BOUND,

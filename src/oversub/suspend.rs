@@ -115,6 +115,7 @@ pub fn tick(attach: &Attach) -> bool {
         }
         RUNNING => {
             publish_cards(attach, h);
+            super::line::advertise(h);
             maybe_suspend(attach, h, now)
         }
         SUSPENDED if RESTORE_WANTED.load(Ordering::Acquire) => {
@@ -186,8 +187,14 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         .map(|(i, _)| seen(h, i))
         .collect();
     let me = seen(h, h.entry);
-    let Some(card) = card_to_free(&me, &others, now, s.idle_ns) else {
-        return true;
+    // The idlest goes first; with nobody idle, a busy one whose turn is
+    // over (turns.rs).
+    let (card, busy) = match card_to_free(&me, &others, now, s.idle_ns) {
+        Some(card) => (card, false),
+        None => match super::line::card_to_yield(h, now) {
+            Some(card) => (card, true),
+            None => return true,
+        },
     };
     // A want on the board is another process's word: suspend only for a
     // shortage this process sees itself (its NVML answers while it runs),
@@ -248,20 +255,48 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         return true;
     }
-    suspend(attach, h, card, bytes, &me.cards);
+    suspend(attach, h, card, bytes, &me.cards, busy);
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
 }
 
-fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8; 16], u64)]) {
+/// Suspends this process to make room on `card`; `busy`: at its turn's
+/// end, not idle.
+fn suspend(
+    attach: &Attach,
+    h: &Here,
+    card: [u8; 16],
+    bytes: u64,
+    cards: &[([u8; 16], u64)],
+    busy: bool,
+) {
     let e = h.entry();
     let t0 = Instant::now();
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
     let before = ACTIVITY.load(Ordering::Relaxed);
     let undo = |why: String| {
+        if busy {
+            // Its calls held at the gate go on as it runs again: none
+            // waits for a restore.
+            RESTORE_WANTED.store(false, Ordering::Release);
+        }
+        STATE.store(RUNNING, Ordering::Release);
         e.release_host_bytes(bytes);
         e.set_state(ProcState::Running, clock::monotonic_ns());
         log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
     };
+    // A busy process goes between its driver calls: from now on its
+    // calls wait at the gate (`resume`, while SUSPENDING), those in
+    // flight end, and the driver's lock below finishes the work they
+    // submitted before anything moves.
+    if busy {
+        STATE.store(SUSPENDING, Ordering::Release);
+        if !beating(Some(attach), super::line::drained) {
+            return undo(format!(
+                "its synchronisations and copies in flight did not end within {} ms",
+                super::line::DRAIN_BOUND.as_millis()
+            ));
+        }
+    }
     // The threads as they are while idle: one that moves into the driver
     // from now on waits on the lock (blocked.rs).
     let driver = crate::cuda::real::slot::cuInit
@@ -291,6 +326,9 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
         return undo(format!("the checkpoint failed ({rc})"));
     }
     *SAVED.lock() = cards.to_vec();
+    if busy {
+        super::line::gave_turn(h);
+    }
     BEAT.store(clock::monotonic_ns(), Ordering::Release);
     FIRST_TRY_NS.store(0, Ordering::Release);
     STATE.store(SUSPENDED, Ordering::Release);
@@ -300,10 +338,15 @@ fn suspend(attach: &Attach, h: &Here, card: [u8; 16], bytes: u64, cards: &[([u8;
     e.count_suspension();
     e.set_state(ProcState::Suspended, clock::monotonic_ns());
     log::warn!(
-        "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms, to make room on {}",
+        "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms, to make room on {}{}",
         fmt_bytes(bytes),
         t0.elapsed().as_millis(),
-        vgpu_shm::format_uuid(&card)
+        vgpu_shm::format_uuid(&card),
+        if busy {
+            " (its turn was over: it waits for the next one)"
+        } else {
+            ""
+        }
     );
     // A call that came in meanwhile may be blocked inside the driver.
     if ACTIVITY.load(Ordering::Relaxed) != before {

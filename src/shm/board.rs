@@ -451,9 +451,15 @@ mod tests {
         assert_eq!(e.wants(), Some((card, 4)));
         e.take_want(4);
         assert_eq!(e.wants(), None);
-        e.set_free_seen(&card, 11, 77);
-        assert_eq!(e.free_seen(&card), Some((11, 77)));
-        assert_eq!(e.free_seen(&[1u8; 16]), None);
+        // The want's age, for the line of turns: set by the first want,
+        // kept while it lasts, gone with it.
+        e.add_want(&card, 3);
+        let since = e.want_since_ns();
+        assert_ne!(since, 0);
+        e.set_want(&card, 5);
+        assert_eq!(e.want_since_ns(), since);
+        e.set_want(&card, 0);
+        assert_eq!(e.want_since_ns(), 0);
         // Our own entry is not another process's.
         assert_eq!(b.others(None).count(), 0);
     }

@@ -12,6 +12,9 @@
  *       for BYTES (default 1 MiB) on the victim's card
  *   hostile_board locks DIR SECS           every free entry's lock and the
  *       restore lock
+ *   hostile_board ahead DIR SECS           one live entry, restoring, waiting
+ *       for 1 MiB on the victim's card since boot at high priority: first
+ *       in the line of turns for ever
  *
  * The victim's card is the first card any entry of the board names. Prints
  * "hostile_ready=1 entries=N" once in place, then holds for SECS seconds.
@@ -41,8 +44,10 @@
 #define OFF_WANT_CARD 120   /* [2] u64 */
 #define OFF_LAST_ACTIVE 136
 #define OFF_SINCE 144
-#define OFF_FREE_SEEN 184   /* [4] u64 */
-#define OFF_FREE_SEEN_NS 216 /* [4] u64 */
+#define OFF_FREE_SEEN 184   /* [4] u64 (layout 2 before issue 26) */
+#define OFF_FREE_SEEN_NS 216 /* [4] u64 (idem) */
+#define OFF_WANT_SINCE 184
+#define OFF_PRIORITY 192    /* u32 */
 
 static uint8_t *board;
 static int fd;
@@ -125,13 +130,18 @@ int main(int argc, char **argv) {
     *u64_at(i, OFF_BYTES) = 1;
     *u64_at(i, OFF_LAST_ACTIVE) = now_ns();
     *u64_at(i, OFF_SINCE) = now_ns();
-    if (!strcmp(mode, "want")) {
+    if (!strcmp(mode, "want") || !strcmp(mode, "ahead")) {
         uint64_t bytes = argc > 4 ? strtoull(argv[4], 0, 0) : (1ull << 20);
         *u64_at(i, OFF_WANT_CARD) = card[0];
         *u64_at(i, OFF_WANT_CARD + 8) = card[1];
         *u64_at(i, OFF_WANT_BYTES) = bytes;
     }
-    if (!strcmp(mode, "claim")) {
+    if (!strcmp(mode, "ahead")) {
+        *u64_at(i, OFF_BYTES) = 0;
+        *u64_at(i, OFF_WANT_SINCE) = 1;
+        *u32_at(i, OFF_PRIORITY) = 0;
+        *u32_at(i, OFF_STATE) = 4; /* Restoring */
+    } else if (!strcmp(mode, "claim")) {
         /* A restore "in flight" of 64 GiB that never lands. */
         *u64_at(i, OFF_BYTES) = 64ull << 30;
         *u32_at(i, OFF_STATE) = 4; /* Restoring */

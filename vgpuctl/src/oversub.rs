@@ -1,7 +1,9 @@
 //! `vgpuctl oversub [DIR]`: the node's oversubscription board
 //! (docs/oversubscription.md): every live process of an oversubscribed
 //! container, its state, bytes on each card and on the host, what it waits
-//! for, and its time suspended and restoring (the current spell counted).
+//! for, and its time suspended and restoring (the current spell counted);
+//! for turns between busy processes, its priority, quantum, time in its
+//! current turn (or waiting for one) and the turns it took and gave.
 //! DIR defaults to `$VGPU_OVERSUBSCRIBE_DIR`, then the library's default
 //! (`/run/vgpu-oversub` for root, else `/tmp/vgpu-oversub`). The
 //! board is read into private memory (`Board::read_copy`): nothing in it
@@ -10,7 +12,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use vgpu_shm::board::{Board, monotonic_ns};
+use vgpu_shm::board::{Board, ProcState, monotonic_ns};
 use vgpu_shm::format_uuid;
 
 /// The board's directory when none is named: `$VGPU_OVERSUBSCRIBE_DIR`,
@@ -52,7 +54,7 @@ pub fn report(dir: Option<&Path>) -> Result<String, String> {
         let ms = |ns: u64| ns / 1_000_000;
         let _ = writeln!(
             out,
-            "entry={i} pid={} state={} cards={} host_bytes={} wants={wants} idle_ms={} in_state_ms={} suspended_ms_total={} restoring_ms_total={} suspensions={} restores={}",
+            "entry={i} pid={} state={} cards={} host_bytes={} wants={wants} idle_ms={} in_state_ms={} suspended_ms_total={} restoring_ms_total={} suspensions={} restores={} priority={} quantum_ms={} turn_ms={} waiting_ms={} turns_taken={} turns_given={}",
             e.pid(),
             e.state().name(),
             if cards.is_empty() {
@@ -67,6 +69,19 @@ pub fn report(dir: Option<&Path>) -> Result<String, String> {
             ms(e.restoring_ns_at(now)),
             e.suspensions(),
             e.restores(),
+            e.priority(),
+            e.quantum_ms(),
+            if e.state() == ProcState::Running {
+                ms(now.saturating_sub(e.turn_since_ns()))
+            } else {
+                0
+            },
+            match e.want_since_ns() {
+                0 => 0,
+                since => ms(now.saturating_sub(since)),
+            },
+            e.turns_taken(),
+            e.turns_given(),
         );
     }
     Ok(out)

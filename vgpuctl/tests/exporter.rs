@@ -795,6 +795,20 @@ fn the_oversubscription_board_is_exported_per_process_and_without_one_nothing_is
         s.text
             .contains("# TYPE vgpu_oversub_process_suspensions counter")
     );
+    // Turns (issue 27): A went idle, not at a turn's end; B, running
+    // within the host bound, could give a turn of the default quantum.
+    assert_eq!(
+        s.get("vgpu_oversub_process_turns_given_total", &[("pid", pa)]),
+        0.0
+    );
+    assert_eq!(
+        s.get("vgpu_oversub_process_quantum_seconds", &[("pid", pb)]),
+        660.0
+    );
+    assert!(
+        s.text
+            .contains("# TYPE vgpu_oversub_process_turns_taken counter")
+    );
 
     // Restored, and still there.
     let s = scrape_until(&exporter, 15.0, |s| {

@@ -39,15 +39,31 @@ pub struct BoardEntry {
     suspensions: AtomicU64,
     /// Restores so far.
     restores: AtomicU64,
-    /// Free bytes on each of its cards as NVML told this (running)
-    /// process. No longer written by vgpu nor read by anyone: a figure of
-    /// another container must not drive a restore (issue 26); kept so
-    /// that the layout (version 2) does not change.
-    free_seen: [AtomicU64; BOARD_CARDS],
-    /// When each `free_seen` was read (0: never).
-    free_seen_ns: [AtomicU64; BOARD_CARDS],
-    _reserved: [AtomicU64; 1],
+    /// When its current wait began (its place in the line for turns,
+    /// first come first served); 0 while it waits for nothing. Kept by
+    /// the want's setters.
+    want_since_ns: AtomicU64,
+    /// Its `CUDA_TASK_PRIORITY` (0 high, 1 normal; read as at most 1).
+    priority: AtomicU32,
+    /// Its `VGPU_OVERSUBSCRIBE_QUANTUM_MS` while it can give a turn; 0
+    /// while it cannot (none set, or the host memory bound would refuse
+    /// its suspension).
+    quantum_ms: AtomicU32,
+    /// When its current turn on the card began (start, restore, or an
+    /// allocation granted after waiting).
+    turn_since_ns: AtomicU64,
+    /// Turns it was given: the card back after waiting for its turn.
+    turns_taken: AtomicU64,
+    /// Once `free_seen_ns`: kept zero, so that a reader of layout 2 from
+    /// before issue 26, which took a free-memory figure in the four words
+    /// above when its time here was set, finds none.
+    zero: [AtomicU64; BOARD_CARDS],
+    /// Turns it gave: suspended while busy, at a quantum's end.
+    turns_given: AtomicU64,
 }
+
+// Where layout 2 had `free_seen_ns`, before issue 26 read: zero.
+const _: () = assert!(std::mem::offset_of!(BoardEntry, zero) == 216);
 
 fn uuid_words(uuid: &[u8; 16]) -> [u64; 2] {
     let (a, b) = uuid.split_at(8);
@@ -154,32 +170,6 @@ impl BoardEntry {
         }
     }
 
-    /// Records that NVML said `free` bytes were free on `card` at `now`
-    /// (a card it uses; others are ignored).
-    pub fn set_free_seen(&self, card: &[u8; 16], free: u64, now: u64) {
-        if let Some(i) = self.place_of(card) {
-            self.free_seen[i].store(free, Ordering::Release);
-            self.free_seen_ns[i].store(now, Ordering::Release);
-        }
-    }
-
-    /// The free bytes it last saw on `card`, and when: (free, ns).
-    pub fn free_seen(&self, card: &[u8; 16]) -> Option<(u64, u64)> {
-        let i = self.place_of(card)?;
-        let at = self.free_seen_ns[i].load(Ordering::Acquire);
-        (at != 0).then(|| (self.free_seen[i].load(Ordering::Acquire), at))
-    }
-
-    fn place_of(&self, card: &[u8; 16]) -> Option<usize> {
-        let w = uuid_words(card);
-        (0..BOARD_CARDS).find(|&i| {
-            [
-                self.cards[i][0].load(Ordering::Acquire),
-                self.cards[i][1].load(Ordering::Acquire),
-            ] == w
-        })
-    }
-
     /// Its state.
     pub fn state(&self) -> ProcState {
         ProcState::from_u32(self.state.load(Ordering::Acquire))
@@ -245,6 +235,17 @@ impl BoardEntry {
         self.want_card[0].store(w[0], Ordering::Release);
         self.want_card[1].store(w[1], Ordering::Release);
         self.want_bytes.store(bytes, Ordering::Release);
+        self.mark_since(bytes);
+    }
+
+    /// Keeps `want_since_ns`: set when a wait begins, zero when none.
+    fn mark_since(&self, bytes_now: u64) {
+        if bytes_now == 0 {
+            self.want_since_ns.store(0, Ordering::Release);
+        } else if self.want_since_ns.load(Ordering::Acquire) == 0 {
+            self.want_since_ns
+                .store(super::monotonic_ns(), Ordering::Release);
+        }
     }
 
     /// Adds `bytes` to what it waits for, on `card` (allocations of
@@ -256,16 +257,74 @@ impl BoardEntry {
             self.want_card[0].store(w[0], Ordering::Release);
             self.want_card[1].store(w[1], Ordering::Release);
         }
-        self.want_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let now = self.want_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.mark_since(now.saturating_add(bytes));
     }
 
     /// Takes `bytes` off what it waits for.
     pub fn take_want(&self, bytes: u64) {
-        let _ = self
+        let was = self
             .want_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
                 Some(b.saturating_sub(bytes))
-            });
+            })
+            .unwrap_or(0);
+        self.mark_since(was.saturating_sub(bytes));
+    }
+
+    /// Its priority as read (0 high; anything else normal, 1).
+    pub fn priority(&self) -> u32 {
+        self.priority.load(Ordering::Acquire).min(1)
+    }
+
+    /// Publishes its priority (0 high, 1 normal).
+    pub fn set_priority(&self, priority: u32) {
+        self.priority.store(priority, Ordering::Release);
+    }
+
+    /// When its current wait began (0: it waits for nothing).
+    pub fn want_since_ns(&self) -> u64 {
+        self.want_since_ns.load(Ordering::Acquire)
+    }
+
+    /// Its quantum while it can give a turn (0: it cannot).
+    pub fn quantum_ms(&self) -> u32 {
+        self.quantum_ms.load(Ordering::Acquire)
+    }
+
+    /// Publishes its quantum (0: it cannot give a turn now).
+    pub fn set_quantum_ms(&self, ms: u32) {
+        self.quantum_ms.store(ms, Ordering::Release);
+    }
+
+    /// When its current turn on the card began.
+    pub fn turn_since_ns(&self) -> u64 {
+        self.turn_since_ns.load(Ordering::Acquire)
+    }
+
+    /// A turn on the card begins now (`now`).
+    pub fn set_turn_since(&self, now: u64) {
+        self.turn_since_ns.store(now, Ordering::Release);
+    }
+
+    /// Turns it was given.
+    pub fn turns_taken(&self) -> u64 {
+        self.turns_taken.load(Ordering::Relaxed)
+    }
+
+    /// Turns it gave.
+    pub fn turns_given(&self) -> u64 {
+        self.turns_given.load(Ordering::Relaxed)
+    }
+
+    /// It got the card back after waiting for its turn.
+    pub fn count_turn_taken(&self) {
+        self.turns_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// It gave the card up at its quantum's end.
+    pub fn count_turn_given(&self) {
+        self.turns_given.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn clear(&self, pid: u32, now: u64) {
@@ -282,17 +341,19 @@ impl BoardEntry {
             &self.restoring_total_ns,
             &self.suspensions,
             &self.restores,
+            &self.want_since_ns,
+            &self.turn_since_ns,
+            &self.turns_taken,
+            &self.turns_given,
         ] {
             b.store(0, Ordering::Relaxed);
         }
-        for b in self
-            .device_bytes
-            .iter()
-            .chain(&self.free_seen)
-            .chain(&self.free_seen_ns)
-        {
+        for b in self.device_bytes.iter().chain(&self.zero) {
             b.store(0, Ordering::Relaxed);
         }
+        self.priority.store(1, Ordering::Relaxed);
+        self.quantum_ms.store(0, Ordering::Relaxed);
+        self.turn_since_ns.store(now, Ordering::Relaxed);
         self.last_active_ns.store(now, Ordering::Relaxed);
         self.since_ns.store(now, Ordering::Relaxed);
         self.pid.store(pid, Ordering::Relaxed);

@@ -2,7 +2,8 @@
 //! `vgpu_oversub_*` families: per live process (labels `entry`, its place
 //! on the board, and `pid`, in its own namespace) its state, bytes on each
 //! card and on the host, bytes it waits for, time suspended and restoring
-//! (the current spell counted), suspensions and restores; for the node,
+//! (the current spell counted), suspensions and restores, turns taken and
+//! given and its quantum (turns between busy processes); for the node,
 //! the host bytes of every suspended process and the count of processes.
 //! The board is read into private memory at each scrape
 //! (`Board::read_copy`); without one (no oversubscribed process has
@@ -34,6 +35,9 @@ pub(super) struct Oversub {
     restoring_seconds: Counters,
     suspensions: Counters,
     restores: Counters,
+    turns_taken: Counters,
+    turns_given: Counters,
+    quantum: Gauges,
     node_host_bytes: Gauges,
     processes: Gauges,
 }
@@ -82,6 +86,21 @@ impl Oversub {
                 "vgpu_oversub_process_restores",
                 "Times the process was restored to the card",
             ),
+            turns_taken: counter(
+                r,
+                "vgpu_oversub_process_turns_taken",
+                "Times the process got the card back after waiting for its turn (busy processes taking turns)",
+            ),
+            turns_given: counter(
+                r,
+                "vgpu_oversub_process_turns_given",
+                "Times the process was suspended at the end of its turn, busy, for a process waiting on its card",
+            ),
+            quantum: gauge(
+                r,
+                "vgpu_oversub_process_quantum_seconds",
+                "The process's turn length when others wait for its card (VGPU_OVERSUBSCRIBE_QUANTUM_MS; 0: it gives no turns)",
+            ),
             node_host_bytes: gauge(
                 r,
                 "vgpu_oversub_host_bytes",
@@ -118,12 +137,16 @@ impl Oversub {
             set(&self.host_bytes, &labels, host as f64);
             let waiting = e.wants().map_or(0, |(_, n)| n);
             set(&self.waiting_bytes, &labels, waiting as f64);
+            let quantum_ms = e.quantum_ms();
+            set(&self.quantum, &labels, f64::from(quantum_ms) / 1e3);
             let secs = |ns: u64| ns as f64 / 1e9;
             let counters = [
                 (&self.suspended_seconds, secs(e.suspended_ns_at(now))),
                 (&self.restoring_seconds, secs(e.restoring_ns_at(now))),
                 (&self.suspensions, e.suspensions() as f64),
                 (&self.restores, e.restores() as f64),
+                (&self.turns_taken, e.turns_taken() as f64),
+                (&self.turns_given, e.turns_given() as f64),
             ];
             for (family, v) in counters {
                 family.get_or_create(&labels).inc_by(v);

@@ -1,0 +1,215 @@
+//! Turns, the driver's part: the board read into `turns::Party`s, this
+//! process's turn (when it began, whether it gave one), the line's
+//! bounds, and the counters `vgpuctl oversub` shows. `turns.rs` decides.
+//!
+//! What the board says can hold this process back only within bounds:
+//! a waiter lets those ahead of it in line take room it could take for
+//! [`DEFER_BOUND`] in all per wait; a wait for a turn lasts at most
+//! [`MAX_PARTIES`] turns of its own quantum plus [`SWITCH_ALLOWANCE`]
+//! each, beyond its own `VGPU_OVERSUBSCRIBE_WAIT_MS` (or
+//! `_RESTORE_WAIT_MS`).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use vgpu_shm::board::ProcState;
+
+use super::state::{Here, IN_CALL, settings};
+use super::turns::{self, Party, Times};
+use crate::clock;
+
+/// How long a waiter lets those ahead of it take room it could take, in
+/// all, per wait (they take it within tens of milliseconds; a neighbour
+/// that only says it waits ahead must not hold this process for ever).
+pub const DEFER_BOUND: Duration = Duration::from_secs(5);
+/// Turns a wait for a turn may last at most.
+pub const MAX_PARTIES: u64 = 4;
+/// What a switch may take, beyond a quantum, per turn waited for: a
+/// 46 GiB job moved out in up to 45 s and back in up to 60 s on the H200.
+pub const SWITCH_ALLOWANCE: Duration = Duration::from_secs(120);
+/// How long a turn's end waits for the synchronisations and copies in
+/// flight to end (the gate holds new calls back meanwhile).
+pub const DRAIN_BOUND: Duration = Duration::from_secs(10);
+
+/// When this process's turn on the card began (monotonic ns).
+static TURN_SINCE: AtomicU64 = AtomicU64::new(0);
+/// It was suspended at a quantum's end: its restore waits for its turn.
+pub(super) static GAVE_TURN: AtomicBool = AtomicBool::new(false);
+
+fn quantum_ns() -> u64 {
+    settings().quantum_ms.saturating_mul(1_000_000)
+}
+
+/// Publishes this process's priority; its turn begins now.
+pub(super) fn start(h: &Here, priority: i32) {
+    h.entry().set_priority(u32::from(priority != 0));
+    advertise(h);
+    turn_began(h);
+}
+
+/// Publishes its quantum while it can give a turn, 0 while it cannot
+/// (none set, or the host memory bound would refuse its suspension):
+/// waiters on its card wait for a turn only where one can come (each
+/// tick).
+pub(super) fn advertise(h: &Here) {
+    let s = settings();
+    let mine: u64 = h.entry().cards().iter().map(|&(_, b)| b).sum();
+    let fits = h.board.host_bytes(Some(h.entry)).saturating_add(mine) <= s.host_limit;
+    let q = if fits { s.quantum_ms } else { 0 };
+    h.entry()
+        .set_quantum_ms(u32::try_from(q).unwrap_or(u32::MAX));
+}
+
+/// A new turn on the card begins now (a restore, or an allocation
+/// granted after waiting).
+pub(super) fn turn_began(h: &Here) {
+    let now = clock::monotonic_ns();
+    TURN_SINCE.store(now, Ordering::Release);
+    h.entry().set_turn_since(now);
+}
+
+/// The card back after waiting for a turn.
+pub(super) fn took_turn(h: &Here) {
+    h.entry().count_turn_taken();
+    turn_began(h);
+}
+
+/// Suspended at a quantum's end.
+pub(super) fn gave_turn(h: &Here) {
+    GAVE_TURN.store(true, Ordering::Release);
+    h.entry().count_turn_given();
+}
+
+fn party(h: &Here, i: usize) -> Party {
+    let e = h.board.entry(i);
+    Party {
+        index: i,
+        state: e.state(),
+        priority: e.priority(),
+        last_active_ns: e.last_active_ns(),
+        cards: e.cards(),
+        wants: e.wants(),
+        want_since_ns: e.want_since_ns(),
+        turn_since_ns: e.turn_since_ns(),
+    }
+}
+
+fn times(now: u64) -> Times {
+    Times {
+        now,
+        quantum_ns: quantum_ns(),
+        idle_ns: settings().idle_ns,
+    }
+}
+
+/// This process (its turn as it knows it) and the others on the board.
+fn parties(h: &Here) -> (Party, Vec<Party>) {
+    let mut me = party(h, h.entry);
+    me.turn_since_ns = TURN_SINCE.load(Ordering::Acquire);
+    let others = h
+        .board
+        .others(Some(h.entry))
+        .map(|(i, _)| party(h, i))
+        .collect();
+    (me, others)
+}
+
+/// The card on which this busy process gives its turn now (turns.rs).
+pub(super) fn card_to_yield(h: &Here, now: u64) -> Option<[u8; 16]> {
+    let (me, others) = parties(h);
+    turns::card_to_yield(&me, &others, &times(now))
+}
+
+/// Waiters on `card` ahead of this process in line.
+fn ahead(h: &Here, card: &[u8; 16]) -> u64 {
+    let (me, others) = parties(h);
+    turns::ahead(&me, &others, card, &times(clock::monotonic_ns())).count() as u64
+}
+
+/// Whether turns are taken on `card`: another process holds memory there
+/// and gives turns (its quantum is not 0), or one is already moving out
+/// or back.
+pub(super) fn turns_on(h: &Here, card: &[u8; 16]) -> bool {
+    h.board.others(Some(h.entry)).any(|(_, e)| {
+        e.bytes_on(card) > 0
+            && match e.state() {
+                ProcState::Running => e.quantum_ms() != 0,
+                ProcState::Suspending | ProcState::Restoring => true,
+                _ => false,
+            }
+    })
+}
+
+/// How much longer than its own bound a wait on `card` may last for its
+/// turn: one turn per waiter ahead of it, and the holder's.
+pub(super) fn turn_wait(h: &Here, card: &[u8; 16]) -> Duration {
+    turns_of(ahead(h, card).saturating_add(1))
+}
+
+/// `parties` turns (at most [`MAX_PARTIES`]) of this process's quantum
+/// and a switch each.
+pub(super) fn turns_of(parties: u64) -> Duration {
+    let one = Duration::from_millis(settings().quantum_ms).saturating_add(SWITCH_ALLOWANCE);
+    one.saturating_mul(parties.min(MAX_PARTIES) as u32)
+}
+
+/// What a restore of a process that gave its turn may wait beyond
+/// `VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS`: the turns of the others.
+pub(super) fn restore_extra_ns() -> u64 {
+    if GAVE_TURN.load(Ordering::Acquire) {
+        turns_of(MAX_PARTIES).as_nanos() as u64
+    } else {
+        0
+    }
+}
+
+/// Waits, up to [`DRAIN_BOUND`], for the synchronisations and copies in
+/// flight to end (new calls wait at the gate meanwhile); false if they
+/// did not.
+pub(super) fn drained() -> bool {
+    let until = Instant::now() + DRAIN_BOUND;
+    while IN_CALL.load(Ordering::Acquire) != 0 {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+/// A waiter's patience with those ahead of it in line, for one wait.
+#[derive(Default)]
+pub(super) struct Defer {
+    used: Duration,
+    last: Option<Instant>,
+}
+
+impl Defer {
+    /// Whether to leave room this process could take on `card` to a
+    /// waiter ahead of it in line: while one is there and `room` says
+    /// there is room (asked only then), within [`DEFER_BOUND`] in all for
+    /// this wait.
+    pub(super) fn let_first(
+        &mut self,
+        h: &Here,
+        card: &[u8; 16],
+        room: impl FnOnce() -> bool,
+    ) -> bool {
+        let now = Instant::now();
+        if self.used >= DEFER_BOUND || ahead(h, card) == 0 || !room() {
+            self.last = None;
+            return false;
+        }
+        if let Some(last) = self.last {
+            self.used += now.duration_since(last);
+        }
+        self.last = Some(now);
+        true
+    }
+
+    /// Not deferring now (the next deferral's time counts from then).
+    pub(super) fn pause(&mut self) {
+        self.last = None;
+    }
+}

@@ -1,0 +1,152 @@
+//! Turns for busy processes on the simulated GPU (docs/oversubscription.md,
+//! "Turns"): two containers, each busy with 2.3 GiB on a 4 GiB card, the
+//! second allowed to wait 8 s for memory. Neither is ever idle, so before
+//! turns the second's allocation failed ("the card is full (not the
+//! quota)"); with a quantum of 2 s they take turns, and both finish with
+//! their data checked after every burst of work.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::oversub::Node;
+use common::*;
+
+/// A busy job: 64 MiB of checksummed data and ballast up to 2.3 GiB,
+/// `bursts` bursts of 1 ms kernels with no idle time between them, the
+/// data read back and compared after each.
+fn job(seed: &str, kernels: &str, bursts: &str) -> Vec<String> {
+    let total = 23 * GIB / 10;
+    [
+        "bursts",
+        &(64 * MIB).to_string(),
+        &(total - 64 * MIB).to_string(),
+        seed,
+        kernels,
+        "0",
+        bursts,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The largest of each `key=N` per pid seen on the board while `children`
+/// run (their entries go when they end), until all have exited or `secs`.
+fn watch(
+    node: &Node,
+    children: &mut [&mut Child],
+    secs: f64,
+) -> HashMap<String, HashMap<String, u64>> {
+    let mut seen: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    while Instant::now() < end
+        && children
+            .iter_mut()
+            .any(|c| matches!(c.try_wait(), Ok(None)))
+    {
+        for line in node.board().lines().filter(|l| l.starts_with("entry=")) {
+            let kv: HashMap<&str, &str> = line
+                .split_whitespace()
+                .filter_map(|t| t.split_once('='))
+                .collect();
+            let per = seen.entry(kv["pid"].to_string()).or_default();
+            for key in ["turns_taken", "turns_given", "quantum_ms"] {
+                let Some(v) = kv.get(key).and_then(|v| v.parse::<u64>().ok()) else {
+                    continue;
+                };
+                let max = per.entry(key.to_string()).or_default();
+                *max = (*max).max(v);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seen
+}
+
+/// Every burst of `r` ran and found its data intact.
+fn assert_all_intact(r: &Run, bursts: usize) {
+    let lines: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("burst="))
+        .collect();
+    assert_eq!(lines.len(), bursts, "{}\n{}", r.stdout, r.stderr);
+    for l in lines {
+        assert!(
+            l.contains("rc=0 intact=1"),
+            "{l}\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
+    }
+    assert_eq!(r.get("done"), "1", "{}", r.stderr);
+}
+
+#[test]
+fn two_busy_jobs_the_card_cannot_hold_together_take_turns_and_keep_their_data() {
+    let _serial = serial();
+    let node = Node::new();
+    let env = [
+        ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000"),
+        ("VGPU_OVERSUBSCRIBE_WAIT_MS", "8000"),
+    ];
+    // 12 s of work each: a holds the card past b's 8 s.
+    const BURSTS: usize = 8;
+    let (ja, jb) = (job("7", "1500", "8"), job("9", "1500", "8"));
+    let mut a = node.spawn("a", &env, &args(&ja));
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut b = node.spawn("b", &env, &args(&jb));
+    let seen = watch(&node, &mut [&mut a, &mut b], 120.0);
+    let (a, b) = (finish(a), finish(b));
+    eprintln!(
+        "a:\n{}\n{}\nb:\n{}\n{}",
+        a.stdout, a.stderr, b.stdout, b.stderr
+    );
+    eprintln!("board: {seen:?}");
+    // Before turns: b's allocation failed after 8 s, a still busy.
+    assert_all_intact(&b, BURSTS);
+    assert_all_intact(&a, BURSTS);
+    // b had its memory within its 8 s.
+    assert!(b.f64("setup_s") < 8.0, "{}", b.stdout);
+    // Both gave turns (busy, at a quantum's end) and took them.
+    for r in [&a, &b] {
+        assert!(r.stderr.contains("its turn was over"), "{}", r.stderr);
+        assert!(!r.stderr.contains("the card is full"), "{}", r.stderr);
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for per in seen.values() {
+        assert!(per["turns_given"] >= 1, "{seen:?}");
+        assert!(per["turns_taken"] >= 1, "{seen:?}");
+        assert_eq!(per["quantum_ms"], 2000, "{seen:?}");
+    }
+}
+
+#[test]
+fn an_allocation_the_card_could_never_hold_fails_at_once_saying_so() {
+    // Within a 6 GiB quota, 5 GiB on a 4 GiB card: no turn makes room for
+    // it, so it does not wait its 20 s.
+    let _serial = serial();
+    let node = Node::new();
+    let t = Instant::now();
+    let r = node.run(
+        "a",
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "6g"),
+            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000"),
+        ],
+        &["hold", &(5 * GIB).to_string(), "0"],
+    );
+    assert_eq!(r.get("hold_rc"), "2", "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the card can never hold this"),
+        "{}",
+        r.stderr
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
