@@ -231,7 +231,10 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
         );
     }
     assert_each_gets_its_limit(&halves);
-    assert_each_gets_its_limit(&share_for(&[Some(10), Some(20), Some(30), Some(40)], 12));
+    // Four: their first seconds, short of their limits while the windows
+    // settle, weigh less over 20 s (over 12 s the 40 % one got 0.375
+    // beside two busy loops).
+    assert_each_gets_its_limit(&share_for(&[Some(10), Some(20), Some(30), Some(40)], 20));
 }
 
 #[test]
