@@ -213,7 +213,7 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
     // them (the test below), so these hold only if the containers take
     // turns instead.
     let _serial = serial();
-    let (halves, turns) = share_and_turns(&[Some(50), Some(50)], 12, DENSE);
+    let (halves, turns) = share_and_turns(&[Some(50), Some(50)], 20, DENSE);
     // The two windows ended half a period apart (vgpuctl shows where).
     let phase = |t: &Option<serde_json::Value>| {
         t.as_ref()
@@ -231,9 +231,9 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
         );
     }
     assert_each_gets_its_limit(&halves);
-    // Four: their first seconds, short of their limits while the windows
-    // settle, weigh less over 20 s (over 12 s the 40 % one got 0.375
-    // beside two busy loops).
+    // Over 20 s, as above: the first seconds, short of the limits while
+    // the windows settle, weigh less (over 12 s the 40 % container got
+    // 0.375 beside two busy loops, the 50 % ones 0.477).
     assert_each_gets_its_limit(&share_for(&[Some(10), Some(20), Some(30), Some(40)], 20));
 }
 
