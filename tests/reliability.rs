@@ -71,7 +71,9 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "8g")
         .set("SIM_GPU_CTX_OVERHEAD", "128m");
     let region = sim.region().to_str().unwrap().to_string();
-    let secs = 60;
+    // The storm ends after `storm_kills` kills (about 30 s), or at `secs`
+    // on a machine too slow for that.
+    let (secs, storm_kills) = (60, 120);
     let watch = sim
         .cmd("smi", false)
         .args(["watch", "0", "20", &(secs + 5).to_string()])
@@ -99,8 +101,8 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
         .collect();
     let end = Instant::now() + Duration::from_secs(secs);
     let (mut kills, mut worst_attach_ms) = (0, 0f64);
-    while Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(100 + rng.next(400)));
+    while Instant::now() < end && kills < storm_kills {
+        std::thread::sleep(Duration::from_millis(50 + rng.next(350)));
         let i = rng.next(16) as usize;
         kill9(&mut workers[i]);
         kills += 1;
@@ -134,6 +136,7 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
     for w in &mut workers {
         kill9(w);
     }
+    sigterm(watch.id());
     let w = finish(watch).ok();
     assert!(kills >= 100, "{kills} kills");
     assert!(held > 0, "survivors held memory");
@@ -151,7 +154,8 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
         worst_attach_ms < 500.0,
         "attach during the storm took {worst_attach_ms} ms"
     );
-    assert!(w.u64("samples") > 1000, "{} samples", w.u64("samples"));
+    // The card was watched through the storm (a sample every 20 ms).
+    assert!(w.u64("samples") > 500, "{} samples", w.u64("samples"));
     assert!(
         w.u64("max_used") <= 8 * GIB,
         "physical usage reached {}",

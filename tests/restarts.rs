@@ -8,6 +8,10 @@
 //!
 //! Needs `unshare --pid` (CAP_SYS_ADMIN; CI runs as root): without it each
 //! test says SKIPPED.
+//!
+//! Each test has a simulated machine of its own, and what they judge is
+//! what vgpu decides (granted or refused, the card's peak), with bounds on
+//! time far above the verdict's, so they run side by side.
 
 mod common;
 
@@ -235,7 +239,6 @@ const CROWDS: u64 = 1640 * MIB;
 
 #[test]
 fn restarts_with_their_own_proc_whose_next_context_fits() {
-    let _serial = serial();
     if can_unshare() {
         restart_chain(Ns::OwnProc, FITS, &ENDS);
     }
@@ -243,7 +246,6 @@ fn restarts_with_their_own_proc_whose_next_context_fits() {
 
 #[test]
 fn restarts_with_their_own_proc_whose_next_context_does_not_fit() {
-    let _serial = serial();
     if can_unshare() {
         restart_chain(Ns::OwnProc, CROWDS, &ENDS);
     }
@@ -251,7 +253,6 @@ fn restarts_with_their_own_proc_whose_next_context_does_not_fit() {
 
 #[test]
 fn restarts_that_see_the_hosts_proc_whose_next_context_fits() {
-    let _serial = serial();
     if can_unshare() {
         restart_chain(Ns::HostProc, FITS, &ENDS);
     }
@@ -259,7 +260,6 @@ fn restarts_that_see_the_hosts_proc_whose_next_context_fits() {
 
 #[test]
 fn restarts_that_see_the_hosts_proc_whose_next_context_does_not_fit() {
-    let _serial = serial();
     if can_unshare() {
         restart_chain(Ns::HostProc, CROWDS, &ENDS);
     }
@@ -267,13 +267,11 @@ fn restarts_that_see_the_hosts_proc_whose_next_context_does_not_fit() {
 
 #[test]
 fn restarts_in_the_hosts_namespace_whose_next_context_fits() {
-    let _serial = serial();
     restart_chain(Ns::Host, FITS, &ENDS);
 }
 
 #[test]
 fn restarts_in_the_hosts_namespace_whose_next_context_does_not_fit() {
-    let _serial = serial();
     restart_chain(Ns::Host, CROWDS, &ENDS);
 }
 
@@ -292,7 +290,6 @@ fn sh_in_new_ns(sim: &Sim, script: &str) -> Run {
 
 #[test]
 fn a_live_holder_in_another_namespace_is_never_reclaimed() {
-    let _serial = serial();
     if !can_unshare() {
         return;
     }
@@ -338,7 +335,6 @@ fn a_live_holder_in_another_namespace_is_never_reclaimed() {
 /// as the dead one was: that listing kept the slot for ever.
 #[test]
 fn a_restart_a_few_seconds_later_gets_the_quota_at_its_first_allocation() {
-    let _serial = serial();
     if !can_unshare() {
         return;
     }
