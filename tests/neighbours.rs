@@ -531,7 +531,7 @@ fn a_container_in_its_own_pid_namespace_is_not_alone_beside_a_neighbour() {
 /// a `period_ms` period, for 10 s: (steps' share of the GPU, p50, p99,
 /// max in ms, the neighbour's share).
 fn steps_beside_sixty(period_ms: u32) -> (f64, f64, f64, f64, f64) {
-    let solo = solo_rate(DENSE);
+    let solo = DEVICE_RATE;
     let mut sim = Sim::new(1, "8g");
     sim.set("VGPU_SM_PERIOD_MS", &period_ms.to_string());
     let neighbour = container_for(&sim, "n", Some(60), 12);
