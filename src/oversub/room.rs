@@ -64,23 +64,34 @@ pub(super) fn locks() -> [Listed; 2] {
 
 /// Notes the restores other processes have in flight on `card` now.
 fn observe(h: &Here, card: &[u8; 16], now: u64) {
-    let mut claims = CLAIMS.lock();
-    for (i, e) in h.board.others(Some(h.entry)) {
-        let bytes = e.bytes_on(card);
-        if e.state() != ProcState::Restoring || bytes == 0 {
-            continue;
-        }
-        let pid = e.pid();
+    let seen = h
+        .board
+        .others(Some(h.entry))
+        .filter(|(_, e)| e.state() == ProcState::Restoring)
+        .map(|(i, e)| (i, e.pid(), e.bytes_on(card)));
+    note_claims(&mut CLAIMS.lock(), seen, card, now);
+}
+
+/// Notes restores seen in flight on `card` at `now` (entry, pid, bytes
+/// there; none for 0 bytes), and forgets those gone for longer than any
+/// figure is kept.
+fn note_claims(
+    claims: &mut Vec<Claim>,
+    seen: impl Iterator<Item = (usize, u32, u64)>,
+    card: &[u8; 16],
+    now: u64,
+) {
+    for (entry, pid, bytes) in seen.filter(|&(_, _, b)| b != 0) {
         match claims
             .iter_mut()
-            .find(|c| c.entry == i && c.pid == pid && &c.card == card)
+            .find(|c| c.entry == entry && c.pid == pid && &c.card == card)
         {
             Some(c) => {
                 c.bytes = c.bytes.max(bytes);
                 c.last_ns = now;
             }
             None => claims.push(Claim {
-                entry: i,
+                entry,
                 pid,
                 card: *card,
                 bytes,
@@ -88,19 +99,36 @@ fn observe(h: &Here, card: &[u8; 16], now: u64) {
             }),
         }
     }
-    // Forgotten once gone for longer than any figure is kept.
     claims.retain(|c| now.saturating_sub(c.last_ns) <= 2 * FRESH_NS + SLACK_NS);
 }
 
 /// Bytes of restores on `card` that a figure read at `at` may not hold:
 /// those seen in flight since shortly before it.
-fn claimed_after(card: &[u8; 16], at: u64) -> u64 {
-    CLAIMS
-        .lock()
+fn claimed_after(claims: &[Claim], card: &[u8; 16], at: u64) -> u64 {
+    claims
         .iter()
         .filter(|c| &c.card == card && c.last_ns.saturating_add(SLACK_NS) >= at)
         .map(|c| c.bytes)
         .fold(0u64, u64::saturating_add)
+}
+
+/// Room from this process's own figure (`free` bytes read at `at`) at
+/// `now`, less what the board may hold it to while the wait is young:
+/// `claimed` bytes for the first `claim_bound` of the wait, `wanted` for
+/// the first [`WANTS_BOUND`]. 0 for a figure stale or from the future.
+fn judged(
+    (free, at): (u64, u64),
+    now: u64,
+    waited: Duration,
+    claim_bound: Duration,
+    (claimed, wanted): (u64, u64),
+) -> u64 {
+    if at > now || now - at > FRESH_NS {
+        return 0;
+    }
+    let claimed = if waited < claim_bound { claimed } else { 0 };
+    let wanted = if waited < WANTS_BOUND { wanted } else { 0 };
+    free.saturating_sub(claimed).saturating_sub(wanted)
 }
 
 /// A new restore: the node's restore lock is waited for anew (a miss of
@@ -139,22 +167,14 @@ pub(super) fn room_on(
     let Some((free, at)) = free_probe::free_asked_after(*card, after, wait, true) else {
         return 0;
     };
-    let now = clock::monotonic_ns();
-    // A time from the future is no time at all.
-    if at > now || now - at > FRESH_NS {
-        return 0;
-    }
-    let wanted = if waited < WANTS_BOUND {
-        wanted_on(h, card)
-    } else {
-        0
-    };
-    let claimed = if waited < super::state::settings().claim_bound {
-        claimed_after(card, at)
-    } else {
-        0
-    };
-    free.saturating_sub(claimed).saturating_sub(wanted)
+    let claimed = claimed_after(&CLAIMS.lock(), card, at);
+    judged(
+        (free, at),
+        clock::monotonic_ns(),
+        waited,
+        super::state::settings().claim_bound,
+        (claimed, wanted_on(h, card)),
+    )
 }
 
 /// The node's restore lock, or leave to claim without it: a process that
@@ -182,4 +202,69 @@ pub(super) fn restore_lock(h: &Here) -> Result<Option<vgpu_shm::board::RestoreLo
         LOCK_BOUND.as_millis()
     );
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CARD: [u8; 16] = [7; 16];
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_fresh_figure_less_claims_and_wants_while_the_wait_is_young() {
+        let bound = CLAIM_BOUND;
+        let now = 10_000 * MS;
+        let young = Duration::from_secs(1);
+        assert_eq!(judged((100, now - MS), now, young, bound, (30, 20)), 50);
+        // Wants count for WANTS_BOUND, claims for the claim bound.
+        assert_eq!(
+            judged((100, now - MS), now, WANTS_BOUND, bound, (30, 20)),
+            70
+        );
+        assert_eq!(judged((100, now - MS), now, bound, bound, (30, 20)), 100);
+        // More claimed than free: no room, not a wrap.
+        assert_eq!(judged((100, now), now, young, bound, (300, 0)), 0);
+    }
+
+    #[test]
+    fn a_stale_or_future_figure_is_no_room() {
+        let now = 10_000 * MS;
+        let w = Duration::ZERO;
+        assert_eq!(
+            judged((100, now - FRESH_NS - 1), now, w, CLAIM_BOUND, (0, 0)),
+            0
+        );
+        assert_eq!(judged((100, now + 1), now, w, CLAIM_BOUND, (0, 0)), 0);
+        assert_eq!(
+            judged((100, now - FRESH_NS), now, w, CLAIM_BOUND, (0, 0)),
+            100
+        );
+    }
+
+    #[test]
+    fn claims_are_kept_per_restore_at_their_largest_and_forgotten_when_gone() {
+        let mut claims = Vec::new();
+        let t0 = 1_000 * MS;
+        note_claims(&mut claims, [(1, 10, 5), (2, 20, 0)].into_iter(), &CARD, t0);
+        // A restore with nothing on the card is none.
+        assert_eq!(claims.len(), 1);
+        note_claims(
+            &mut claims,
+            [(1, 10, 3), (3, 30, 4)].into_iter(),
+            &CARD,
+            t0 + MS,
+        );
+        // The same restore keeps its largest size; a new pid in the same
+        // entry would be another claim.
+        assert_eq!(claimed_after(&claims, &CARD, t0), 9);
+        // Another card's figure holds none of them.
+        assert_eq!(claimed_after(&claims, &[8; 16], t0), 0);
+        // A figure read well after a claim was last seen holds it.
+        assert_eq!(claimed_after(&claims, &CARD, t0 + MS + SLACK_NS + 1), 0);
+        // Gone from the board for longer than any figure is kept: forgotten.
+        let later = t0 + MS + 2 * FRESH_NS + SLACK_NS + 1;
+        note_claims(&mut claims, std::iter::empty(), &CARD, later);
+        assert!(claims.is_empty());
+    }
 }
