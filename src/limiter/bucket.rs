@@ -52,13 +52,6 @@ pub const MAX_AHEAD_NS: u64 = 1_000_000_000;
 pub enum Admit {
     /// Go: this much GPU time was granted.
     Now(u64),
-    /// This much GPU time was granted (the first field), to go after this
-    /// many nanoseconds: alone, a lease is reserved in the schedule when
-    /// asked for, so the processes of a container get their leases in the
-    /// order they asked (one that woke late from each wait lost every
-    /// race to the other's CAS on a busy host, and got a fifth of its
-    /// share).
-    After(u64, u64),
     /// Try again after this many nanoseconds.
     Wait(u64),
 }
@@ -101,12 +94,10 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
     let granted = lease_ns.min(gpu_ns(PACE_NS, percent, scale)).max(least_ns);
     let step = schedule_ns(granted, percent, scale);
     move_schedule(entry, now.saturating_add(MAX_AHEAD_NS), |tat| {
-        let answer = if tat > now + BURST_NS {
-            Admit::After(granted, tat - BURST_NS - now)
-        } else {
-            Admit::Now(granted)
-        };
-        Ok((tat.max(now) + step, answer))
+        if tat > now + BURST_NS {
+            return Err(Admit::Wait(tat - BURST_NS - now));
+        }
+        Ok((tat.max(now) + step, granted))
     })
 }
 
@@ -117,13 +108,14 @@ pub fn turn_scale_milli(entry: &DeviceEntry) -> u32 {
 }
 
 /// Moves the device's schedule where `decide` says (`Ok`: the new
-/// schedule and the answer), or leaves it and answers what `decide` says
-/// (`Err`); retried while other processes move it meanwhile. A schedule beyond `ceiling` (from before a reboot, another
+/// schedule and the GPU time granted), or leaves it and answers what
+/// `decide` says (`Err`); retried while other processes move it
+/// meanwhile. A schedule beyond `ceiling` (from before a reboot, another
 /// clock, a hand edit) is clamped to it first.
 fn move_schedule(
     entry: &DeviceEntry,
     ceiling: u64,
-    mut decide: impl FnMut(u64) -> Result<(u64, Admit), Admit>,
+    mut decide: impl FnMut(u64) -> Result<(u64, u64), Admit>,
 ) -> Admit {
     let mut tat = entry.schedule_ns();
     loop {
@@ -134,12 +126,12 @@ fn move_schedule(
             };
             continue;
         }
-        let (next, answer) = match decide(tat) {
+        let (next, granted) = match decide(tat) {
             Ok(decided) => decided,
             Err(answer) => return answer,
         };
         match entry.move_schedule(tat, next) {
-            Ok(_) => return answer,
+            Ok(_) => return Admit::Now(granted),
             Err(seen) => tat = seen,
         }
     }
@@ -177,10 +169,7 @@ fn admit_in_turns(
         }
         let left = gpu_ns(end - from, percent, scale);
         let granted = lease_ns.min(left).max(least_ns);
-        Ok((
-            from + schedule_ns(granted, percent, scale),
-            Admit::Now(granted),
-        ))
+        Ok((from + schedule_ns(granted, percent, scale), granted))
     })
 }
 
@@ -229,12 +218,8 @@ mod tests {
             (1_000_000_000u64, 1_000_000_000 + secs * 1_000_000_000, 0u64);
         let mut went = Vec::new();
         while now < end {
-            let answer = admit(d, cost, cost, now);
-            if let Admit::After(_, ns) = answer {
-                now += ns;
-            }
-            match answer {
-                Admit::Now(_) | Admit::After(..) => {
+            match admit(d, cost, cost, now) {
+                Admit::Now(_) => {
                     gpu += cost;
                     went.push(now);
                     if anchor != 0 {
@@ -271,11 +256,6 @@ mod tests {
                 loop {
                     match admit(d, cost, cost.max(2_000_000), now) {
                         Admit::Now(granted) => {
-                            credit += granted - cost;
-                            break;
-                        }
-                        Admit::After(granted, ns) => {
-                            now += ns + slack;
                             credit += granted - cost;
                             break;
                         }
@@ -365,48 +345,18 @@ mod tests {
     }
 
     #[test]
-    fn alone_leases_go_in_the_order_they_were_asked_for() {
-        let (r, i) = entry(30);
-        let d = r.device(i);
-        let now = 10_000_000_000u64;
-        while matches!(admit(d, 1_000_000, 1_000_000, now), Admit::Now(_)) {}
-        // Callers that all ask at `now` (the processes of a container
-        // waking together) each get their own slot, one 1 ms lease at 30 %
-        // (3.33 ms of schedule) after the other: none is left to lose the
-        // next race too.
-        let waits: Vec<u64> = (0..4)
-            .map(|_| match admit(d, 1_000_000, 1_000_000, now) {
-                Admit::After(granted, ns) => {
-                    assert_eq!(granted, 1_000_000);
-                    ns
-                }
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        for w in waits.windows(2) {
-            assert_eq!(w[1] - w[0], schedule_ns(1_000_000, 30, 1000), "{waits:?}");
-        }
-    }
-
-    #[test]
     fn a_schedule_from_the_future_costs_at_most_a_second() {
         let (r, i) = entry(50);
         let d = r.device(i);
         let now = 5_000_000_000u64;
         d.tat_ns.store(now + 3_600_000_000_000, Ordering::Relaxed);
         match admit(d, 100_000, 100_000, now) {
-            Admit::After(_, ns) => assert!(ns <= MAX_AHEAD_NS, "waits {ns} ns"),
-            other => panic!("a full bucket answered {other:?}"),
+            Admit::Wait(ns) => assert!(ns <= MAX_AHEAD_NS, "waits {ns} ns"),
+            Admit::Now(_) => panic!("a full bucket admitted"),
         }
-        // Clamped to a second ahead, then this lease's step (0.2 ms).
-        assert_eq!(
-            d.tat_ns.load(Ordering::Relaxed),
-            now + MAX_AHEAD_NS + 200_000
-        );
+        assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + MAX_AHEAD_NS);
         d.tat_ns.store(u64::MAX, Ordering::Relaxed);
-        assert!(
-            matches!(admit(d, 100_000, 100_000, now), Admit::After(_, ns) if ns <= MAX_AHEAD_NS)
-        );
+        assert!(matches!(admit(d, 100_000, 100_000, now), Admit::Wait(ns) if ns <= MAX_AHEAD_NS));
     }
 
     /// Launches of `cost` ns from `start` (each spanning `span` ns) until
@@ -420,7 +370,7 @@ mod tests {
                     gpu += cost;
                     now += span;
                 }
-                Admit::Wait(ns) | Admit::After(_, ns) => return (gpu, now, Some(ns)),
+                Admit::Wait(ns) => return (gpu, now, Some(ns)),
             }
         }
         (gpu, now, None)

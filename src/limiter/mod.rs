@@ -90,19 +90,6 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     while attach.intact() {
         let entry = attach.region.device(dev);
         match bucket::admit(entry, cost, lease, now) {
-            Admit::After(granted, ns) => {
-                // Reserved: its slot in the schedule comes after `ns`.
-                if !waited {
-                    entry.count_wait();
-                }
-                pause(ns, now);
-                let after = clock::monotonic_ns();
-                entry.add_admitted_ns(granted);
-                entry.add_held_ns(shape.held_ns(granted, cost));
-                entry.add_wait_ns(after - start);
-                credit.add(i64::try_from(granted.saturating_sub(cost)).unwrap_or(0));
-                return;
-            }
             Admit::Now(granted) => {
                 entry.add_admitted_ns(granted);
                 entry.add_held_ns(shape.held_ns(granted, cost));
