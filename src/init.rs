@@ -81,6 +81,14 @@ pub fn start() {
     let _ = runtime();
 }
 
+/// Whether `CUDA_DISABLE_CONTROL` is set: the one flag in `duty.rs`, with
+/// the runtime started first (an entry path may be a program's first use
+/// of vgpu, a lookup before any hook).
+pub fn control_disabled() -> bool {
+    start();
+    crate::duty::control_disabled()
+}
+
 impl Runtime {
     fn start() -> Runtime {
         let secure = secure_execution();

@@ -17,7 +17,7 @@ use crate::interpose::{table, trampoline};
 /// suspended process before the call (the driver would block it).
 fn substitute(pfn: Out<*mut c_void>, rc: CUresult) -> CUresult {
     if rc.is_ok()
-        && !control_disabled()
+        && !crate::init::control_disabled()
         && let Some(found) = pfn.get()
         && let Some(wrapper) = table::wrapper_for(Lib::Cuda, found).or_else(|| {
             crate::oversub::active()
@@ -49,11 +49,4 @@ pub fn get_proc_address_v2(
     _status: *mut c_int,
 ) -> CUresult {
     substitute(pfn, call())
-}
-
-/// Whether `CUDA_DISABLE_CONTROL` is set, from the one flag `dlsym` reads
-/// too (`duty.rs`; the runtime, started here if it has not, sets it).
-fn control_disabled() -> bool {
-    crate::init::start();
-    crate::duty::control_disabled()
 }

@@ -26,7 +26,7 @@ use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{real, table};
-use crate::{duty, guard};
+use crate::{duty, guard, init};
 
 /// Tells the trampoline to tail-jump to libc (the assembly tests for 1).
 #[allow(clippy::manual_dangling_ptr)]
@@ -110,7 +110,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
             // Fails the lookup glibc's way, dlerror included.
             return super::stub::next(hook.real.name());
         }
-        return if control_disabled() { PASS } else { ours };
+        return if init::control_disabled() { PASS } else { ours };
     }
     let found = real::dlsym(handle, hook.real.name());
     if found.is_null() {
@@ -126,7 +126,7 @@ fn decide_hooked(handle: *mut c_void, name: &[u8]) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if control_disabled() {
+    if init::control_disabled() {
         return found;
     }
     match hook.real.get() {
@@ -262,14 +262,6 @@ mod exports {
         // SAFETY: arguments pass through unchanged.
         unsafe { f(handle, symbol, version) }
     }
-}
-
-/// Whether `CUDA_DISABLE_CONTROL` is set, as `init` publishes it in
-/// `duty.rs` once the runtime has started (started here if it has not: a
-/// program's first use of vgpu is often this lookup, before any hook).
-fn control_disabled() -> bool {
-    crate::init::start();
-    duty::control_disabled()
 }
 
 /// A driver function without a hook, looked up in a handle (as XLA's
