@@ -10,6 +10,8 @@
 //! each to the file that defines the module, and checks the edges. Pure
 //! Rust text reading: nothing is built.
 
+mod source;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -174,31 +176,14 @@ fn the_parser_sees_grouped_super_and_macro_paths() {
 /// One crate's files: module path (`a::b`) → file.
 fn modules(root: &Path, lib: &str, skip: &[&str]) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let p = e.unwrap().path();
-            let rel = p
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            if p.is_dir() {
-                if !skip.contains(&rel.as_str()) {
-                    stack.push(p);
-                }
-                continue;
-            }
-            let Some(stem) = rel.strip_suffix(".rs") else {
-                continue;
-            };
-            // Test-only files (`#[cfg(test)] mod tests;`) are not layers.
-            if stem == lib.trim_end_matches(".rs") || stem.ends_with("tests") {
-                continue;
-            }
-            let m = stem.trim_end_matches("/mod").replace('/', "::");
-            out.insert(m, p);
+    for rel in source::rust_files(root, skip) {
+        let stem = rel.trim_end_matches(".rs");
+        // Test-only files (`#[cfg(test)] mod tests;`) are not layers.
+        if stem == lib.trim_end_matches(".rs") || stem.ends_with("tests") {
+            continue;
         }
+        let m = stem.trim_end_matches("/mod").replace('/', "::");
+        out.insert(m, root.join(&rel));
     }
     out
 }

@@ -15,6 +15,8 @@
 //!
 //! Pure Rust text reading: nothing is built.
 
+mod source;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
@@ -122,7 +124,7 @@ fn the_checks_see_what_they_look_for() {
 /// Every file under `root` (except `skip` dirs) not under forbid must be
 /// listed in `edges`, and every entry of `edges` must be such a file.
 fn check_edges(root: &Path, skip: &[&str], edges: &[&str]) {
-    let files = rust_files(root, skip);
+    let files = source::rust_files(root, skip);
     let forbidden: BTreeSet<&String> = files
         .iter()
         .filter(|f| {
@@ -175,30 +177,6 @@ fn forbids_file(root: &Path, rel: &str) -> bool {
 fn forbids(text: &str) -> bool {
     text.lines()
         .any(|l| l.trim_start().starts_with("#![forbid(unsafe_code)]"))
-}
-
-/// Files under `root`, relative, `/`-separated.
-fn rust_files(root: &Path, skip: &[&str]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            if p.is_dir() {
-                if !skip.contains(&rel.as_str()) {
-                    stack.push(p);
-                }
-            } else if rel.ends_with(".rs") {
-                out.insert(rel);
-            }
-        }
-    }
-    out
 }
 
 /// Declarations in a `reals!` list whose `unsafe` does not match whether
