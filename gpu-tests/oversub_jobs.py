@@ -102,7 +102,9 @@ def turns(gib, compute_s, idle_s, rounds):
     print("done=1", flush=True)
 
 
-def bursts(gib, gemms, idle_s, count):
+def setup(gib):
+    """`gib` of checked data and its digest, and two 8192^3 bf16 operands;
+    says it started."""
     x = fill(gib)
     d0 = digest(x)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -110,6 +112,11 @@ def bursts(gib, gemms, idle_s, count):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     print(f"started=1 setup_s={time.time() - T0:.1f}", flush=True)
+    return x, d0, a, b
+
+
+def bursts(gib, gemms, idle_s, count):
+    x, d0, a, b = setup(gib)
     for r in range(count):
         t = time.time()
         y = a @ b
@@ -143,13 +150,7 @@ def check(x, d0):
 
 
 def busy(gib, gemms):
-    x = fill(gib)
-    d0 = digest(x)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    print(f"started=1 setup_s={time.time() - T0:.1f}", flush=True)
+    x, d0, a, b = setup(gib)
     batches, gaps, checks, all_ok = [], 0.0, 0, True
     t_start = last_check = time.time()
     done = 0
