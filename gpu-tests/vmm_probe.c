@@ -22,7 +22,7 @@ static void on_alarm(int s) {
     (void)s;
     char b[128];
     int n = snprintf(b, sizeof b, "timeout_step=%s\n", step);
-    write(1, b, n);
+    if (write(1, b, n) < 0) _exit(4);
     _exit(3);
 }
 static void STEP(const char *s, unsigned secs) {
