@@ -88,10 +88,15 @@ fn two_processes_share_one_limit() {
     // this 2-core machine they lost up to 0.032 (0.268 once), so 0.25 at
     // the low end; more than the limit is never right.
     assert!((0.25..=0.33).contains(&sum), "together {sum:.3}");
-    // Neither starves.
+    // Neither starves. The two race for the bucket's leases with no order
+    // between them (an ordered hand-out cost 9 % on an H100), so the split
+    // follows how often the host runs each process: beside two busy loops
+    // on this 2-core machine one got about 1/5 of the other, while a
+    // process that the limiter shut out would get next to nothing. So a
+    // tenth of the other's rate, not an even split.
     let (ra, rb) = (a.f64("rate"), b.f64("rate"));
     assert!(
-        ra > 0.3 * rb && rb > 0.3 * ra,
+        ra > 0.1 * rb && rb > 0.1 * ra,
         "one starves: {ra:.0} and {rb:.0} a second; per second {:?} and {:?}",
         per_sec(&a),
         per_sec(&b)
