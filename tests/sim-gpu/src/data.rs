@@ -101,3 +101,47 @@ pub fn read(l: &Local, src: u64, out: &mut [u8]) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::Alloc;
+
+    const VA: u64 = 0x7000_0000_0000;
+    const MIB4: u64 = 4 << 20;
+
+    fn handle(l: &mut Local, id: usize) {
+        let a = Alloc {
+            dev: 0,
+            bytes: MIB4,
+            ctx: 1,
+        };
+        l.handles.insert(id, a);
+    }
+
+    #[test]
+    fn vmm_contents_live_with_the_handle_not_the_address() {
+        let mut l = Local::default();
+        handle(&mut l, 1);
+        handle(&mut l, 2);
+        l.mapped.insert(VA, (1, MIB4));
+        assert!(write(&mut l, VA + 100, b"pattern"));
+        let mut out = [0u8; 7];
+        assert!(read(&l, VA + 100, &mut out));
+        assert_eq!(&out, b"pattern");
+        // Past the mapping: no memory.
+        assert!(!write(&mut l, VA + MIB4 - 3, b"pattern"));
+        // Unmapped: the address is no memory at all.
+        l.mapped.remove(&VA);
+        assert!(!read(&l, VA + 100, &mut out));
+        // A new handle at the same address: fresh (zeroed) memory.
+        l.mapped.insert(VA, (2, MIB4));
+        assert!(read(&l, VA + 100, &mut out));
+        assert_eq!(out, [0u8; 7]);
+        // The first handle mapped again: its bytes come back with it.
+        l.mapped.remove(&VA);
+        l.mapped.insert(VA, (1, MIB4));
+        assert!(read(&l, VA + 100, &mut out));
+        assert_eq!(&out, b"pattern");
+    }
+}
