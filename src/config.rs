@@ -118,6 +118,10 @@ pub struct Oversub {
     /// by every oversubscribed container on the node (default: root's
     /// `/run/vgpu-oversub`, others' `/tmp/vgpu-oversub`).
     pub dir: PathBuf,
+    /// `VGPU_OVERSUBSCRIBE_VMM`: large `cuMemAlloc_v2` blocks are served
+    /// from the driver's virtual memory management, so that a suspension
+    /// moves them itself at bus speed (docs/oversubscription.md, 2b).
+    pub vmm: bool,
     /// `VGPU_TEST_WATCHER_STOP=1`: the watcher ends after its first
     /// suspension, as a dead actor would (tests only).
     pub test_watcher_stop: bool,
@@ -141,6 +145,7 @@ impl Default for Oversub {
             quantum_ms: DEFAULT_QUANTUM_MS,
             host_limit: None,
             dir: vgpu_shm::board::default_dir(),
+            vmm: false,
             test_watcher_stop: false,
             test_claim_bound_ms: None,
         }
@@ -331,6 +336,12 @@ impl Config {
                     v.to_string_lossy().into_owned(),
                     ABSOLUTE,
                 ));
+            }
+        }
+        if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_VMM") {
+            match parse_bool(&v) {
+                Some(b) => oversub.vmm = b,
+                None => warnings.push(bad("VGPU_OVERSUBSCRIBE_VMM", v, "true or false")),
             }
         }
         oversub.test_watcher_stop = trusted_text("VGPU_TEST_WATCHER_STOP").as_deref() == Some("1");

@@ -309,3 +309,21 @@ fn the_sm_period_is_whole_milliseconds_from_10_to_1000_and_a_bad_one_warns() {
         assert!(c.warnings[0].to_string().contains("VGPU_SM_PERIOD_MS"));
     }
 }
+
+#[test]
+fn the_vmm_setting_is_off_by_default_and_a_bad_value_warns_and_keeps_it_off() {
+    assert!(!Oversub::default().vmm);
+    assert!(
+        cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "true")])
+            .unwrap()
+            .oversub
+            .vmm
+    );
+    let c = cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "maybe")]).unwrap();
+    assert!(!c.oversub.vmm);
+    assert_eq!(c.warnings.len(), 1);
+    assert_eq!(
+        c.warnings[0].to_string(),
+        "VGPU_OVERSUBSCRIBE_VMM=\"maybe\": expected true or false"
+    );
+}

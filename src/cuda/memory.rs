@@ -68,6 +68,16 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
     if dptr.is_null() || bytes == 0 {
         return real::cuMemAlloc_v2(dptr, bytes);
     }
+    if crate::oversub::backing::wanted(bytes) {
+        // Counted at the mapped size: what the card gives it.
+        return counted(
+            On::CurrentContext,
+            Kind::Buffer,
+            crate::oversub::backing::mapped_size(bytes),
+            || crate::oversub::backing::alloc(dptr, bytes),
+            ptr_key(dptr),
+        );
+    }
     counted(
         On::CurrentContext,
         Kind::Buffer,
@@ -179,7 +189,9 @@ fn counted_async(
 }
 
 pub fn free(p: CUdeviceptr) -> CUresult {
-    uncounted(Key::Ptr(p), || real::cuMemFree_v2(p))
+    uncounted(Key::Ptr(p), || {
+        crate::oversub::backing::free(p).unwrap_or_else(|| real::cuMemFree_v2(p))
+    })
 }
 
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {

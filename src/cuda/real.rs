@@ -31,6 +31,13 @@ crate::interpose::reals::reals! {
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
     unsafe fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult;
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    fn cuMemAddressReserve(ptr: Out<CUdeviceptr>, bytes: usize, align: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
+    fn cuMemAddressFree(ptr: CUdeviceptr, bytes: usize) -> CUresult;
+    fn cuMemMap(ptr: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult;
+    fn cuMemUnmap(ptr: CUdeviceptr, bytes: usize) -> CUresult;
+    unsafe fn cuMemSetAccess(ptr: CUdeviceptr, bytes: usize, desc: *const MemAccessDesc, count: usize) -> CUresult;
+    unsafe fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+    unsafe fn cuMemFreeHost(p: *mut c_void) -> CUresult;
     fn cuArrayCreate_v2(array: Out<CUarray>, desc: In<ArrayDescriptor>) -> CUresult;
     fn cuArray3DCreate_v2(array: Out<CUarray>, desc: In<Array3dDescriptor>) -> CUresult;
     fn cuArrayDestroy(array: CUarray) -> CUresult;
@@ -108,6 +115,8 @@ crate::interpose::reals::reals! {
     // called, not hooked
     fn cuCtxGetCurrent(ctx: Out<CUcontext>) -> CUresult;
     fn cuCtxGetDevice(dev: Out<CUdevice>) -> CUresult;
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
+    fn cuCtxPopCurrent_v2(ctx: Out<CUcontext>) -> CUresult;
     fn cuDeviceGetUuid_v2(uuid: Out<[u8; 16]>, dev: CUdevice) -> CUresult;
     fn cuDeviceGetUuid(uuid: Out<[u8; 16]>, dev: CUdevice) -> CUresult;
     fn cuDeviceGetAttribute(value: Out<c_int>, attr: c_int, dev: CUdevice) -> CUresult;
@@ -161,4 +170,76 @@ pub(crate) fn restore_process(pid: c_int) -> CUresult {
 pub(crate) fn unlock_process(pid: c_int) -> CUresult {
     // SAFETY: NULL args are the documented default.
     unsafe { cuCheckpointProcessUnlock(pid, std::ptr::null_mut()) }
+}
+
+/// `cuMemCreate` of `bytes` with `prop` into `handle`.
+pub(crate) fn mem_create(
+    handle: &mut CUmemGenericAllocationHandle,
+    bytes: usize,
+    prop: &MemAllocationProp,
+) -> CUresult {
+    // SAFETY: `handle` and `prop` are live references for the call.
+    unsafe { cuMemCreate(handle, bytes, prop, 0) }
+}
+
+/// `cuMemSetAccess` of one descriptor.
+pub(crate) fn mem_set_access(ptr: CUdeviceptr, bytes: usize, desc: &MemAccessDesc) -> CUresult {
+    // SAFETY: one live descriptor, and the count says one.
+    unsafe { cuMemSetAccess(ptr, bytes, desc, 1) }
+}
+
+/// A pinned host buffer (`cuMemHostAlloc`), freed when dropped; device
+/// memory is copied in and out of it by offset, bounds checked.
+pub(crate) struct Pinned {
+    ptr: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: plain host memory owned by this value alone; it is touched only
+// through `&mut self` (writes) or `&self` (reads).
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    /// `len` bytes of pinned host memory (a context must be current).
+    pub(crate) fn new(len: usize) -> Result<Pinned, CUresult> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a live pointer slot the driver writes once.
+        let rc = unsafe { cuMemHostAlloc(&mut ptr, len, 0) };
+        if !rc.is_ok() {
+            return Err(rc);
+        }
+        if ptr.is_null() {
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
+        }
+        Ok(Pinned { ptr, len })
+    }
+
+    fn fits(&self, off: usize, n: usize) -> bool {
+        off.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `n` bytes of device memory at `src` to `self[off..]`.
+    pub(crate) fn copy_from_device(&mut self, off: usize, src: CUdeviceptr, n: usize) -> CUresult {
+        if !self.fits(off, n) {
+            return CUresult::ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `off + n <= len`, inside the buffer this value owns.
+        unsafe { cuMemcpyDtoH_v2(self.ptr.cast::<u8>().add(off).cast(), src, n) }
+    }
+
+    /// Copies `self[off..off + n]` to device memory at `dst`.
+    pub(crate) fn copy_to_device(&self, off: usize, dst: CUdeviceptr, n: usize) -> CUresult {
+        if !self.fits(off, n) {
+            return CUresult::ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `off + n <= len`, inside the buffer this value owns.
+        unsafe { cuMemcpyHtoD_v2(dst, self.ptr.cast::<u8>().add(off).cast(), n) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
+        let _ = unsafe { cuMemFreeHost(self.ptr) };
+    }
 }

@@ -171,6 +171,19 @@ pub struct MemLocation {
     pub id: c_int,
 }
 
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAccessDesc {
+    pub location: MemLocation,
+    pub flags: c_int,
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const MEM_ACCESS_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const MEM_ALLOCATION_PINNED: c_int = 1;
+
 /// `CUmemAllocationProp`.
 #[repr(C)]
 #[derive(Clone, Copy)]

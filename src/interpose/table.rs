@@ -126,7 +126,7 @@ macro_rules! hooks {
                     $crate::guard::ffi_boundary(
                         stringify!($name),
                         || match $enter() {
-                            Ok(()) => $imp(
+                            Ok(_inside) => $imp(
                                 $( { _ = stringify!($with); &real }, )?
                                 $(
                                     // SAFETY: the program's own argument:

@@ -33,10 +33,12 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+pub mod backing;
 mod blocked;
 mod checkpoint;
 mod free_probe;
 mod line;
+mod mover;
 mod policy;
 mod restore;
 mod room;
@@ -72,6 +74,7 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
         quantum_ms: cfg.quantum_ms,
         host_limit,
         test_watcher_stop: cfg.test_watcher_stop,
+        vmm: cfg.vmm,
         claim_bound: cfg
             .test_claim_bound_ms
             .map_or(room::CLAIM_BOUND, std::time::Duration::from_millis),
@@ -112,7 +115,9 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
 /// (`interpose/trampoline.rs`; `init` installs it before [`start`]):
 /// [`enter`], its answer as a raw code.
 pub fn gate() -> Result<(), i32> {
-    enter().map_err(|rc| rc.0)
+    // Counted as inside only across the check (mover.rs gives these
+    // calls a grace instead).
+    enter().map(drop).map_err(|rc| rc.0)
 }
 
 /// This module's locks, for the fork handlers (`fork.rs`), outermost
@@ -125,6 +130,8 @@ pub fn locks() -> impl Iterator<Item = Listed> {
         .chain(free_probe::locks())
         .chain(room::locks())
         .chain(suspend::locks())
+        .chain(backing::locks())
+        .chain(mover::locks())
 }
 
 /// Oversubscription is on in this process.
@@ -132,13 +139,27 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
+/// A thread inside a hook, while oversubscription is on: a suspension
+/// that moves memory itself (mover.rs) waits until none is.
+#[must_use]
+pub struct Inside(bool);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        if self.0 {
+            mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Runs before every CUDA hook: counts the call, and restores this process
-/// first if it is suspended. Err: the call's answer (no room to restore
-/// within the bound, or the restore failed for good).
+/// first if it is suspended. Ok: the guard the hook holds while it runs;
+/// Err: the call's answer (no room to restore within the bound, or the
+/// restore failed for good).
 #[inline(always)]
-pub fn enter() -> Result<(), CUresult> {
+pub fn enter() -> Result<Inside, CUresult> {
     if !ACTIVE.load(Ordering::Relaxed) {
-        return Ok(());
+        return Ok(Inside(false));
     }
     entered()
 }
@@ -147,12 +168,19 @@ pub fn enter() -> Result<(), CUresult> {
 /// oversubscription off too.
 #[cold]
 #[inline(never)]
-fn entered() -> Result<(), CUresult> {
+fn entered() -> Result<Inside, CUresult> {
     ACTIVITY.fetch_add(1, Ordering::Relaxed);
-    if STATE.load(Ordering::Acquire) == RUNNING {
-        return Ok(());
+    loop {
+        // Counted before the state is read (SeqCst both sides): a
+        // suspension that stores SUSPENDING and then reads the count
+        // either sees this thread or this thread sees SUSPENDING.
+        mover::INSIDE.fetch_add(1, Ordering::SeqCst);
+        if STATE.load(Ordering::SeqCst) == RUNNING {
+            return Ok(Inside(true));
+        }
+        mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
+        restore::resume()?;
     }
-    restore::resume()
 }
 
 /// Runs `call` counted as in flight: a process blocked in a

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
 
-use super::checkpoint;
+use super::mover::Back;
 use super::room;
 use super::state::{
     FAILED, Here, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
@@ -276,17 +276,28 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
                 // slot keeps beating meanwhile.
-                let moved = beating(attach, || {
-                    checkpoint::restore().map(|()| checkpoint::unlock())
-                });
+                let moved = beating(attach, super::mover::bring_back);
                 MOVING.store(false, Ordering::Release);
                 match moved {
-                    Ok(Ok(())) => break,
-                    Ok(Err(rc)) => return fail(h, format!("unlock after restore failed ({rc})")),
+                    Back::Done => break,
+                    Back::Unlock(rc) => {
+                        return fail(h, format!("unlock after restore failed ({rc})"));
+                    }
+                    // VMM blocks without room after all: nothing is lost
+                    // (their host copy stays), so unlike a refused
+                    // checkpoint restore this is tried again later.
+                    Back::NoRoom(rc) => {
+                        for &(card, _) in &saved {
+                            h.entry().set_bytes_on(&card, 0);
+                        }
+                        log::info!(
+                            "CUDA_OVERSUBSCRIBE: the VMM-backed memory found no room on the card ({rc}): this process stays suspended and tries again"
+                        );
+                    }
                     // Driver 580 answers a restore without room with out of
                     // memory, and every later one with 304: the process
                     // can never be restored (run 28 on the H200).
-                    Err(rc) => {
+                    Back::Refused(rc) => {
                         for &(card, _) in &saved {
                             h.entry().set_bytes_on(&card, 0);
                         }

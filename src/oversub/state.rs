@@ -54,6 +54,8 @@ pub(super) struct Settings {
     pub(super) quantum_ms: u64,
     pub(super) host_limit: u64,
     pub(super) test_watcher_stop: bool,
+    /// `VGPU_OVERSUBSCRIBE_VMM`: large allocations are VMM-backed.
+    pub(super) vmm: bool,
     /// How long other restores' claims may hold a restore up.
     pub(super) claim_bound: std::time::Duration,
 }
@@ -87,6 +89,7 @@ pub(super) fn settings() -> &'static Settings {
         quantum_ms: Oversub::default().quantum_ms,
         host_limit: 0,
         test_watcher_stop: false,
+        vmm: false,
         claim_bound: room::CLAIM_BOUND,
     })
 }

@@ -273,8 +273,11 @@ fn suspend(
     let t0 = Instant::now();
     e.set_state(ProcState::Suspending, clock::monotonic_ns());
     let before = ACTIVITY.load(Ordering::Relaxed);
+    // With VMM-backed blocks (backing.rs) the process moves them itself
+    // (mover.rs), first, and uses the checkpoint API only for the rest.
+    let vmm = super::backing::any();
     let undo = |why: String| {
-        if busy {
+        if busy || vmm {
             // Its calls held at the gate go on as it runs again: none
             // waits for a restore.
             RESTORE_WANTED.store(false, Ordering::Release);
@@ -297,6 +300,96 @@ fn suspend(
             ));
         }
     }
+    let mut moved = 0;
+    if vmm {
+        // The gate closes first; then the threads inside hooks leave and
+        // the contexts synchronise: an unmap does not wait for kernels
+        // (docs/vmm-facts.md fact 6).
+        STATE.store(SUSPENDING, Ordering::SeqCst);
+        if !beating(Some(attach), super::mover::quiet) {
+            return undo(format!(
+                "a thread stayed inside a CUDA call for {} ms",
+                super::mover::QUIET_BOUND.as_millis()
+            ));
+        }
+        match beating(Some(attach), super::mover::move_out) {
+            Ok(m) => moved = m,
+            Err(why) => return undo(why),
+        }
+    }
+    // What VMM does not hold, if worth it, goes through the checkpoint.
+    // (The context stays either way unless the checkpoint takes it.)
+    let rest = bytes
+        .saturating_sub(moved)
+        .saturating_sub(super::mover::context_bytes(attach));
+    let ckpt = !vmm || rest >= super::mover::CHECKPOINT_FLOOR;
+    super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
+    if ckpt {
+        if let Err(why) = checkpointed(attach, h) {
+            if why.is_empty() {
+                return;
+            }
+            if moved > 0 && super::mover::move_back().is_err() {
+                return fail(
+                    h,
+                    format!("{why}, and the VMM-backed memory could not come back"),
+                );
+            }
+            return undo(why);
+        }
+        *SAVED.lock() = cards.to_vec();
+    } else {
+        // Only the VMM blocks left the card; the context and the small
+        // blocks stay (docs/oversubscription.md, 2b).
+        *BASELINE.lock() = None;
+        e.release_host_bytes(bytes.saturating_sub(moved));
+        *SAVED.lock() = vec![(card, moved)];
+    }
+    if busy {
+        super::line::gave_turn(h);
+    }
+    BEAT.store(clock::monotonic_ns(), Ordering::Release);
+    FIRST_TRY_NS.store(0, Ordering::Release);
+    STATE.store(SUSPENDED, Ordering::Release);
+    for &(c, b) in cards {
+        // What actually left the card.
+        let left = if ckpt || c != card {
+            0
+        } else {
+            b.saturating_sub(moved)
+        };
+        e.set_bytes_on(&c, left);
+    }
+    let bytes = if ckpt { bytes } else { moved };
+    e.count_suspension();
+    e.set_state(ProcState::Suspended, clock::monotonic_ns());
+    log::warn!(
+        "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms{}, to make room on {}{}",
+        fmt_bytes(bytes),
+        t0.elapsed().as_millis(),
+        match (vmm, ckpt) {
+            (false, _) => String::new(),
+            (true, false) => " (VMM copies alone)".to_string(),
+            (true, true) => format!(" ({} of it by VMM copies)", fmt_bytes(moved)),
+        },
+        vgpu_shm::format_uuid(&card),
+        if busy {
+            " (its turn was over: it waits for the next one)"
+        } else {
+            ""
+        }
+    );
+    // A call that came in meanwhile may be blocked inside the driver.
+    if ACTIVITY.load(Ordering::Relaxed) != before {
+        RESTORE_UNTIL.fetch_max(deadline_from_now(), Ordering::AcqRel);
+        RESTORE_WANTED.store(true, Ordering::Release);
+        restore_now(Some(attach), h);
+    }
+}
+
+/// Locks and checkpoints this process. Err: why not (empty: the process
+/// failed, already said).
+fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
     // The threads as they are while idle: one that moves into the driver
     // from now on waits on the lock (blocked.rs).
     let driver = crate::cuda::real::slot::cuInit
@@ -304,7 +397,7 @@ fn suspend(
         .map(|f| f.as_ptr() as u64);
     *BASELINE.lock() = Some(Baseline::take(driver));
     if let Err(rc) = checkpoint::lock(LOCK_TIMEOUT_MS) {
-        return undo(format!(
+        return Err(format!(
             "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
         ));
     }
@@ -319,41 +412,12 @@ fn suspend(
                 h,
                 format!("the checkpoint failed ({rc}) and the driver marks the process failed"),
             );
-            return;
+            return Err(String::new());
         }
         let _ = checkpoint::unlock();
-        STATE.store(RUNNING, Ordering::Release);
-        return undo(format!("the checkpoint failed ({rc})"));
+        return Err(format!("the checkpoint failed ({rc})"));
     }
-    *SAVED.lock() = cards.to_vec();
-    if busy {
-        super::line::gave_turn(h);
-    }
-    BEAT.store(clock::monotonic_ns(), Ordering::Release);
-    FIRST_TRY_NS.store(0, Ordering::Release);
-    STATE.store(SUSPENDED, Ordering::Release);
-    for (c, _) in cards {
-        e.set_bytes_on(c, 0);
-    }
-    e.count_suspension();
-    e.set_state(ProcState::Suspended, clock::monotonic_ns());
-    log::warn!(
-        "CUDA_OVERSUBSCRIBE: suspended this process: {} of device memory moved to the host in {} ms, to make room on {}{}",
-        fmt_bytes(bytes),
-        t0.elapsed().as_millis(),
-        vgpu_shm::format_uuid(&card),
-        if busy {
-            " (its turn was over: it waits for the next one)"
-        } else {
-            ""
-        }
-    );
-    // A call that came in meanwhile may be blocked inside the driver.
-    if ACTIVITY.load(Ordering::Relaxed) != before {
-        RESTORE_UNTIL.fetch_max(deadline_from_now(), Ordering::AcqRel);
-        RESTORE_WANTED.store(true, Ordering::Release);
-        restore_now(Some(attach), h);
-    }
+    Ok(())
 }
 
 #[cfg(test)]

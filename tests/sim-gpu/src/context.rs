@@ -38,6 +38,13 @@ fn destroy_context(l: &mut Local, ctx: usize) {
     let Local { allocs, data, .. } = &mut *l;
     data.retain(|base, _| allocs.contains_key(base));
     l.handles.retain(|_, a| a.ctx != ctx);
+    let Local {
+        handles,
+        hdata,
+        mapped,
+        ..
+    } = &mut *l;
+    hdata.retain(|h, _| handles.contains_key(h) || mapped.values().any(|&(m, _)| m == *h));
     l.streams.retain(|_, s| s.ctx != ctx);
     crate::local::drop_from_stack(ctx);
 }

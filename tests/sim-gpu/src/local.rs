@@ -72,6 +72,13 @@ pub struct Local {
     /// base address; allocations past `DATA_MAX` keep none (data.rs).
     pub data: HashMap<u64, Vec<u8>>,
     pub handles: HashMap<usize, Alloc>,
+    /// VMM mappings: address -> (physical handle, bytes). Contents live
+    /// with the handle (`hdata`), so a new handle mapped at the same
+    /// address reads fresh memory (data.rs).
+    pub mapped: HashMap<u64, (usize, u64)>,
+    /// Contents of VMM physical memory that was written, by handle; kept
+    /// past `cuMemRelease` while the handle is still mapped.
+    pub hdata: HashMap<usize, Vec<u8>>,
     pub reserved: HashMap<u64, u64>,
     pub streams: HashMap<usize, Stream>,
     pub events: HashMap<usize, Event>,

@@ -227,6 +227,28 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: Dptr, n: usize) 
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: Dptr,
+    src: *const c_void,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    // SAFETY: same contract as the synchronous copy (done at once here).
+    unsafe { cuMemcpyHtoD_v2(dst, src, n) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: Dptr,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    // SAFETY: same contract as the synchronous copy (done at once here).
+    unsafe { cuMemcpyDtoH_v2(dst, src, n) }
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemsetD8_v2(dst: Dptr, v: u8, n: usize) -> CUresult {
     let mut l = local();
     tri!(ready(&l));

@@ -306,6 +306,8 @@ fn exports() -> &'static HashMap<&'static str, usize> {
             cuMemFreeHost,
             cuMemcpyHtoD_v2,
             cuMemcpyDtoH_v2,
+            cuMemcpyHtoDAsync_v2,
+            cuMemcpyDtoHAsync_v2,
             cuMemsetD8_v2,
             cuModuleLoadData,
             cuModuleGetFunction,

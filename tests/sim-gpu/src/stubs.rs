@@ -25,7 +25,7 @@ stubs! {
     cuMemAlloc, cuMemAllocPitch, cuMemFree, cuArrayCreate, cuArray3DCreate, cuMemGetInfo,
     cuMemcpy, cuMemcpy_ptds, cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, cuMemcpyDtoH,
     cuMemcpyDtoH_v2_ptds, cuMemcpyAsync, cuMemcpyAsync_ptsz, cuMemcpyHtoDAsync,
-    cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz, cuMemsetD8, cuMemsetD8_v2_ptds,
+    cuMemcpyHtoDAsync_v2_ptsz, cuMemsetD8, cuMemsetD8_v2_ptds,
     cuMemsetD32Async, cuMemsetD32Async_ptsz, cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz,
     cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz, cuMemAdvise, cuMemAdvise_v2,
     cuMemGetAddressRange, cuMemGetAddressRange_v2, cuMemHostRegister, cuMemHostRegister_v2,

@@ -51,6 +51,10 @@ fn release_handle(id: usize) -> CUresult {
     match l.handles.remove(&id) {
         Some(a) => {
             phys_free(a.dev, a.bytes);
+            // Still mapped: its contents stay readable until unmapped.
+            if !l.mapped.values().any(|&(h, _)| h == id) {
+                l.hdata.remove(&id);
+            }
             SUCCESS
         }
         None => INVALID_VALUE,
@@ -88,21 +92,43 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: Dptr, _bytes: usize) -> CUresult 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemMap(
-    _ptr: Dptr,
-    _bytes: usize,
+    ptr: Dptr,
+    bytes: usize,
     _off: usize,
     handle: u64,
     _f: u64,
 ) -> CUresult {
-    if local().handles.contains_key(&(handle as usize)) {
-        SUCCESS
-    } else {
-        INVALID_HANDLE
+    let mut l = local();
+    let id = handle as usize;
+    if !l.handles.contains_key(&id) {
+        return INVALID_HANDLE;
     }
+    let end = ptr.saturating_add(bytes as u64);
+    if bytes == 0 || l.mapped.iter().any(|(&a, &(_, n))| a < end && ptr < a + n) {
+        return INVALID_VALUE;
+    }
+    l.mapped.insert(ptr, (id, bytes as u64));
+    SUCCESS
 }
 
+/// Detaches every mapping inside `ptr..ptr+bytes`; a handle released
+/// while mapped loses its contents now.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemUnmap(_ptr: Dptr, _bytes: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemUnmap(ptr: Dptr, bytes: usize) -> CUresult {
+    let mut l = local();
+    let end = ptr.saturating_add(bytes as u64);
+    let gone: Vec<(u64, usize)> = l
+        .mapped
+        .iter()
+        .filter(|&(&a, _)| a >= ptr && a < end)
+        .map(|(&a, &(h, _))| (a, h))
+        .collect();
+    for (a, h) in gone {
+        l.mapped.remove(&a);
+        if !l.handles.contains_key(&h) && !l.mapped.values().any(|&(m, _)| m == h) {
+            l.hdata.remove(&h);
+        }
+    }
     SUCCESS
 }
 

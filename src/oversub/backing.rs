@@ -1,0 +1,190 @@
+//! VMM-backed `cuMemAlloc_v2` blocks (`VGPU_OVERSUBSCRIBE_VMM`,
+//! docs/oversubscription.md section 2b): a block of at least the
+//! granularity is served by reserve + create + map + set access, so that a
+//! suspension can copy it to the host and release its physical memory
+//! itself (mover.rs), at bus speed, keeping its address. This registry
+//! records each block: base, the size asked for, the mapped size, device,
+//! context and its physical handle (None while moved out).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::state::{ACTIVE, settings};
+use crate::cuda::sys::*;
+use crate::cuda::{driver, real};
+use crate::ffi::Out;
+use crate::lock::{Listed, Lock, Name, keep};
+
+/// The driver's granularity for pinned device memory (2 MiB on every card
+/// measured, docs/vmm-facts.md fact 3); smaller blocks keep cuMemAlloc.
+pub(super) const GRANULARITY: u64 = 2 << 20;
+
+/// One VMM-backed block.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Backed {
+    pub(super) base: CUdeviceptr,
+    /// What the program asked for (what the hooks answer as its size).
+    pub(super) size: u64,
+    /// What is mapped: `size` rounded up to the granularity.
+    pub(super) mapped: u64,
+    pub(super) dev: CUdevice,
+    /// The context current at the allocation (as a number).
+    pub(super) ctx: usize,
+    /// Its physical memory; None while it is on the host.
+    pub(super) handle: Option<CUmemGenericAllocationHandle>,
+}
+
+static BACKED: Lock<Vec<Backed>> = Lock::new(Vec::new(), keep);
+/// A program exported a VMM-backed block through legacy IPC (which VMM
+/// memory cannot do): from then on it gets cuMemAlloc's blocks.
+static LEGACY: AtomicBool = AtomicBool::new(false);
+
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 1] {
+    [(Name::of("oversub.backed"), &BACKED)]
+}
+
+/// Whether an allocation of `bytes` is served VMM-backed.
+pub fn wanted(bytes: usize) -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+        && settings().vmm
+        && bytes as u64 >= GRANULARITY
+        && !LEGACY.load(Ordering::Relaxed)
+}
+
+/// `bytes` rounded up to the granularity (what the quota counts).
+pub fn mapped_size(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(GRANULARITY) * GRANULARITY
+}
+
+/// The block holding `p`, if VMM-backed.
+pub(super) fn find(p: CUdeviceptr) -> Option<Backed> {
+    BACKED
+        .lock()
+        .iter()
+        .find(|b| p >= b.base && p < b.base + b.mapped)
+        .copied()
+}
+
+/// Every block now.
+pub(super) fn all() -> Vec<Backed> {
+    BACKED.lock().clone()
+}
+
+/// Whether this process holds any VMM-backed block.
+pub(super) fn any() -> bool {
+    !BACKED.lock().is_empty()
+}
+
+/// Records the physical handle of the block at `base` (None: moved out).
+pub(super) fn set_handle(base: CUdeviceptr, handle: Option<CUmemGenericAllocationHandle>) {
+    if let Some(b) = BACKED.lock().iter_mut().find(|b| b.base == base) {
+        b.handle = handle;
+    }
+}
+
+/// Physical memory of `bytes` on `dev`, mapped read-write at `base`.
+pub(super) fn create_map(
+    base: CUdeviceptr,
+    bytes: u64,
+    dev: CUdevice,
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let location = MemLocation {
+        kind: MEM_LOCATION_TYPE_DEVICE,
+        id: dev.0,
+    };
+    let prop = MemAllocationProp {
+        kind: MEM_ALLOCATION_PINNED,
+        handle_types: 0,
+        location,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let mut handle = 0;
+    let rc = real::mem_create(&mut handle, bytes as usize, &prop);
+    if !rc.is_ok() {
+        return Err(rc);
+    }
+    let rc = real::cuMemMap(base, bytes as usize, 0, handle, 0);
+    if !rc.is_ok() {
+        let _ = real::cuMemRelease(handle);
+        return Err(rc);
+    }
+    let desc = MemAccessDesc {
+        location,
+        flags: MEM_ACCESS_READWRITE,
+    };
+    let rc = real::mem_set_access(base, bytes as usize, &desc);
+    if !rc.is_ok() {
+        let _ = real::cuMemUnmap(base, bytes as usize);
+        let _ = real::cuMemRelease(handle);
+        return Err(rc);
+    }
+    Ok(handle)
+}
+
+/// Unmaps and releases a block's physical memory (its addresses stay
+/// reserved).
+pub(super) fn unmap_release(b: &Backed, handle: CUmemGenericAllocationHandle) -> CUresult {
+    let rc = real::cuMemUnmap(b.base, b.mapped as usize);
+    let rel = real::cuMemRelease(handle);
+    if rc.is_ok() { rel } else { rc }
+}
+
+/// `cuMemAlloc_v2` of `bytes`, VMM-backed, into `dptr` (the quota counts
+/// `mapped_size(bytes)` around it, memory.rs).
+pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
+    let (Some(ctx), Some(dev)) = (driver::current_context(), driver::current_ordinal()) else {
+        return real::cuMemAlloc_v2(dptr, bytes);
+    };
+    let mapped = mapped_size(bytes);
+    let mut base: CUdeviceptr = 0;
+    let rc = real::cuMemAddressReserve(Out::from(&mut base), mapped as usize, 0, 0, 0);
+    if !rc.is_ok() {
+        return rc;
+    }
+    let handle = match create_map(base, mapped, dev) {
+        Ok(h) => h,
+        Err(rc) => {
+            let _ = real::cuMemAddressFree(base, mapped as usize);
+            return rc;
+        }
+    };
+    BACKED.lock().push(Backed {
+        base,
+        size: bytes as u64,
+        mapped,
+        dev,
+        ctx: ctx as usize,
+        handle: Some(handle),
+    });
+    dptr.put(base);
+    CUresult::SUCCESS
+}
+
+/// `cuMemFree_v2` of `p` if it is a VMM-backed block (None: not ours).
+/// As cuMemFree does, it waits for the work in flight first: an unmap
+/// does not (docs/vmm-facts.md fact 6).
+pub fn free(p: CUdeviceptr) -> Option<CUresult> {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    let b = {
+        let mut g = BACKED.lock();
+        let i = g.iter().position(|b| b.base == p)?;
+        g.remove(i)
+    };
+    let _ = real::cuCtxSynchronize();
+    log::debug!(
+        "VGPU_OVERSUBSCRIBE_VMM: freeing a VMM-backed block of {} bytes ({} mapped) at {:#x}",
+        b.size,
+        b.mapped,
+        b.base
+    );
+    let rc = match b.handle {
+        Some(h) => unmap_release(&b, h),
+        None => CUresult::SUCCESS,
+    };
+    let free = real::cuMemAddressFree(b.base, b.mapped as usize);
+    Some(if rc.is_ok() { free } else { rc })
+}

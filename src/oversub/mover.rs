@@ -1,0 +1,236 @@
+//! Moves the VMM-backed blocks (backing.rs) off the card and back, for a
+//! suspension (docs/oversubscription.md section 2b): wait until no thread
+//! is inside a hook, synchronise each context, copy every block into a
+//! pinned host arena, unmap and release; back: create, map at the same
+//! address, copy back. The arena is pinned once and kept: pinning fresh
+//! memory runs at ~1 GB/s, copies through a pinned one at ~50 GB/s
+//! (docs/vmm-facts.md facts 1-2).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::backing::{self, Backed};
+use super::checkpoint;
+use crate::cuda::real::{self, Pinned};
+use crate::cuda::sys::*;
+use crate::ffi::Out;
+use crate::lock::{Listed, Lock, Name, keep};
+
+/// Threads inside a hook now (`oversub::enter`'s guard).
+pub(super) static INSIDE: AtomicU64 = AtomicU64::new(0);
+/// The last suspension used the checkpoint API too (for what VMM does
+/// not hold): its restore comes first.
+pub(super) static CHECKPOINTED: AtomicBool = AtomicBool::new(false);
+
+/// How long a suspension waits for the threads inside hooks to leave.
+pub(super) const QUIET_BOUND: Duration = Duration::from_millis(1000);
+/// Calls through trampolines (no hook) count only across their gate:
+/// a moment for one that just passed it to reach the driver and return.
+const GRACE: Duration = Duration::from_millis(5);
+/// One chunk of the arena.
+const CHUNK: u64 = 256 << 20;
+
+/// The pinned host arena, in chunks of `CHUNK`, grown on demand and kept.
+/// (Taken out of the lock while the driver copies: no lock is held
+/// across a driver call.)
+static ARENA: Lock<Vec<Pinned>> = Lock::new(Vec::new(), keep);
+/// Where each moved-out block is in the arena: (base, offset).
+static PLACES: Lock<Vec<(CUdeviceptr, u64)>> = Lock::new(Vec::new(), keep);
+
+/// This module's locks, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 2] {
+    [
+        (Name::of("oversub.arena"), &ARENA),
+        (Name::of("oversub.places"), &PLACES),
+    ]
+}
+
+/// Below this, what VMM does not hold stays on the card with the context
+/// rather than pay the checkpoint API's ~1.5 s (docs/vmm-facts.md 4c).
+pub(super) const CHECKPOINT_FLOOR: u64 = 64 << 20;
+
+/// What this process's contexts count, on every card it uses.
+pub(super) fn context_bytes(attach: &crate::attach::Attach) -> u64 {
+    let Some(slot) = attach.slot() else { return 0 };
+    crate::process::devices_in_use()
+        .map(|dev| attach.region.slot_usage(slot, dev, vgpu_shm::Kind::Context))
+        .fold(0, u64::saturating_add)
+}
+
+/// Waits until no thread is inside a hook (the gate is closed: new calls
+/// wait at it), then the grace for trampolined calls. False: some thread
+/// stayed inside past `QUIET_BOUND` (busy inside the driver).
+pub(super) fn quiet() -> bool {
+    let t0 = Instant::now();
+    while INSIDE.load(Ordering::SeqCst) != 0 {
+        if t0.elapsed() >= QUIET_BOUND {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(GRACE);
+    true
+}
+
+/// Runs `f` with `ctx` current on this thread.
+fn in_ctx<R>(ctx: usize, f: impl FnOnce() -> R) -> Result<R, CUresult> {
+    let rc = real::cuCtxPushCurrent_v2(ctx as CUcontext);
+    if !rc.is_ok() {
+        return Err(rc);
+    }
+    let r = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    let _ = real::cuCtxPopCurrent_v2(Out::from(&mut popped));
+    Ok(r)
+}
+
+fn ok(rc: CUresult) -> Result<(), CUresult> {
+    if rc.is_ok() { Ok(()) } else { Err(rc) }
+}
+
+/// Copies `n` bytes between device `dev` and the arena at `at`, chunk
+/// by chunk (`out`: device to host).
+fn copy(arena: &mut [Pinned], at: u64, dev: CUdeviceptr, n: u64, out: bool) -> CUresult {
+    let mut done = 0;
+    while done < n {
+        let pos = at + done;
+        let (i, off) = ((pos / CHUNK) as usize, pos % CHUNK);
+        let piece = (n - done).min(CHUNK - off);
+        let Some(c) = arena.get_mut(i) else {
+            return CUresult::ERROR_INVALID_VALUE;
+        };
+        let rc = if out {
+            c.copy_from_device(off as usize, dev + done, piece as usize)
+        } else {
+            c.copy_to_device(off as usize, dev + done, piece as usize)
+        };
+        if !rc.is_ok() {
+            return rc;
+        }
+        done += piece;
+    }
+    CUresult::SUCCESS
+}
+
+/// Grows the arena to `bytes` (a context must be current).
+fn grow(arena: &mut Vec<Pinned>, bytes: u64) -> Result<(), CUresult> {
+    while (arena.len() as u64) * CHUNK < bytes {
+        arena.push(Pinned::new(CHUNK as usize)?);
+    }
+    Ok(())
+}
+
+/// Moves every block to the host; the bytes moved. On an error nothing
+/// is released (the process stays as it was) and the reason is given.
+pub(super) fn move_out() -> Result<u64, String> {
+    let blocks: Vec<Backed> = backing::all()
+        .into_iter()
+        .filter(|b| b.handle.is_some())
+        .collect();
+    let Some(first) = blocks.first() else {
+        return Ok(0);
+    };
+    let mut ctxs: Vec<usize> = blocks.iter().map(|b| b.ctx).collect();
+    ctxs.sort_unstable();
+    ctxs.dedup();
+    for &ctx in &ctxs {
+        in_ctx(ctx, || ok(real::cuCtxSynchronize()))
+            .and_then(|r| r)
+            .map_err(|rc| format!("its context did not synchronise ({rc})"))?;
+    }
+    let total: u64 = blocks.iter().map(|b| b.mapped).sum();
+    let mut arena = std::mem::take(&mut *ARENA.lock());
+    let copied = (|| -> Result<Vec<(CUdeviceptr, u64)>, String> {
+        in_ctx(first.ctx, || grow(&mut arena, total))
+            .and_then(|r| r)
+            .map_err(|rc| format!("no pinned host memory for {total} bytes ({rc})"))?;
+        let mut places = Vec::with_capacity(blocks.len());
+        let mut at = 0;
+        for b in &blocks {
+            in_ctx(b.ctx, || ok(copy(&mut arena, at, b.base, b.mapped, true)))
+                .and_then(|r| r)
+                .map_err(|rc| format!("a copy to the host failed ({rc})"))?;
+            places.push((b.base, at));
+            at += b.mapped;
+        }
+        Ok(places)
+    })();
+    *ARENA.lock() = arena;
+    let places = copied?;
+    for b in &blocks {
+        if let Some(h) = b.handle {
+            let _ = in_ctx(b.ctx, || backing::unmap_release(b, h));
+            backing::set_handle(b.base, None);
+        }
+    }
+    *PLACES.lock() = places;
+    Ok(total)
+}
+
+/// Brings every moved-out block back at its address. On an error the
+/// blocks brought back by this call go out again (released, their host
+/// copy still in the arena), so it can be tried again later.
+pub(super) fn move_back() -> Result<(), CUresult> {
+    let places = PLACES.lock().clone();
+    let mut arena = std::mem::take(&mut *ARENA.lock());
+    let mut done: Vec<(Backed, CUmemGenericAllocationHandle)> = Vec::new();
+    let mut result = Ok(());
+    for &(base, at) in &places {
+        let Some(b) = backing::find(base).filter(|b| b.handle.is_none()) else {
+            continue;
+        };
+        let r = in_ctx(b.ctx, || {
+            let h = backing::create_map(b.base, b.mapped, b.dev)?;
+            done.push((b, h));
+            ok(copy(&mut arena, at, b.base, b.mapped, false))
+        })
+        .and_then(|r| r);
+        if let Err(rc) = r {
+            result = Err(rc);
+            break;
+        }
+    }
+    *ARENA.lock() = arena;
+    if let Err(rc) = result {
+        for (b, h) in &done {
+            let _ = in_ctx(b.ctx, || backing::unmap_release(b, *h));
+        }
+        return Err(rc);
+    }
+    for (b, h) in &done {
+        backing::set_handle(b.base, Some(*h));
+    }
+    PLACES.lock().clear();
+    Ok(())
+}
+
+/// How a restore's move went.
+pub(super) enum Back {
+    Done,
+    /// The checkpoint restore was refused: on driver 580 that is final.
+    Refused(CUresult),
+    /// The unlock after the checkpoint restore failed.
+    Unlock(CUresult),
+    /// No room for the VMM blocks after all: unlike a refused checkpoint
+    /// restore this can be retried (nothing was lost; the host copy stays).
+    NoRoom(CUresult),
+}
+
+/// The restore's move: the checkpoint's first (if one was taken), then
+/// the VMM blocks.
+pub(super) fn bring_back() -> Back {
+    if CHECKPOINTED.load(Ordering::Acquire) {
+        if let Err(rc) = checkpoint::restore() {
+            return Back::Refused(rc);
+        }
+        if let Err(rc) = checkpoint::unlock() {
+            return Back::Unlock(rc);
+        }
+        CHECKPOINTED.store(false, Ordering::Release);
+    }
+    match move_back() {
+        Ok(()) => Back::Done,
+        Err(rc) => Back::NoRoom(rc),
+    }
+}

@@ -1,0 +1,120 @@
+//! Oversubscription with VMM backing (`VGPU_OVERSUBSCRIBE_VMM=true`,
+//! docs/oversubscription.md 2b) on the simulated GPU: large `cuMemAlloc_v2`
+//! blocks are served from the driver's virtual memory API, and a
+//! suspension copies them to host memory, unmaps and releases them itself,
+//! then maps fresh memory at the same addresses and copies them back. The
+//! simulated card keeps VMM contents with the physical handle, so a block
+//! that was not copied back reads zeros: the pattern checks would see it.
+//!
+//! Each "container" has its own region; they share the simulated card
+//! (4 GiB, 256 MiB per context) and the node's board.
+
+mod common;
+
+use std::process::Child;
+use std::time::Duration;
+
+use common::oversub::Node;
+use common::*;
+
+const VMM: (&str, &str) = ("VGPU_OVERSUBSCRIBE_VMM", "true");
+
+impl Node {
+    /// After a's start, b asks for 2.5 GiB (held 1.5 s) that the card has
+    /// only once a is suspended; returns b once a was.
+    fn crowd_out(&self) -> Child {
+        std::thread::sleep(Duration::from_millis(1500));
+        let b = self.spawn(
+            "b",
+            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
+            &["hold", "2684354560", "1.5"],
+        );
+        assert!(
+            wait_until(30.0, || self.board().contains("suspensions=1")),
+            "{}",
+            self.board()
+        );
+        b
+    }
+
+    /// Host copies the simulated driver's checkpoint API holds: one per
+    /// process suspended through it.
+    fn host_copies(&self) -> usize {
+        std::fs::read_dir(self.sim.dir.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("sim.state.ckpt.")
+            })
+            .count()
+    }
+}
+
+/// A process with a checksummed `data`-byte buffer and 1 GiB beside it,
+/// idle for 8 s before it reads the buffer back.
+fn keeper(data: &str) -> [&str; 6] {
+    ["keep", data, "1073741824", "7", "8", "0"]
+}
+
+fn assert_intact(a: &Run) {
+    assert_eq!(a.get("intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("sum"), a.get("back_sum"));
+}
+
+/// a (VMM-backed when `env` says so) is crowded out by b; returns a's run
+/// and how many checkpoint-API copies existed while a was suspended.
+fn crowd(env: &[(&str, &str)], data: &str) -> (Run, usize) {
+    let node = Node::new();
+    let a = node.spawn("a", env, &keeper(data));
+    let b = node.crowd_out();
+    let board = node.board();
+    assert!(board.contains("suspensions=1"), "{board}");
+    let copies = node.host_copies();
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish(a);
+    assert_intact(&a);
+    assert_eq!(
+        a.stderr.matches("suspended this process").count(),
+        1,
+        "{}",
+        a.stderr
+    );
+    assert!(
+        a.stderr.contains("restored this process"),
+        "{}\n{}",
+        a.stdout,
+        a.stderr
+    );
+    assert_eq!(node.host_copies(), 0);
+    (a, copies)
+}
+
+#[test]
+fn with_vmm_an_idle_process_is_moved_by_its_own_copies_and_restored_intact() {
+    let _serial = serial();
+    // 64 MiB of pattern and 1 GiB beside it, both VMM-backed: nothing else
+    // is worth the checkpoint API, so the context stays on the card.
+    let (a, copies) = crowd(&[VMM], "67108864");
+    assert_eq!(copies, 0, "the checkpoint API was used:\n{}", a.stderr);
+    assert!(a.stderr.contains("VMM"), "{}", a.stderr);
+}
+
+#[test]
+fn with_vmm_a_small_block_stays_on_the_card_with_the_context_and_is_intact() {
+    let _serial = serial();
+    // 1 MiB (below 2 MiB: today's cuMemAlloc) stays with the context; the
+    // 1 GiB beside it leaves by VMM copies.
+    let (a, copies) = crowd(&[VMM], "1048576");
+    assert_eq!(copies, 0, "the checkpoint API was used:\n{}", a.stderr);
+}
+
+#[test]
+fn without_the_setting_the_checkpoint_api_moves_the_process_as_before() {
+    let _serial = serial();
+    let (a, copies) = crowd(&[], "67108864");
+    assert_eq!(copies, 1, "{}", a.stderr);
+    assert!(!a.stderr.contains("VMM"), "{}", a.stderr);
+}
