@@ -926,6 +926,25 @@ static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
 
 /* ---- edge cases ------------------------------------------------------------- */
 
+/* VMM hiding (VGPU_OVERSUBSCRIBE_VMM): a block of `bytes` answers its
+ * asked size to cuMemGetAddressRange; legacy IPC of it fails, and a block
+ * allocated after that can be exported. */
+static int cmd_vmmhide(size_t bytes) {
+    setup();
+    CUdeviceptr a = 0, b = 0, base = 0;
+    size_t size = 0;
+    unsigned char h[64];
+    CHECK(cu.cuMemAlloc_v2(&a, bytes));
+    printf("range_rc=%d\n", cu.cuMemGetAddressRange_v2(&base, &size, a + bytes / 2));
+    printf("range_base_ok=%d\nrange_size=%zu\n", base == a, size);
+    printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
+    CHECK(cu.cuMemAlloc_v2(&b, bytes));
+    printf("ipc_after_rc=%d\n", cu.cuIpcGetMemHandle(h, b));
+    CHECK(cu.cuMemFree_v2(a));
+    CHECK(cu.cuMemFree_v2(b));
+    return 0;
+}
+
 static int cmd_nulls(void) {
     setup();
     size_t v = 0;
@@ -1131,6 +1150,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
+    if (!strcmp(cmd, "vmmhide")) return cmd_vmmhide(strtoull(ARG(2, "3145733"), 0, 0));
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
     if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
     if (!strcmp(cmd, "owner")) return cmd_owner();
