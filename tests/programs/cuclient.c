@@ -301,6 +301,14 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     CHECK(cu.cuMemAlloc_v2(&d, data));
     CUresult brc = ballast ? cu.cuMemAlloc_v2(&b, ballast) : CUDA_SUCCESS;
     printf("ballast_rc=%d\n", brc);
+    /* CUCLIENT_KEEP_PITCH=N: N more bytes by cuMemAllocPitch (never
+     * VMM-backed: what the checkpoint API moves beside VMM copies). */
+    const char *pitched = getenv("CUCLIENT_KEEP_PITCH");
+    if (pitched && *pitched) {
+        CUdeviceptr pp = 0;
+        size_t pitch = 0, rows = strtoull(pitched, 0, 0) >> 20;
+        printf("pitch_rc=%d\n", cu.cuMemAllocPitch_v2(&pp, &pitch, 1 << 20, rows, 4));
+    }
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
