@@ -118,3 +118,14 @@ fn without_the_setting_the_checkpoint_api_moves_the_process_as_before() {
     assert_eq!(copies, 1, "{}", a.stderr);
     assert!(!a.stderr.contains("VMM"), "{}", a.stderr);
 }
+
+#[test]
+fn with_vmm_and_more_than_vmm_holds_the_checkpoint_api_moves_the_rest_after_the_copies() {
+    let _serial = serial();
+    // 512 MiB by cuMemAllocPitch beside the VMM-backed blocks: worth the
+    // checkpoint API, which follows the VMM copies.
+    let (a, copies) = crowd(&[VMM, ("CUCLIENT_KEEP_PITCH", "536870912")], "67108864");
+    assert_eq!(a.get("pitch_rc"), "0", "{}", a.stderr);
+    assert_eq!(copies, 1, "{}", a.stderr);
+    assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
+}

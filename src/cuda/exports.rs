@@ -29,6 +29,8 @@ crate::interpose::table::hooks! {
     fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => memory::free;
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::free_async;
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::free_async_ptsz;
+    fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult => memory::address_range [real];
+    fn cuIpcGetMemHandle(handle: *mut [u8; 64], dptr: CUdeviceptr) -> CUresult => memory::ipc_get_mem_handle [real];
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult => memory::vmm_create [real];
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::vmm_release;
     fn cuArrayCreate_v2(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult => memory::array_create;

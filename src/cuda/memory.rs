@@ -194,6 +194,43 @@ pub fn free(p: CUdeviceptr) -> CUresult {
     })
 }
 
+/// `cuMemGetAddressRange_v2`: a VMM-backed block answers the base and the
+/// size the program asked for, as cuMemAlloc would (the driver says the
+/// mapped size, docs/vmm-facts.md fact 5).
+pub fn address_range(
+    call: &impl Fn() -> CUresult,
+    base: Out<CUdeviceptr>,
+    size: Out<usize>,
+    p: CUdeviceptr,
+) -> CUresult {
+    let rc = call();
+    if rc.is_ok()
+        && let Some((b, asked)) = crate::oversub::backing::asked(p)
+    {
+        base.put(b);
+        size.put(asked as usize);
+    }
+    rc
+}
+
+/// `cuIpcGetMemHandle`: VMM memory cannot be exported through legacy IPC
+/// (the driver answers `CUDA_ERROR_INVALID_VALUE`); from then on this
+/// process gets cuMemAlloc's blocks, so a new buffer can be.
+pub fn ipc_get_mem_handle(
+    call: &impl Fn() -> CUresult,
+    _handle: Out<[u8; 64]>,
+    p: CUdeviceptr,
+) -> CUresult {
+    if crate::oversub::backing::asked(p).is_none() {
+        return call();
+    }
+    crate::oversub::backing::go_legacy();
+    crate::warn_once!(
+        "VGPU_OVERSUBSCRIBE_VMM: cuIpcGetMemHandle of a VMM-backed block: CUDA_ERROR_INVALID_VALUE (legacy IPC cannot export VMM memory); this process's next allocations are ordinary ones, and VGPU_OVERSUBSCRIBE_VMM=false avoids this altogether"
+    );
+    CUresult::ERROR_INVALID_VALUE
+}
+
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {
     uncounted(Key::Ptr(p), || real::cuMemFreeAsync(p, stream))
 }

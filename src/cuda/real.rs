@@ -31,6 +31,8 @@ crate::interpose::reals::reals! {
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
     unsafe fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult;
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    fn cuMemGetAddressRange_v2(base: Out<CUdeviceptr>, size: Out<usize>, dptr: CUdeviceptr) -> CUresult;
+    fn cuIpcGetMemHandle(handle: Out<[u8; 64]>, dptr: CUdeviceptr) -> CUresult;
     fn cuMemAddressReserve(ptr: Out<CUdeviceptr>, bytes: usize, align: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
     fn cuMemAddressFree(ptr: CUdeviceptr, bytes: usize) -> CUresult;
     fn cuMemMap(ptr: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult;

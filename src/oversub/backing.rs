@@ -66,6 +66,20 @@ pub(super) fn find(p: CUdeviceptr) -> Option<Backed> {
         .copied()
 }
 
+/// For the program's questions: the base of the VMM-backed block holding
+/// `p` and the size it asked for.
+pub fn asked(p: CUdeviceptr) -> Option<(CUdeviceptr, u64)> {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    find(p).map(|b| (b.base, b.size))
+}
+
+/// From now on this process's blocks are cuMemAlloc's (legacy IPC).
+pub fn go_legacy() {
+    LEGACY.store(true, Ordering::Relaxed);
+}
+
 /// Every block now.
 pub(super) fn all() -> Vec<Backed> {
     BACKED.lock().clone()

@@ -301,6 +301,14 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     CHECK(cu.cuMemAlloc_v2(&d, data));
     CUresult brc = ballast ? cu.cuMemAlloc_v2(&b, ballast) : CUDA_SUCCESS;
     printf("ballast_rc=%d\n", brc);
+    /* CUCLIENT_KEEP_PITCH=N: N more bytes by cuMemAllocPitch (never
+     * VMM-backed: what the checkpoint API moves beside VMM copies). */
+    const char *pitched = getenv("CUCLIENT_KEEP_PITCH");
+    if (pitched && *pitched) {
+        CUdeviceptr pp = 0;
+        size_t pitch = 0, rows = strtoull(pitched, 0, 0) >> 20;
+        printf("pitch_rc=%d\n", cu.cuMemAllocPitch_v2(&pp, &pitch, 1 << 20, rows, 4));
+    }
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
@@ -926,6 +934,25 @@ static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
 
 /* ---- edge cases ------------------------------------------------------------- */
 
+/* VMM hiding (VGPU_OVERSUBSCRIBE_VMM): a block of `bytes` answers its
+ * asked size to cuMemGetAddressRange; legacy IPC of it fails, and a block
+ * allocated after that can be exported. */
+static int cmd_vmmhide(size_t bytes) {
+    setup();
+    CUdeviceptr a = 0, b = 0, base = 0;
+    size_t size = 0;
+    unsigned char h[64];
+    CHECK(cu.cuMemAlloc_v2(&a, bytes));
+    printf("range_rc=%d\n", cu.cuMemGetAddressRange_v2(&base, &size, a + bytes / 2));
+    printf("range_base_ok=%d\nrange_size=%zu\n", base == a, size);
+    printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
+    CHECK(cu.cuMemAlloc_v2(&b, bytes));
+    printf("ipc_after_rc=%d\n", cu.cuIpcGetMemHandle(h, b));
+    CHECK(cu.cuMemFree_v2(a));
+    CHECK(cu.cuMemFree_v2(b));
+    return 0;
+}
+
 static int cmd_nulls(void) {
     setup();
     size_t v = 0;
@@ -1131,6 +1158,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "storm"))
         return cmd_storm(atof(ARG(2, "60")), strtoull(ARG(3, "67108864"), 0, 0), (unsigned)atoi(ARG(4, "1")));
     if (!strcmp(cmd, "nulls")) return cmd_nulls();
+    if (!strcmp(cmd, "vmmhide")) return cmd_vmmhide(strtoull(ARG(2, "3145733"), 0, 0));
     if (!strcmp(cmd, "badfree")) return cmd_badfree();
     if (!strcmp(cmd, "bypass")) return cmd_bypass(strtoull(ARG(2, "1048576"), 0, 0), ARG(3, "GLIBC_2.2.5"));
     if (!strcmp(cmd, "owner")) return cmd_owner();

@@ -81,6 +81,9 @@ typedef struct {
       (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                      \
     X(cuMemFreeAsync, "cuMemFreeAsync", 13000, (CUdeviceptr, CUstream))                      \
     X(cuMemFree_v2, "cuMemFree", 13000, (CUdeviceptr))                                       \
+    X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 13000,                               \
+      (CUdeviceptr *, size_t *, CUdeviceptr))                                               \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 13000, (void *, CUdeviceptr))                  \
     X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 13000, (CUdeviceptr, const void *, size_t))            \
     X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 13000, (void *, CUdeviceptr, size_t))                  \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 13000, (CUmemoryPool *, CUdevice)) \

@@ -258,3 +258,49 @@ pub unsafe extern "C" fn cuMemsetD8_v2(dst: Dptr, v: u8, n: usize) -> CUresult {
         INVALID_VALUE
     }
 }
+
+/// The allocation or VMM mapping holding `p`: (base, size, VMM). A VMM
+/// mapping answers its mapped size, as the driver does (docs/vmm-facts.md
+/// fact 5).
+fn range_of(p: Dptr) -> Option<(Dptr, u64, bool)> {
+    let l = local();
+    let hit = |base: u64, bytes: u64| p >= base && p < base + bytes;
+    l.allocs
+        .iter()
+        .find(|&(&b, a)| hit(b, a.bytes))
+        .map(|(&b, a)| (b, a.bytes, false))
+        .or_else(|| {
+            l.mapped
+                .iter()
+                .find(|&(&b, &(_, n))| hit(b, n))
+                .map(|(&b, &(_, n))| (b, n, true))
+        })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut Dptr,
+    size: *mut usize,
+    p: Dptr,
+) -> CUresult {
+    let Some((b, n, _)) = range_of(p) else {
+        return 500; // CUDA_ERROR_NOT_FOUND
+    };
+    put(base, b);
+    put(size, n as usize);
+    SUCCESS
+}
+
+/// Legacy IPC: cuMemAlloc's blocks only; VMM memory answers
+/// CUDA_ERROR_INVALID_VALUE, as the driver does.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetMemHandle(h: *mut [u8; 64], p: Dptr) -> CUresult {
+    match range_of(p) {
+        Some((b, _, false)) => {
+            let mut v = [0u8; 64];
+            v[..8].copy_from_slice(&b.to_le_bytes());
+            if put(h, v) { SUCCESS } else { INVALID_VALUE }
+        }
+        _ => INVALID_VALUE,
+    }
+}

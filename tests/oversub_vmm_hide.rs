@@ -1,0 +1,38 @@
+//! VGPU_OVERSUBSCRIBE_VMM stays invisible to the program (issue 27 part 1,
+//! step 2): a VMM-backed cuMemAlloc_v2 block answers its asked size to
+//! cuMemGetAddressRange (the driver says the mapped, rounded size), and
+//! legacy IPC of one fails as the driver says, after which the process's
+//! blocks are ordinary ones that can be exported.
+
+mod common;
+
+use common::oversub::Node;
+use common::*;
+
+#[test]
+fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_blocks() {
+    let _serial = serial();
+    let node = Node::new();
+    // 3 MiB + 5 bytes: the mapping is 4 MiB.
+    let r = node.run(
+        "a",
+        &[("VGPU_OVERSUBSCRIBE_VMM", "true")],
+        &["vmmhide", "3145733"],
+    );
+    assert_eq!(r.get("range_rc"), "0", "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.get("range_base_ok"), "1");
+    assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+    assert_eq!(r.get("ipc_rc"), "1", "{}", r.stderr);
+    assert!(
+        r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM=false"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.get("ipc_after_rc"), "0", "{}", r.stderr);
+    // Off (the default): ordinary blocks, exported at once.
+    let r = node.run("b", &[], &["vmmhide", "3145733"]);
+    assert_eq!(r.get("range_size"), "3145733");
+    assert_eq!(r.get("ipc_rc"), "0");
+    assert_eq!(r.get("ipc_after_rc"), "0");
+    assert!(!r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"), "{}", r.stderr);
+}
