@@ -17,34 +17,9 @@ use common::oversub::Node;
 use common::*;
 
 impl Node {
-    /// After a's start, b asks for 2 GiB (held 1.5 s) that the card has
-    /// only once a is suspended; returns b once a is.
+    /// b asks for 2 GiB, which the card has once a is suspended.
     fn crowd_out(&self) -> Child {
-        std::thread::sleep(Duration::from_millis(1500));
-        let b = self.spawn(
-            "b",
-            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-            &["hold", "2147483648", "1.5"],
-        );
-        assert!(
-            wait_until(10.0, || self.board().contains("state=suspended")),
-            "{}",
-            self.board()
-        );
-        b
-    }
-
-    /// Host copies the simulated driver holds for checkpointed processes.
-    fn host_copies(&self) -> usize {
-        std::fs::read_dir(self.sim.dir.path())
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with("sim.state.ckpt.")
-            })
-            .count()
+        self.crowd_out_with(2147483648, "state=suspended", 10.0)
     }
 }
 

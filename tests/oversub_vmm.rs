@@ -12,7 +12,6 @@
 mod common;
 
 use std::process::Child;
-use std::time::Duration;
 
 use common::oversub::Node;
 use common::*;
@@ -20,35 +19,9 @@ use common::*;
 const VMM: (&str, &str) = ("VGPU_OVERSUBSCRIBE_VMM", "true");
 
 impl Node {
-    /// After a's start, b asks for 2.5 GiB (held 1.5 s) that the card has
-    /// only once a is suspended; returns b once a was.
+    /// b asks for 2.5 GiB, which the card has once a is suspended.
     fn crowd_out(&self) -> Child {
-        std::thread::sleep(Duration::from_millis(1500));
-        let b = self.spawn(
-            "b",
-            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-            &["hold", "2684354560", "1.5"],
-        );
-        assert!(
-            wait_until(30.0, || self.board().contains("suspensions=1")),
-            "{}",
-            self.board()
-        );
-        b
-    }
-
-    /// Host copies the simulated driver's checkpoint API holds: one per
-    /// process suspended through it.
-    fn host_copies(&self) -> usize {
-        std::fs::read_dir(self.sim.dir.path())
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with("sim.state.ckpt.")
-            })
-            .count()
+        self.crowd_out_with(2684354560, "suspensions=1", 30.0)
     }
 }
 

@@ -13,6 +13,38 @@ pub struct Node {
 }
 
 impl Node {
+    /// After a's start, b asks for `bytes` (held 1.5 s) that the card has
+    /// only once a is suspended; returns b once the board shows `seen`
+    /// (within `within_s`).
+    pub fn crowd_out_with(&self, bytes: u64, seen: &str, within_s: f64) -> Child {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let b = self.spawn(
+            "b",
+            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
+            &["hold", &bytes.to_string(), "1.5"],
+        );
+        assert!(
+            super::wait_until(within_s, || self.board().contains(seen)),
+            "{}",
+            self.board()
+        );
+        b
+    }
+
+    /// Host copies the simulated driver's checkpoint API holds: one per
+    /// process suspended through it.
+    pub fn host_copies(&self) -> usize {
+        std::fs::read_dir(self.sim.dir.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("sim.state.ckpt.")
+            })
+            .count()
+    }
+
     pub fn new() -> Node {
         let mut sim = Sim::new(1, "4g");
         let board = sim.dir.path().join("board").display().to_string();
