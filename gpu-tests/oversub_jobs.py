@@ -17,6 +17,10 @@
         burst_s, tflops), the data's digest compared (intact), the cache
         emptied, IDLE_S seconds without a CUDA call. Ends with done=1
         total_s (from the start of the script).
+    oversub_jobs.py pinned GIB
+        The pinned copy rate: GIB GiB between the GPU and pinned host
+        memory, each way, best of 3 (out_gbs= back_gbs=), for the switch
+        rates to be judged against (issue 27).
     oversub_jobs.py busy GIB GEMMS
         GIB GiB of seeded data, then GEMMS bf16 8192^3 matmuls without a
         pause, synchronised every 20. A batch that took over a second more
@@ -26,12 +30,17 @@
         tflops_running (the work over the time it was on the card: the
         gaps left out).
 """
+import faulthandler
 import os
+import signal
 import statistics
 import sys
 import time
 
 T0 = time.time()
+# Every thread's Python stack on SIGUSR1 (scenarios.finish_job sends it
+# to a job still running at its deadline).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 import torch  # noqa: E402 (the start time includes PyTorch's import)
 
@@ -55,6 +64,21 @@ def digest(x):
         w = torch.arange(i + 1, i + 1 + c.numel(), dtype=torch.int64, device="cuda")
         s += (c * w).sum()
     return int(s)
+
+
+def pinned(gib):
+    n = int(gib * (1 << 30))
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    rates = {"out": [], "back": []}
+    for _ in range(3):
+        for way, (dst, src) in (("out", (host, dev)), ("back", (dev, host))):
+            torch.cuda.synchronize()
+            t = time.time()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            rates[way].append(n / 1e9 / (time.time() - t))
+    print(f"out_gbs={max(rates['out']):.1f} back_gbs={max(rates['back']):.1f}", flush=True)
 
 
 def hold(gib):
@@ -188,7 +212,9 @@ def busy(gib, gemms):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "hold":
+    if sys.argv[1] == "pinned":
+        pinned(float(sys.argv[2]))
+    elif sys.argv[1] == "hold":
         hold(float(sys.argv[2]))
     elif sys.argv[1] == "busy":
         busy(float(sys.argv[2]), int(sys.argv[3]))

@@ -90,12 +90,41 @@ fn assert_all_intact(r: &Run, bursts: usize) {
 
 #[test]
 fn two_busy_jobs_the_card_cannot_hold_together_take_turns_and_keep_their_data() {
+    let (a, _) = take_turns(&[]);
+    assert!(!a.stderr.contains("VMM"), "{}", a.stderr);
+}
+
+#[test]
+fn with_vmm_busy_jobs_take_turns_by_their_own_copies_and_the_context_goes_too() {
+    let (a, b) = take_turns(&[("VGPU_OVERSUBSCRIBE_VMM", "true")]);
+    for r in [&a, &b] {
+        // Every turn given moved the VMM blocks by copies, and the
+        // checkpoint API took the context: the next holder's working set
+        // is not known, and a context left behind kept a busy job from
+        // its workspace on the H100 (run 98).
+        let given = r.stderr.matches("its turn was over").count();
+        assert!(given >= 1, "{}", r.stderr);
+        assert_eq!(
+            r.stderr.matches("of it by VMM copies").count(),
+            given,
+            "{}",
+            r.stderr
+        );
+        assert!(r.stderr.contains("VMM move back"), "{}", r.stderr);
+    }
+}
+
+/// Two busy jobs (with `extra` settings) on a card that holds one at a
+/// time take turns, each finishing with its data intact; their runs.
+fn take_turns(extra: &[(&str, &str)]) -> (Run, Run) {
     let _serial = serial();
     let node = Node::new();
-    let env = [
+    let mut env = vec![
         ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000"),
         ("VGPU_OVERSUBSCRIBE_WAIT_MS", "8000"),
+        ("LIBCUDA_LOG_LEVEL", "2"),
     ];
+    env.extend_from_slice(extra);
     // 12 s of work each: a holds the card past b's 8 s.
     const BURSTS: usize = 8;
     let (ja, jb) = (job("7", "1500", "8"), job("9", "1500", "8"));
@@ -125,6 +154,7 @@ fn two_busy_jobs_the_card_cannot_hold_together_take_turns_and_keep_their_data() 
         assert!(per["turns_taken"] >= 1, "{seen:?}");
         assert_eq!(per["quantum_ms"], 2000, "{seen:?}");
     }
+    (a, b)
 }
 
 #[test]

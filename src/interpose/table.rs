@@ -125,7 +125,7 @@ macro_rules! hooks {
                     };
                     $crate::guard::ffi_boundary(
                         stringify!($name),
-                        || match $enter() {
+                        || match $enter(stringify!($name)) {
                             Ok(_inside) => $imp(
                                 $( { _ = stringify!($with); &real }, )?
                                 $(
@@ -182,7 +182,7 @@ macro_rules! hooks {
 
 /// The `enter` of hooks that nothing ever holds back.
 #[inline]
-pub fn open<R>() -> Result<(), R> {
+pub fn open<R>(_hook: &'static str) -> Result<(), R> {
     Ok(())
 }
 

@@ -98,8 +98,14 @@ pub fn admit(
     let mut turns = false;
     let mut line = super::line::Defer::default();
     let rc = loop {
-        std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
-        moves_done();
+        // Outside the hook while it sleeps: its process may give its turn
+        // meanwhile (suspended, it is restored before it tries again).
+        if let Err(rc) = super::outside(|| {
+            std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
+            moves_done();
+        }) {
+            break rc;
+        }
         let mut ahead = false;
         if let Some(h) = here() {
             if super::line::turns_on(h, &card) {

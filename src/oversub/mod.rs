@@ -48,6 +48,7 @@ mod turns;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use vgpu_shm::board::Board;
 
@@ -117,7 +118,9 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
 pub fn gate() -> Result<(), i32> {
     // Counted as inside only across the check (mover.rs gives these
     // calls a grace instead).
-    enter().map(drop).map_err(|rc| rc.0)
+    enter("a function without a hook")
+        .map(drop)
+        .map_err(|rc| rc.0)
 }
 
 /// This module's locks, for the fork handlers (`fork.rs`), outermost
@@ -140,14 +143,48 @@ pub fn active() -> bool {
 }
 
 /// A thread inside a hook, while oversubscription is on: a suspension
-/// that moves memory itself (mover.rs) waits until none is.
+/// that moves memory itself (mover.rs) waits until none is. Holds the
+/// hook's name and when it entered, to name a call that kept a
+/// suspension waiting.
 #[must_use]
-pub struct Inside(bool);
+pub struct Inside(Option<(&'static str, Instant)>);
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        if self.0 {
+        if let Some((name, since)) = self.0 {
+            HELD.with(|h| h.set(h.get() - 1));
             mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
+            mover::left(name, since);
+        }
+    }
+}
+
+thread_local! {
+    /// How many `Inside` guards this thread holds (a hook inside a hook).
+    static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `wait` (no driver call in it) as if this thread had left its
+/// hooks, so a suspension need not wait for it: an allocation waiting for
+/// room must not keep its own process from giving its turn. Then enters
+/// again as a hook does, restoring the process first if it was suspended
+/// meanwhile. Err: the restore's answer (the guards count again).
+pub(crate) fn outside<R>(wait: impl FnOnce() -> R) -> Result<R, CUresult> {
+    let held = HELD.with(|h| h.get());
+    if held == 0 {
+        return Ok(wait());
+    }
+    mover::INSIDE.fetch_sub(held, Ordering::SeqCst);
+    let r = wait();
+    loop {
+        mover::INSIDE.fetch_add(held, Ordering::SeqCst);
+        if STATE.load(Ordering::SeqCst) == RUNNING {
+            return Ok(r);
+        }
+        mover::INSIDE.fetch_sub(held, Ordering::SeqCst);
+        if let Err(rc) = restore::resume() {
+            mover::INSIDE.fetch_add(held, Ordering::SeqCst);
+            return Err(rc);
         }
     }
 }
@@ -157,18 +194,18 @@ impl Drop for Inside {
 /// Err: the call's answer (no room to restore within the bound, or the
 /// restore failed for good).
 #[inline(always)]
-pub fn enter() -> Result<Inside, CUresult> {
+pub fn enter(name: &'static str) -> Result<Inside, CUresult> {
     if !ACTIVE.load(Ordering::Relaxed) {
-        return Ok(Inside(false));
+        return Ok(Inside(None));
     }
-    entered()
+    entered(name)
 }
 
 /// Out of line: inlined, its stack frame was set up on every hook, with
 /// oversubscription off too.
 #[cold]
 #[inline(never)]
-fn entered() -> Result<Inside, CUresult> {
+fn entered(name: &'static str) -> Result<Inside, CUresult> {
     ACTIVITY.fetch_add(1, Ordering::Relaxed);
     loop {
         // Counted before the state is read (SeqCst both sides): a
@@ -176,7 +213,8 @@ fn entered() -> Result<Inside, CUresult> {
         // either sees this thread or this thread sees SUSPENDING.
         mover::INSIDE.fetch_add(1, Ordering::SeqCst);
         if STATE.load(Ordering::SeqCst) == RUNNING {
-            return Ok(Inside(true));
+            HELD.with(|h| h.set(h.get() + 1));
+            return Ok(Inside(Some((name, Instant::now()))));
         }
         mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
         restore::resume()?;

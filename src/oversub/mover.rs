@@ -73,6 +73,19 @@ pub(super) fn quiet() -> bool {
     true
 }
 
+/// A thread left hook `name`, entered `since`: one that stayed long
+/// enough to hold a suspension back is named (a suspension that waited
+/// for it says only that a thread stayed).
+pub(super) fn left(name: &'static str, since: Instant) {
+    let held = since.elapsed();
+    if held >= QUIET_BOUND / 2 {
+        log::info!(
+            "CUDA_OVERSUBSCRIBE: {name} was inside its hook for {} ms",
+            held.as_millis()
+        );
+    }
+}
+
 /// Runs `f` with `ctx` current on this thread.
 fn in_ctx<R>(ctx: usize, f: impl FnOnce() -> R) -> Result<R, CUresult> {
     let rc = real::cuCtxPushCurrent_v2(ctx as CUcontext);
@@ -131,6 +144,7 @@ pub(super) fn move_out() -> Result<u64, String> {
     let Some(first) = blocks.first() else {
         return Ok(0);
     };
+    let t0 = Instant::now();
     let mut ctxs: Vec<usize> = blocks.iter().map(|b| b.ctx).collect();
     ctxs.sort_unstable();
     ctxs.dedup();
@@ -139,6 +153,7 @@ pub(super) fn move_out() -> Result<u64, String> {
             .and_then(|r| r)
             .map_err(|rc| format!("its context did not synchronise ({rc})"))?;
     }
+    let synced = Instant::now();
     let total: u64 = blocks.iter().map(|b| b.mapped).sum();
     let mut arena = std::mem::take(&mut *ARENA.lock());
     let copied = (|| -> Result<Vec<(CUdeviceptr, u64)>, String> {
@@ -158,6 +173,7 @@ pub(super) fn move_out() -> Result<u64, String> {
     })();
     *ARENA.lock() = arena;
     let places = copied?;
+    let copied = Instant::now();
     for b in &blocks {
         if let Some(h) = b.handle {
             let _ = in_ctx(b.ctx, || backing::unmap_release(b, h));
@@ -165,6 +181,14 @@ pub(super) fn move_out() -> Result<u64, String> {
         }
     }
     *PLACES.lock() = places;
+    log::info!(
+        "CUDA_OVERSUBSCRIBE: VMM move out: {} blocks, {} copied in {} ms (after {} ms of synchronising), released in {} ms",
+        blocks.len(),
+        crate::log::fmt_bytes(total),
+        copied.duration_since(synced).as_millis(),
+        synced.duration_since(t0).as_millis(),
+        copied.elapsed().as_millis()
+    );
     Ok(total)
 }
 
@@ -172,6 +196,7 @@ pub(super) fn move_out() -> Result<u64, String> {
 /// blocks brought back by this call go out again (released, their host
 /// copy still in the arena), so it can be tried again later.
 pub(super) fn move_back() -> Result<(), CUresult> {
+    let t0 = Instant::now();
     let places = PLACES.lock().clone();
     let mut arena = std::mem::take(&mut *ARENA.lock());
     let mut done: Vec<(Backed, CUmemGenericAllocationHandle)> = Vec::new();
@@ -202,6 +227,15 @@ pub(super) fn move_back() -> Result<(), CUresult> {
         backing::set_handle(b.base, Some(*h));
     }
     PLACES.lock().clear();
+    if done.is_empty() {
+        return Ok(());
+    }
+    log::info!(
+        "CUDA_OVERSUBSCRIBE: VMM move back: {} blocks, {} created, mapped and copied in {} ms",
+        done.len(),
+        crate::log::fmt_bytes(done.iter().map(|(b, _)| b.mapped).sum()),
+        t0.elapsed().as_millis()
+    );
     Ok(())
 }
 

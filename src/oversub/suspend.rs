@@ -322,7 +322,10 @@ fn suspend(
     let rest = bytes
         .saturating_sub(moved)
         .saturating_sub(super::mover::context_bytes(attach));
-    let ckpt = !vmm || rest >= super::mover::CHECKPOINT_FLOOR;
+    // At a busy turn's end the context goes too: the next holder's
+    // working set is not known, and a context left on the card (~0.5 GiB)
+    // kept a busy job of 14 GiB in 20 from its workspace (run 98).
+    let ckpt = !vmm || busy || rest >= super::mover::CHECKPOINT_FLOOR;
     super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
     if ckpt {
         if let Err(why) = checkpointed(attach, h) {
