@@ -40,6 +40,8 @@ crate::interpose::reals::reals! {
     unsafe fn cuMemSetAccess(ptr: CUdeviceptr, bytes: usize, desc: *const MemAccessDesc, count: usize) -> CUresult;
     unsafe fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
     unsafe fn cuMemFreeHost(p: *mut c_void) -> CUresult;
+    unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+    unsafe fn cuMemHostUnregister(p: *mut c_void) -> CUresult;
     fn cuArrayCreate_v2(array: Out<CUarray>, desc: In<ArrayDescriptor>) -> CUresult;
     fn cuArray3DCreate_v2(array: Out<CUarray>, desc: In<Array3dDescriptor>) -> CUresult;
     fn cuArrayDestroy(array: CUarray) -> CUresult;
@@ -190,11 +192,20 @@ pub(crate) fn mem_set_access(ptr: CUdeviceptr, bytes: usize, desc: &MemAccessDes
     unsafe { cuMemSetAccess(ptr, bytes, desc, 1) }
 }
 
-/// A pinned host buffer (`cuMemHostAlloc`), freed when dropped; device
-/// memory is copied in and out of it by offset, bounds checked.
+/// A pinned host buffer, freed when dropped; device memory is copied in
+/// and out of it by offset, bounds checked.
+///
+/// Anonymous memory the kernel fills first (`MAP_POPULATE`), then
+/// registered: `cuMemHostAlloc` pins at 1-2 GB/s holding the driver's
+/// lock throughout, so a thread pinning beside a running job held its
+/// calls up for seconds (run 100: a memset waited 7.2 s), while
+/// registering memory already touched runs at ~24 GB/s
+/// (docs/vmm-facts.md fact 1). `cuMemHostAlloc` where that fails.
 pub(crate) struct Pinned {
     ptr: *mut c_void,
     len: usize,
+    /// From `mmap` and registered (else from `cuMemHostAlloc`).
+    mapped: bool,
 }
 
 // SAFETY: plain host memory owned by this value alone; it is touched only
@@ -204,6 +215,9 @@ unsafe impl Send for Pinned {}
 impl Pinned {
     /// `len` bytes of pinned host memory (a context must be current).
     pub(crate) fn new(len: usize) -> Result<Pinned, CUresult> {
+        if let Some(p) = Self::registered(len) {
+            return Ok(p);
+        }
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a live pointer slot the driver writes once.
         let rc = unsafe { cuMemHostAlloc(&mut ptr, len, 0) };
@@ -213,7 +227,44 @@ impl Pinned {
         if ptr.is_null() {
             return Err(CUresult::ERROR_OUT_OF_MEMORY);
         }
-        Ok(Pinned { ptr, len })
+        Ok(Pinned {
+            ptr,
+            len,
+            mapped: false,
+        })
+    }
+
+    /// Populated anonymous memory, registered with the driver.
+    fn registered(len: usize) -> Option<Pinned> {
+        // SAFETY: a fresh private anonymous mapping; no address is given.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        // SAFETY: `len` bytes mapped just now at `ptr`, owned here.
+        let rc = unsafe { cuMemHostRegister_v2(ptr, len, 0) };
+        if rc.is_ok() {
+            return Some(Pinned {
+                ptr,
+                len,
+                mapped: true,
+            });
+        }
+        crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: cuMemHostRegister failed ({rc}): the host arena is pinned by cuMemHostAlloc instead, at 1-2 GB/s"
+        );
+        // SAFETY: the mapping made above, unused.
+        unsafe { libc::munmap(ptr, len) };
+        None
     }
 
     fn fits(&self, off: usize, n: usize) -> bool {
@@ -241,7 +292,16 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
-        let _ = unsafe { cuMemFreeHost(self.ptr) };
+        if self.mapped {
+            // SAFETY: `ptr` was registered and mapped by `registered` and
+            // is given back once, here.
+            unsafe {
+                let _ = cuMemHostUnregister(self.ptr);
+                libc::munmap(self.ptr, self.len);
+            }
+        } else {
+            // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
+            let _ = unsafe { cuMemFreeHost(self.ptr) };
+        }
     }
 }

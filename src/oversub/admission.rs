@@ -100,10 +100,13 @@ pub fn admit(
     let rc = loop {
         // Outside the hook while it sleeps: its process may give its turn
         // meanwhile (suspended, it is restored before it tries again).
-        if let Err(rc) = super::outside(|| {
-            std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
-            moves_done();
-        }) {
+        if let Err(rc) = super::inside::outside(
+            || {
+                std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
+                moves_done();
+            },
+            super::restore::resume,
+        ) {
             break rc;
         }
         let mut ahead = false;

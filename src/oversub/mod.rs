@@ -37,6 +37,7 @@ pub mod backing;
 mod blocked;
 mod checkpoint;
 mod free_probe;
+mod inside;
 mod line;
 mod mover;
 mod policy;
@@ -48,18 +49,18 @@ mod turns;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use vgpu_shm::board::Board;
 
 pub use admission::admit;
+pub use inside::Inside;
 pub use state::Above;
 pub use suspend::{suspended, tick};
 
 use crate::config::Oversub;
 use crate::cuda::sys::CUresult;
 use crate::lock::Listed;
-use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, RUNNING, SETTINGS, STATE, Settings};
+use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, SETTINGS, Settings};
 
 /// Turns oversubscription on for this process (init, with the flag);
 /// `priority`: its `CUDA_TASK_PRIORITY` (0 high), its place in turns.
@@ -142,53 +143,6 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
-/// A thread inside a hook, while oversubscription is on: a suspension
-/// that moves memory itself (mover.rs) waits until none is. Holds the
-/// hook's name and when it entered, to name a call that kept a
-/// suspension waiting.
-#[must_use]
-pub struct Inside(Option<(&'static str, Instant)>);
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        if let Some((name, since)) = self.0 {
-            HELD.with(|h| h.set(h.get() - 1));
-            mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
-            mover::left(name, since);
-        }
-    }
-}
-
-thread_local! {
-    /// How many `Inside` guards this thread holds (a hook inside a hook).
-    static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Runs `wait` (no driver call in it) as if this thread had left its
-/// hooks, so a suspension need not wait for it: an allocation waiting for
-/// room must not keep its own process from giving its turn. Then enters
-/// again as a hook does, restoring the process first if it was suspended
-/// meanwhile. Err: the restore's answer (the guards count again).
-pub(crate) fn outside<R>(wait: impl FnOnce() -> R) -> Result<R, CUresult> {
-    let held = HELD.with(|h| h.get());
-    if held == 0 {
-        return Ok(wait());
-    }
-    mover::INSIDE.fetch_sub(held, Ordering::SeqCst);
-    let r = wait();
-    loop {
-        mover::INSIDE.fetch_add(held, Ordering::SeqCst);
-        if STATE.load(Ordering::SeqCst) == RUNNING {
-            return Ok(r);
-        }
-        mover::INSIDE.fetch_sub(held, Ordering::SeqCst);
-        if let Err(rc) = restore::resume() {
-            mover::INSIDE.fetch_add(held, Ordering::SeqCst);
-            return Err(rc);
-        }
-    }
-}
-
 /// Runs before every CUDA hook: counts the call, and restores this process
 /// first if it is suspended. Ok: the guard the hook holds while it runs;
 /// Err: the call's answer (no room to restore within the bound, or the
@@ -196,29 +150,9 @@ pub(crate) fn outside<R>(wait: impl FnOnce() -> R) -> Result<R, CUresult> {
 #[inline(always)]
 pub fn enter(name: &'static str) -> Result<Inside, CUresult> {
     if !ACTIVE.load(Ordering::Relaxed) {
-        return Ok(Inside(None));
+        return Ok(Inside::none());
     }
-    entered(name)
-}
-
-/// Out of line: inlined, its stack frame was set up on every hook, with
-/// oversubscription off too.
-#[cold]
-#[inline(never)]
-fn entered(name: &'static str) -> Result<Inside, CUresult> {
-    ACTIVITY.fetch_add(1, Ordering::Relaxed);
-    loop {
-        // Counted before the state is read (SeqCst both sides): a
-        // suspension that stores SUSPENDING and then reads the count
-        // either sees this thread or this thread sees SUSPENDING.
-        mover::INSIDE.fetch_add(1, Ordering::SeqCst);
-        if STATE.load(Ordering::SeqCst) == RUNNING {
-            HELD.with(|h| h.set(h.get() + 1));
-            return Ok(Inside(Some((name, Instant::now()))));
-        }
-        mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
-        restore::resume()?;
-    }
+    inside::entered(name, restore::resume)
 }
 
 /// Runs `call` counted as in flight: a process blocked in a

@@ -35,6 +35,11 @@ const CHUNK: u64 = 256 << 20;
 /// (Taken out of the lock while the driver copies: no lock is held
 /// across a driver call.)
 static ARENA: Lock<Vec<Pinned>> = Lock::new(Vec::new(), keep);
+/// The arena is out of `ARENA` with its user (a move, or `prepare`'s
+/// thread growing it one chunk): the other waits.
+static ARENA_BUSY: AtomicBool = AtomicBool::new(false);
+/// `prepare`'s thread is running.
+static PREPARING: AtomicBool = AtomicBool::new(false);
 /// Where each moved-out block is in the arena: (base, offset).
 static PLACES: Lock<Vec<(CUdeviceptr, u64)>> = Lock::new(Vec::new(), keep);
 
@@ -126,6 +131,73 @@ fn copy(arena: &mut [Pinned], at: u64, dev: CUdeviceptr, n: u64, out: bool) -> C
     CUresult::SUCCESS
 }
 
+/// Takes the arena out for `f`, waiting while `prepare`'s thread has it
+/// (one chunk's pinning, ~0.1-0.2 s).
+fn with_arena<R>(f: impl FnOnce(&mut Vec<Pinned>) -> R) -> R {
+    while ARENA_BUSY
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut arena = std::mem::take(&mut *ARENA.lock());
+    let r = f(&mut arena);
+    *ARENA.lock() = arena;
+    ARENA_BUSY.store(false, Ordering::Release);
+    r
+}
+
+/// Pins the arena for this process's VMM blocks ahead of a suspension,
+/// in a thread of its own, a chunk at a time: pinning runs at 1-2 GB/s
+/// (docs/vmm-facts.md fact 1), so a busy job's first switch spent 7.7 of
+/// its 8.5 s pinning (run 99). The watcher calls this when another
+/// process wants room on a card this one holds: its turn is then near.
+pub(super) fn prepare() {
+    if PREPARING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-arena".into())
+        .spawn(|| {
+            let t0 = Instant::now();
+            let mut chunks = 0;
+            loop {
+                let blocks: Vec<Backed> = backing::all()
+                    .into_iter()
+                    .filter(|b| b.handle.is_some())
+                    .collect();
+                let need: u64 = blocks.iter().map(|b| b.mapped).sum();
+                let Some(first) = blocks.first() else { break };
+                let grown = with_arena(|arena| {
+                    if (arena.len() as u64) * CHUNK >= need
+                        || super::state::STATE.load(Ordering::Acquire) != super::state::RUNNING
+                    {
+                        return false;
+                    }
+                    in_ctx(first.ctx, || Pinned::new(CHUNK as usize))
+                        .and_then(|r| r)
+                        .map(|c| arena.push(c))
+                        .is_ok()
+                });
+                if !grown {
+                    break;
+                }
+                chunks += 1;
+            }
+            if chunks > 0 {
+                log::info!(
+                    "CUDA_OVERSUBSCRIBE: host arena grown by {} in {} ms, ahead of a suspension",
+                    crate::log::fmt_bytes(chunks * CHUNK),
+                    t0.elapsed().as_millis()
+                );
+            }
+            PREPARING.store(false, Ordering::Release);
+        });
+    if spawned.is_err() {
+        PREPARING.store(false, Ordering::Release);
+    }
+}
+
 /// Grows the arena to `bytes` (a context must be current).
 fn grow(arena: &mut Vec<Pinned>, bytes: u64) -> Result<(), CUresult> {
     while (arena.len() as u64) * CHUNK < bytes {
@@ -155,23 +227,21 @@ pub(super) fn move_out() -> Result<u64, String> {
     }
     let synced = Instant::now();
     let total: u64 = blocks.iter().map(|b| b.mapped).sum();
-    let mut arena = std::mem::take(&mut *ARENA.lock());
-    let copied = (|| -> Result<Vec<(CUdeviceptr, u64)>, String> {
-        in_ctx(first.ctx, || grow(&mut arena, total))
+    let copied = with_arena(|arena| -> Result<Vec<(CUdeviceptr, u64)>, String> {
+        in_ctx(first.ctx, || grow(arena, total))
             .and_then(|r| r)
             .map_err(|rc| format!("no pinned host memory for {total} bytes ({rc})"))?;
         let mut places = Vec::with_capacity(blocks.len());
         let mut at = 0;
         for b in &blocks {
-            in_ctx(b.ctx, || ok(copy(&mut arena, at, b.base, b.mapped, true)))
+            in_ctx(b.ctx, || ok(copy(arena, at, b.base, b.mapped, true)))
                 .and_then(|r| r)
                 .map_err(|rc| format!("a copy to the host failed ({rc})"))?;
             places.push((b.base, at));
             at += b.mapped;
         }
         Ok(places)
-    })();
-    *ARENA.lock() = arena;
+    });
     let places = copied?;
     let copied = Instant::now();
     for b in &blocks {
@@ -198,25 +268,21 @@ pub(super) fn move_out() -> Result<u64, String> {
 pub(super) fn move_back() -> Result<(), CUresult> {
     let t0 = Instant::now();
     let places = PLACES.lock().clone();
-    let mut arena = std::mem::take(&mut *ARENA.lock());
     let mut done: Vec<(Backed, CUmemGenericAllocationHandle)> = Vec::new();
-    let mut result = Ok(());
-    for &(base, at) in &places {
-        let Some(b) = backing::find(base).filter(|b| b.handle.is_none()) else {
-            continue;
-        };
-        let r = in_ctx(b.ctx, || {
-            let h = backing::create_map(b.base, b.mapped, b.dev)?;
-            done.push((b, h));
-            ok(copy(&mut arena, at, b.base, b.mapped, false))
-        })
-        .and_then(|r| r);
-        if let Err(rc) = r {
-            result = Err(rc);
-            break;
+    let result = with_arena(|arena| {
+        for &(base, at) in &places {
+            let Some(b) = backing::find(base).filter(|b| b.handle.is_none()) else {
+                continue;
+            };
+            in_ctx(b.ctx, || {
+                let h = backing::create_map(b.base, b.mapped, b.dev)?;
+                done.push((b, h));
+                ok(copy(arena, at, b.base, b.mapped, false))
+            })
+            .and_then(|r| r)?;
         }
-    }
-    *ARENA.lock() = arena;
+        Ok(())
+    });
     if let Err(rc) = result {
         for (b, h) in &done {
             let _ = in_ctx(b.ctx, || backing::unmap_release(b, *h));

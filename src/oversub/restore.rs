@@ -251,7 +251,8 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         )
     };
     room::new_restore();
-    let mut waited = Duration::ZERO;
+    // When the claim that succeeded began, and when it ended.
+    let mut phases: (Instant, Instant);
     let mut said = Instant::now();
     let mut next_try = Instant::now();
     let mut line = super::line::Defer::default();
@@ -272,7 +273,9 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
             line.pause();
         }
         if short.is_none() && !ahead && Instant::now() >= next_try {
+            let claiming = Instant::now();
             if let Some(judged) = claim_room(h, &saved, since_first()) {
+                phases = (claiming, Instant::now());
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
                 // slot keeps beating meanwhile.
@@ -330,7 +333,6 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
             );
         }
         std::thread::sleep(RETRY);
-        waited += RETRY;
     }
     for &(card, bytes) in &saved {
         e.set_bytes_on(&card, bytes);
@@ -349,10 +351,12 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     RESTORE_WANTED.store(false, Ordering::Release);
     finish(RUNNING);
     log::warn!(
-        "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room)",
+        "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room, {} ms claiming it, {} ms moving)",
         fmt_bytes(total),
         t0.elapsed().as_millis(),
-        waited.min(t0.elapsed()).as_millis()
+        phases.0.duration_since(t0).as_millis(),
+        phases.1.duration_since(phases.0).as_millis(),
+        phases.1.elapsed().as_millis()
     );
 }
 

@@ -187,6 +187,15 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         .map(|(i, _)| seen(h, i))
         .collect();
     let me = seen(h, h.entry);
+    // Someone wants room on a card this process holds: its suspension may
+    // be near, so its VMM blocks' host arena is pinned ahead of it.
+    let wanted_here = others.iter().any(|o| {
+        o.wants
+            .is_some_and(|(c, b)| b > 0 && me.cards.iter().any(|&(m, n)| m == c && n > 0))
+    });
+    if wanted_here && super::backing::any() {
+        super::mover::prepare();
+    }
     // The idlest goes first; with nobody idle, a busy one whose turn is
     // over (turns.rs).
     let (card, busy) = match card_to_free(&me, &others, now, s.idle_ns) {

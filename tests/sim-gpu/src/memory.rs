@@ -167,6 +167,22 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     SUCCESS
 }
 
+/// Host memory is the card's in the simulator: registering it (vgpu's
+/// host arena, oversub/mover.rs) only checks the arguments.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
+    if p.is_null() || bytes == 0 {
+        INVALID_VALUE
+    } else {
+        SUCCESS
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    if p.is_null() { INVALID_VALUE } else { SUCCESS }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     d: *mut Dptr,

@@ -28,7 +28,7 @@ stubs! {
     cuMemcpyHtoDAsync_v2_ptsz, cuMemsetD8, cuMemsetD8_v2_ptds,
     cuMemsetD32Async, cuMemsetD32Async_ptsz, cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz,
     cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz, cuMemAdvise, cuMemAdvise_v2,
-    cuMemGetAddressRange, cuMemHostRegister, cuMemHostRegister_v2,
+    cuMemGetAddressRange, cuMemHostRegister,
     cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
     cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v3,
     cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCtx_ptsz, cuStreamGetCtx_v2,
