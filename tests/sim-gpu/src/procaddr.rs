@@ -307,6 +307,8 @@ fn exports() -> &'static HashMap<&'static str, usize> {
             cuMemHostAlloc,
             cuMemHostGetDevicePointer_v2,
             cuMemFreeHost,
+            cuMemHostRegister_v2,
+            cuMemHostUnregister,
             cuMemcpyHtoD_v2,
             cuMemcpyDtoH_v2,
             cuMemcpyHtoDAsync_v2,
