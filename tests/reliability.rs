@@ -146,12 +146,13 @@ fn kill_storm_leaves_exact_accounting_no_stuck_lock_and_no_overcommit() {
         "region vs survivors:\n{status:#}"
     );
     // No stuck lock: a lock left held by a killed process would stall an
-    // attach for good. The bound is loose because this 2-core CI machine
-    // runs the storm's processes too (131 ms seen once under load); the
-    // GPU storm scenario measures the speed.
-    assert!(attach_ms < 500.0, "attach took {attach_ms} ms");
+    // attach for good. The bound only tells "for good" from "slow": this
+    // 2-core CI machine runs the storm's processes too, and beside two
+    // busy loops and other test binaries an attach during the storm took
+    // 1156 ms. The GPU storm scenario measures the speed.
+    assert!(attach_ms < 5000.0, "attach took {attach_ms} ms");
     assert!(
-        worst_attach_ms < 500.0,
+        worst_attach_ms < 5000.0,
         "attach during the storm took {worst_attach_ms} ms"
     );
     // The card was watched through the storm (a sample every 20 ms).

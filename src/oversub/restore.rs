@@ -348,8 +348,9 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     } else {
         super::line::turn_began(h);
     }
-    RESTORE_WANTED.store(false, Ordering::Release);
-    finish(RUNNING);
+    // Said before the waiting calls go on: one that then ends the
+    // process would otherwise leave this line unwritten (seen on a busy
+    // CI machine).
     log::warn!(
         "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room, {} ms claiming it, {} ms moving)",
         fmt_bytes(total),
@@ -358,6 +359,8 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         phases.1.duration_since(phases.0).as_millis(),
         phases.1.elapsed().as_millis()
     );
+    RESTORE_WANTED.store(false, Ordering::Release);
+    finish(RUNNING);
 }
 
 /// One restore at a time (the watcher, or a caller when it is gone): the
