@@ -27,7 +27,9 @@ impl Inside {
 impl Drop for Inside {
     fn drop(&mut self) {
         if let Some((name, since)) = self.0 {
-            HELD.with(|h| h.set(h.get() - 1));
+            // (try_with: a hook may run from a thread-local destructor
+            // after this one's; `with` would panic there.)
+            let _ = HELD.try_with(|h| h.set(h.get().saturating_sub(1)));
             mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
             mover::left(name, since);
         }
@@ -49,7 +51,7 @@ pub(super) fn outside<R>(
     wait: impl FnOnce() -> R,
     resume: fn() -> Result<(), CUresult>,
 ) -> Result<R, CUresult> {
-    let held = HELD.with(|h| h.get());
+    let held = HELD.try_with(|h| h.get()).unwrap_or(0);
     if held == 0 {
         return Ok(wait());
     }
@@ -83,7 +85,7 @@ pub(super) fn entered(
         // either sees this thread or this thread sees SUSPENDING.
         mover::INSIDE.fetch_add(1, Ordering::SeqCst);
         if STATE.load(Ordering::SeqCst) == RUNNING {
-            HELD.with(|h| h.set(h.get() + 1));
+            let _ = HELD.try_with(|h| h.set(h.get() + 1));
             return Ok(Inside(Some((name, Instant::now()))));
         }
         mover::INSIDE.fetch_sub(1, Ordering::SeqCst);
