@@ -6,7 +6,7 @@ of their time is spent waiting on the simulated GPU's clock, not on the
 CPU: on the 2-core CI machine that order left it mostly idle (850 s of
 tests, neighbours alone 176 s), and CI took 18 min.
 
-1. Every binary but the timing group, LANES at a time (3 unless
+1. Every binary but the timing group, LANES at a time (4 unless
    VGPU_CI_LANES says otherwise), the heaviest first (WEIGHT: seconds on
    an idle machine; an unknown one counts 5 s), each in its package's
    directory as cargo would run it; then the doctests.
@@ -84,10 +84,12 @@ def run_one(entry, logs, lock, results):
 
 
 def main():
-    lanes = int(os.environ.get("VGPU_CI_LANES", "3"))
+    lanes = int(os.environ.get("VGPU_CI_LANES", "4"))
     logs = os.path.join("target", "ci-logs")
     os.makedirs(logs, exist_ok=True)
+    built = time.monotonic()
     found = binaries()
+    print(f"test binaries built in {time.monotonic() - built:.0f} s", flush=True)
     timing = [f for f in found if f[4] in TIMING]
     queue = [f for f in found if f[4] not in TIMING]
     queue.append((0, "doctests", None, os.getcwd(), "doctests"))

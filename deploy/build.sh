@@ -17,6 +17,8 @@ if [ ! -x "$tools/bin/cargo-zigbuild" ] || [ ! -x "$tools/bin/python3" ] \
   python3 -m venv "$tools"
   "$tools/bin/pip" install -q ziglang cargo-zigbuild
 fi
+# `--tools-only`: just the venv above (CI fetches it while clippy runs).
+[ "${1:-}" = --tools-only ] && exit 0
 # cargo-zigbuild finds zig as `python3 -m ziglang` of the venv.
 export PATH="$PWD/$tools/bin:$PATH"
 triple=x86_64-unknown-linux-gnu
