@@ -30,7 +30,7 @@ import time
 
 # Seconds per test binary, idle 2-core machine (cargo test --workspace).
 WEIGHT = {
-    "neighbours": 176, "oversub_turns": 100, "oversub_hostile": 68,
+    "neighbours": 176, "oversub_turns": 150, "oversub_hostile": 68,
     "launch_limit": 67, "oversub": 62, "utilization": 61, "reliability": 59,
     "restarts": 57, "hami": 52, "region_survival": 52, "oversub_vmm": 37,
     "exporter": 33, "bundle": 16, "memory_quota": 11, "entry_paths": 10,

@@ -1545,9 +1545,85 @@ def oversub_hostile():
            "ready=True; 0; 1", ready and ok and "suspended this process" not in err and kv(out).get("intact") == "1")
 
 
+def oversub_vllm():
+    """Issue 27: vLLM-style processes keep working under
+    CUDA_OVERSUBSCRIBE=true (gpu-tests/vllm_style.cu): an owner maps 8 GiB
+    of its own through cuMemCreate + cuMemMap, bumps it with a CUDA graph
+    and exports a 64 MiB cudaMalloc buffer by legacy IPC to a peer process
+    of its container; then, while it idles, a neighbour container wants
+    10 GiB of the 16 GiB a plain ballast leaves (the owner's 8.6 GiB must
+    leave for it). The driver's checkpoint does not take IPC memory, so
+    the owner stays and the neighbour gets a clean out of memory after
+    its wait; either way every word of the owner's must be right. With
+    VGPU_OVERSUBSCRIBE_VMM=true the cudaMalloc buffer is VMM-backed and
+    cannot be exported (documented): recorded, not judged."""
+    sec = "oversub_vllm"
+    if SIM:
+        return
+    exe = os.path.join(BIN, "vllm_style")
+    rc, _, err = run(["nvcc", "-O2", "-o", exe, os.path.join(ROOT, "gpu-tests", "vllm_style.cu"), "-lcuda"],
+                     base_env(), 300, "vllm-build")
+    if rc:
+        record(sec, "vllm_style.cu built", err[-200:], "built", False)
+        return
+    free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0]) * MIB
+    ballast = subprocess.Popen([client("link"), "hold", str(int(free - 16 * GIB)), "600"], env=base_env(),
+                               stdout=subprocess.PIPE, stderr=open(log_path("vllm-ballast"), "w"), text=True)
+    try:
+        if not wait_line(ballast, "hold_rc=0", 60):
+            record(sec, "ballast allocated", "no", "yes", False)
+            return
+        for vmm in (False, True):
+            tag = "VMM backing" if vmm else "default"
+            board = tempfile.mkdtemp(prefix="vgpu-board-")
+            extra = oversub_env(board, quota="14g", wait_ms=20000, host_limit="40g")
+            if vmm:
+                extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
+            handle = os.path.join(tempfile.mkdtemp(prefix="vgpu-ipc-"), "handle")
+            region = new_region()
+            olog = log_path(f"vllm-owner-{vmm}")
+            owner = subprocess.Popen([exe, "owner", "8", handle, "30"], env=make_env(True, extra, region),
+                                     stdout=subprocess.PIPE, stderr=open(olog, "w"), text=True)
+            if not wait_line(owner, "ready=1", 120):
+                stop(owner)
+                record(sec, f"{tag}: owner ready", "no", "yes", False)
+                continue
+            prc, pout, _ = run([exe, "peer", handle], make_env(True, extra, region), 120, f"vllm-peer-{vmm}")
+            time.sleep(3)
+            crc, cout, _ = run([client("link"), "hold", str(10 * GIB), "3"], make_env(True, extra, new_region()),
+                               120, f"vllm-neighbour-{vmm}")
+            try:
+                oout, _ = owner.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                stop(owner)
+                oout = ""
+            o, p, c = kv(oout), kv(pout), kv(cout)
+            err = open(olog, errors="replace").read()
+            said = [l.split("vgpu", 1)[-1][:90] for l in err.splitlines()
+                    if "suspend" in l or "checkpoint" in l or "restored" in l]
+            record(sec, f"{tag}: what vgpu said of the owner", "; ".join(said[:3]) or "nothing", "measured", True)
+            record(sec, f"{tag}: own VMM map, graph, export rc", f"{o.get('vmm_rc')}, {o.get('graph_rc')}, "
+                   f"{o.get('ipc_export_rc')}", "0, 0, 0" if not vmm else "0, 0, measured",
+                   o.get("vmm_rc") == "0" and o.get("graph_rc") == "0" and (vmm or o.get("ipc_export_rc") == "0"))
+            if not vmm or o.get("ipc_export_rc") == "0":
+                record(sec, f"{tag}: peer opens, finds, bumps (rc, wrong words)",
+                       f"{p.get('ipc_open_rc')}, {p.get('peer_wrong')}", "0, 0",
+                       prc == 0 and p.get("ipc_open_rc") == "0" and p.get("peer_wrong") == "0")
+            record(sec, f"{tag}: neighbour's 10 GiB (hold rc)", c.get("hold_rc", f"exit {crc}"),
+                   "measured (0: the owner left; 2: clean OOM after its wait)", c.get("hold_rc") in ("0", "2"))
+            record(sec, f"{tag}: owner after idling: graph rc, wrong VMM words, wrong shared words",
+                   f"{o.get('graph_after_rc')}, {o.get('vmm_wrong_after')}, {o.get('shared_wrong_after')}",
+                   "0, 0, 0" if not vmm else "0, 0, measured",
+                   o.get("graph_after_rc") == "0" and o.get("vmm_wrong_after") == "0"
+                   and (vmm or o.get("shared_wrong_after") == "0"))
+    finally:
+        stop(ballast)
+
+
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
-                                    oversub_hostile, oversub_busy, oversub_vmm, exporter, util_panel, dist, latency]}
+                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, exporter, util_panel, dist, latency]}
 
 
 def loaded_line():

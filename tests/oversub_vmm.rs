@@ -102,3 +102,27 @@ fn with_vmm_and_more_than_vmm_holds_the_checkpoint_api_moves_the_rest_after_the_
     assert_eq!(copies, 1, "{}", a.stderr);
     assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
 }
+
+#[test]
+fn with_vmm_an_ipc_exported_block_and_an_array_move_by_the_checkpoint_api_intact() {
+    let _serial = serial();
+    // A 64 MiB block exported by legacy IPC (its first try, on a
+    // VMM-backed block, fails as the driver's would; the block after it is
+    // an ordinary one) and a 256 MiB array beside the VMM-backed blocks:
+    // the VMM copies move those, the checkpoint API the rest.
+    let (a, copies) = crowd(
+        &[
+            VMM,
+            ("CUCLIENT_KEEP_IPC", "67108864"),
+            ("CUCLIENT_KEEP_ARRAY", "268435456"),
+        ],
+        "67108864",
+    );
+    assert_eq!(a.get("array_rc"), "0", "{}", a.stderr);
+    assert_eq!(a.get("ipc_first_rc"), "1", "{}", a.stderr);
+    assert_eq!(a.get("ipc_rc"), "0", "{}", a.stderr);
+    assert_eq!(a.get("ipc_intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("array_destroy_rc"), "0", "{}", a.stderr);
+    assert_eq!(copies, 1, "{}", a.stderr);
+    assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
+}

@@ -264,12 +264,13 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         return true;
     }
-    suspend(attach, h, card, bytes, &me.cards, busy);
+    suspend(attach, h, card, bytes, &me.cards, busy, (free, wanted));
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
 }
 
 /// Suspends this process to make room on `card`; `busy`: at its turn's
-/// end, not idle.
+/// end, not idle; `(free, wanted)`: the card's free bytes and what the
+/// waiters there want.
 fn suspend(
     attach: &Attach,
     h: &Here,
@@ -277,6 +278,7 @@ fn suspend(
     bytes: u64,
     cards: &[([u8; 16], u64)],
     busy: bool,
+    (free, wanted): (u64, u64),
 ) {
     let e = h.entry();
     let t0 = Instant::now();
@@ -331,10 +333,11 @@ fn suspend(
     let rest = bytes
         .saturating_sub(moved)
         .saturating_sub(super::mover::context_bytes(attach));
-    // At a busy turn's end the context goes too: the next holder's
-    // working set is not known, and a context left on the card (~0.5 GiB)
-    // kept a busy job of 14 GiB in 20 from its workspace (run 98).
-    let ckpt = !vmm || busy || rest >= super::mover::CHECKPOINT_FLOOR;
+    // At a busy turn's end the context goes too unless the waiters fit
+    // beside it with room to spare: a context left on the card (~0.5 GiB)
+    // once kept a busy job of 14 GiB in 20 from its workspace (run 98).
+    let context_goes = busy && !super::policy::context_may_stay(free, moved, wanted);
+    let ckpt = !vmm || context_goes || rest >= super::mover::CHECKPOINT_FLOOR;
     super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
     if ckpt {
         if let Err(why) = checkpointed(attach, h) {
@@ -363,14 +366,14 @@ fn suspend(
     BEAT.store(clock::monotonic_ns(), Ordering::Release);
     FIRST_TRY_NS.store(0, Ordering::Release);
     STATE.store(SUSPENDED, Ordering::Release);
-    for &(c, b) in cards {
-        // What actually left the card.
-        let left = if ckpt || c != card {
-            0
-        } else {
-            b.saturating_sub(moved)
-        };
-        e.set_bytes_on(&c, left);
+    for &(c, _) in cards {
+        // Nothing while suspended, even where a context stays (NVML's
+        // free figure, which judges room, counts it): a restoring entry
+        // with bytes on a card is one moving back, and allocations there
+        // wait for it (`restore::restore_moving_on`), so a context left
+        // on the card held a waiting allocation back until the restore
+        // found room without it (its turn, busy, on the simulator).
+        e.set_bytes_on(&c, 0);
     }
     let bytes = if ckpt { bytes } else { moved };
     e.count_suspension();

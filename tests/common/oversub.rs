@@ -46,9 +46,14 @@ impl Node {
     }
 
     pub fn new() -> Node {
-        let mut sim = Sim::new(1, "4g");
+        Node::with_card("4g", "3g")
+    }
+
+    /// A node whose card holds `card` bytes, each container `quota`.
+    pub fn with_card(card: &str, quota: &str) -> Node {
+        let mut sim = Sim::new(1, card);
         let board = sim.dir.path().join("board").display().to_string();
-        sim.set("CUDA_DEVICE_MEMORY_LIMIT", "3g")
+        sim.set("CUDA_DEVICE_MEMORY_LIMIT", quota)
             .set("CUDA_OVERSUBSCRIBE", "true")
             .set("VGPU_OVERSUBSCRIBE_DIR", &board)
             .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")

@@ -309,6 +309,39 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         size_t pitch = 0, rows = strtoull(pitched, 0, 0) >> 20;
         printf("pitch_rc=%d\n", cu.cuMemAllocPitch_v2(&pp, &pitch, 1 << 20, rows, 4));
     }
+    /* CUCLIENT_KEEP_ARRAY=N: an array of about N bytes (never VMM-backed). */
+    const char *arrayed = getenv("CUCLIENT_KEEP_ARRAY");
+    CUarray arr = NULL;
+    if (arrayed && *arrayed) {
+        size_t rows = strtoull(arrayed, 0, 0) / (4096 * 16);
+        CUDA_ARRAY_DESCRIPTOR ad = {4096, rows ? rows : 1, 0x20, 4};
+        printf("array_rc=%d\n", cu.cuArrayCreate_v2(&arr, &ad));
+    }
+    /* CUCLIENT_KEEP_IPC=N: an N-byte block exported by legacy IPC, as a
+     * process that shares memory with another does: tried on a fresh
+     * block, and where that one cannot be exported (VMM-backed), on the
+     * next one, which vgpu then serves ordinarily. Its own pattern is
+     * checked after the idle spell too. */
+    const char *shared = getenv("CUCLIENT_KEEP_IPC");
+    size_t ipc_bytes = shared && *shared ? strtoull(shared, 0, 0) : 0;
+    CUdeviceptr x = 0;
+    uint32_t *xw = NULL, *xback = NULL;
+    if (ipc_bytes) {
+        unsigned char h[64];
+        CHECK(cu.cuMemAlloc_v2(&x, ipc_bytes));
+        CUresult first = cu.cuIpcGetMemHandle(h, x);
+        CUresult rc = first;
+        if (first) {
+            CHECK(cu.cuMemAlloc_v2(&x, ipc_bytes));
+            rc = cu.cuIpcGetMemHandle(h, x);
+        }
+        printf("ipc_first_rc=%d ipc_rc=%d\n", first, rc);
+        xw = malloc(ipc_bytes);
+        xback = malloc(ipc_bytes);
+        if (!xw || !xback) return 1;
+        fill_pattern(xw, ipc_bytes / 4, seed + 1);
+        CHECK(cu.cuMemcpyHtoD_v2(x, xw, ipc_bytes));
+    }
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
@@ -343,6 +376,11 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     printf("back_rc=%d back_ms=%.1f back_tries=%d\n", rc, (now_s() - t) * 1e3, tries);
     printf("back_sum=%llu\nintact=%d\n", (unsigned long long)pattern_sum(back, n),
            rc == CUDA_SUCCESS && !memcmp(w, back, data));
+    if (ipc_bytes) {
+        CUresult xrc = cu.cuMemcpyDtoH_v2(xback, x, ipc_bytes);
+        printf("ipc_intact=%d\n", xrc == CUDA_SUCCESS && !memcmp(xw, xback, ipc_bytes));
+    }
+    if (arr) printf("array_destroy_rc=%d\n", cu.cuArrayDestroy(arr));
     fflush(stdout);
     end = now_s() + linger;
     while (now_s() < end) usleep(10000);
