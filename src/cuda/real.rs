@@ -250,6 +250,11 @@ impl Pinned {
         if ptr == libc::MAP_FAILED {
             return None;
         }
+        // Not into a child: a fork copies pinned private pages at once (15
+        // GiB for each of the program's forked workers, and for the bare
+        // clone that reads NVML's free memory).
+        // SAFETY: the mapping made just now; advice only.
+        unsafe { libc::madvise(ptr, len, libc::MADV_DONTFORK) };
         // SAFETY: `len` bytes mapped just now at `ptr`, owned here.
         let rc = unsafe { cuMemHostRegister_v2(ptr, len, 0) };
         if rc.is_ok() {
