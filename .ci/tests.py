@@ -9,7 +9,7 @@ tests, neighbours alone 176 s), and CI took 18 min.
 1. Every binary but the timing group, LANES at a time (4 unless
    VGPU_CI_LANES says otherwise), the heaviest first (WEIGHT: seconds on
    an idle machine; an unknown one counts 5 s), each in its package's
-   directory as cargo would run it; then the doctests.
+   directory as cargo would run it (the doctests run before them).
 2. The timing group (TIMING), alone and one after another: their tests
    judge shares of the simulated GPU against the host's scheduling, and
    beside a second lane and two busy loops a 40 % container got 0.367
@@ -92,11 +92,16 @@ def main():
     print(f"test binaries built in {time.monotonic() - built:.0f} s", flush=True)
     timing = [f for f in found if f[4] in TIMING]
     queue = [f for f in found if f[4] not in TIMING]
-    queue.append((0, "doctests", None, os.getcwd(), "doctests"))
-    print(f"{len(queue)} test binaries (the doctests one of them) in {lanes} lanes, "
-          f"then {len(timing)} alone", flush=True)
     lock = threading.Lock()
     results = []
+    # The doctests first, alone, then what every test binary's rig builds
+    # (tests/common: `cargo build -p ...`): run in the lanes, either one
+    # relinked target/debug/vgpuctl while another binary's test ran it
+    # ("No such file", a fresh-clone run under load).
+    run_one((0, "doctests", None, os.getcwd(), "doctests"), logs, lock, results)
+    subprocess.run(["cargo", "build", "--quiet", "-p", "vgpu", "-p", "vgpu-preload", "-p", "sim-gpu",
+                    "-p", "vgpuctl"], check=True)
+    print(f"{len(queue)} test binaries in {lanes} lanes, then {len(timing)} alone", flush=True)
 
     def worker():
         while True:
