@@ -131,11 +131,12 @@ fn with_vmm_a_context_stays_on_the_card_where_the_next_holder_fits_beside_it() {
         ],
     );
     for r in [&a, &b] {
-        let given = r.stderr.matches("its turn was over").count();
-        assert!(given >= 1, "{}", r.stderr);
+        assert!(r.stderr.contains("its turn was over"), "{}", r.stderr);
+        // Every suspension (a turn given, or, on a loaded machine, one
+        // that looked idle) left the context on the card.
         assert_eq!(
             r.stderr.matches("(VMM copies alone)").count(),
-            given,
+            r.stderr.matches("suspended this process").count(),
             "{}",
             r.stderr
         );

@@ -74,7 +74,12 @@ fn short_of_room(
 ) -> (Option<[u8; 16]>, u64) {
     let mut least = u64::MAX;
     for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
-        let r = room::room_on(h, &card, wait, waited, after);
+        // A child process asks only where this process's NVML waits for
+        // its restore (checkpointed): one cloned beside a live context and
+        // a pinned arena of 15 GiB never answered on an H100 (run 103),
+        // and both busy jobs then waited for good.
+        let checkpointed = super::mover::CHECKPOINTED.load(Ordering::Acquire);
+        let r = room::room_on(h, &card, (wait, waited), after, checkpointed);
         least = least.min(r);
         if r < bytes.saturating_add(margin(bytes)) {
             return (Some(card), least);

@@ -150,8 +150,9 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// Room on `card` for this checkpointed process now: its own fresh NVML
-/// figure (asked for up to `wait`, at or after `after`, monotonic ns),
+/// Room on `card` for this suspended process now: its own fresh NVML
+/// figure (asked for up to `wait`, at or after `after`, monotonic ns; by a
+/// child process where it is `checkpointed`),
 /// less restores in flight there for the first [`CLAIM_BOUND`] of the
 /// wait (`waited`: since the first try after the suspension) and running
 /// processes' waiting allocations for its first [`WANTS_BOUND`]. 0
@@ -159,16 +160,11 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 pub(super) fn room_on(
     h: &Here,
     card: &[u8; 16],
-    wait: Duration,
-    waited: Duration,
+    (wait, waited): (Duration, Duration),
     after: u64,
+    checkpointed: bool,
 ) -> u64 {
     observe(h, card, clock::monotonic_ns());
-    // A child process asks only where this process's NVML waits for its
-    // restore (checkpointed): cloning one beside a live context and a
-    // pinned arena of 15 GiB never answered on an H100 (run 103), and
-    // both busy jobs then waited for good.
-    let checkpointed = super::mover::CHECKPOINTED.load(std::sync::atomic::Ordering::Acquire);
     let Some((free, at)) = free_probe::free_asked_after(*card, after, wait, checkpointed) else {
         return 0;
     };
