@@ -263,9 +263,15 @@ impl Pinned {
         }
         // Filled before it is registered (registering touched memory runs
         // at ~24 GB/s); page by page where the kernel (before 5.14) has no
-        // MADV_POPULATE_WRITE.
+        // MADV_POPULATE_WRITE. Memory the kernel cannot give is a clean
+        // refusal here (cuMemHostAlloc's then), not the OOM killer later.
         // SAFETY: the mapping made just now; advice only.
         if unsafe { libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE) } != 0 {
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                // SAFETY: the mapping made above, unused.
+                unsafe { libc::munmap(ptr, len) };
+                return None;
+            }
             let page = 4096;
             for off in (0..len).step_by(page) {
                 // SAFETY: `off < len`: inside the writable mapping above,
