@@ -115,16 +115,16 @@ fn with_vmm_busy_jobs_take_turns_by_their_own_copies_and_the_context_goes_too() 
 
 #[test]
 fn with_vmm_a_context_stays_on_the_card_where_the_next_holder_fits_beside_it() {
-    // 2.75 GiB jobs on a 5.5 GiB card (256 MiB a context): one at a
-    // time, but the waiter's 2.7 GiB and 2 GiB to spare fit beside a
-    // context left behind, so each turn moves the VMM blocks alone and
-    // the context's checkpoint (about 3 s of a 4 s switch on an H100, run
-    // 102) is skipped.
+    // 3.25 GiB jobs on a 6.5 GiB card (256 MiB a context): one at a
+    // time, but the waiter's 3.2 GiB, a restore's margin and 2 GiB to
+    // spare fit beside a context left behind, so each turn moves the VMM
+    // blocks alone and the context's checkpoint (about 3 s of a 4 s
+    // switch on an H100, run 102) is skipped.
     // (b may wait 20 s: a's first turn also grows its arena, and each
-    // move copies 2.75 GiB of this machine's memory.)
+    // move copies 3.25 GiB of this machine's memory.)
     let (a, b) = take_turns_on(
-        Node::with_card("5632m", "3g"),
-        11 * GIB / 4,
+        Node::with_card("6656m", "4g"),
+        13 * GIB / 4,
         &[
             ("VGPU_OVERSUBSCRIBE_VMM", "true"),
             ("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000"),

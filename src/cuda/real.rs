@@ -215,7 +215,7 @@ unsafe impl Send for Pinned {}
 impl Pinned {
     /// `len` bytes of pinned host memory (a context must be current).
     pub(crate) fn new(len: usize) -> Result<Pinned, CUresult> {
-        if let Some(p) = Self::registered(len) {
+        if let Some(p) = Self::registered(len)? {
             return Ok(p);
         }
         let mut ptr: *mut c_void = std::ptr::null_mut();
@@ -234,8 +234,10 @@ impl Pinned {
         })
     }
 
-    /// Populated anonymous memory, registered with the driver.
-    fn registered(len: usize) -> Option<Pinned> {
+    /// Populated anonymous memory, registered with the driver; None where
+    /// registering fails (`cuMemHostAlloc` then), out of memory where the
+    /// kernel would not fill it.
+    fn registered(len: usize) -> Result<Option<Pinned>, CUresult> {
         // SAFETY: a fresh private anonymous mapping; no address is given.
         let ptr = unsafe {
             libc::mmap(
@@ -248,7 +250,7 @@ impl Pinned {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return None;
+            return Ok(None);
         }
         // Not into a child: a fork copies pinned private pages at once (15
         // GiB for each of the program's forked workers, and for the bare
@@ -263,16 +265,21 @@ impl Pinned {
         }
         // Filled before it is registered (registering touched memory runs
         // at ~24 GB/s); page by page where the kernel (before 5.14) has no
-        // MADV_POPULATE_WRITE. Memory the kernel cannot give is a clean
-        // refusal here (cuMemHostAlloc's then), not the OOM killer later.
+        // MADV_POPULATE_WRITE. Where the kernel says it has no memory, the
+        // arena is refused with out of memory (no slower fallback that
+        // pins the same); inside a memory-limited cgroup the OOM killer
+        // may act before it says so.
         // SAFETY: the mapping made just now; advice only.
         if unsafe { libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE) } != 0 {
             if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
                 // SAFETY: the mapping made above, unused.
                 unsafe { libc::munmap(ptr, len) };
-                return None;
+                return Err(CUresult::ERROR_OUT_OF_MEMORY);
             }
-            let page = 4096;
+            // SAFETY: sysconf reads a constant of the system.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .unwrap_or(4096)
+                .max(1);
             for off in (0..len).step_by(page) {
                 // SAFETY: `off < len`: inside the writable mapping above,
                 // which nothing else uses yet.
@@ -282,18 +289,18 @@ impl Pinned {
         // SAFETY: `len` bytes mapped just now at `ptr`, owned here.
         let rc = unsafe { cuMemHostRegister_v2(ptr, len, 0) };
         if rc.is_ok() {
-            return Some(Pinned {
+            return Ok(Some(Pinned {
                 ptr,
                 len,
                 mapped: true,
-            });
+            }));
         }
         crate::warn_once!(
             "CUDA_OVERSUBSCRIBE: cuMemHostRegister failed ({rc}): the host arena is pinned by cuMemHostAlloc instead, at 1-2 GB/s"
         );
         // SAFETY: the mapping made above, unused.
         unsafe { libc::munmap(ptr, len) };
-        None
+        Ok(None)
     }
 
     fn fits(&self, off: usize, n: usize) -> bool {

@@ -1,6 +1,6 @@
 //! NVML's free memory on a card as a short-lived child process sees it:
-//! the one figure a suspended process may restore on. Its own NVML memory
-//! queries wait for its restore (run 26 on the H200), and a figure another
+//! the one figure a checkpointed process may restore on. Its own NVML
+//! memory queries wait for its restore (run 26 on the H200), and a figure another
 //! process publishes on the board is another container's word, which must
 //! never drive a restore (a refused restore loses the process, issue 26).
 //!

@@ -61,11 +61,12 @@ pub const CONTEXT_HEADROOM: u64 = 2 << 30;
 
 /// Whether a busy process's turn may end with only its VMM blocks moved
 /// and its context (with its small blocks) left on the card: the card's
-/// `free` bytes before the move plus the `moved` ones hold what the
-/// waiters `wanted`, with [`CONTEXT_HEADROOM`] to spare. The context's
-/// checkpoint and restore took about 3 s of a 4 s switch (run 102).
-pub fn context_may_stay(free: u64, moved: u64, wanted: u64) -> bool {
-    free.saturating_add(moved) >= wanted.saturating_add(CONTEXT_HEADROOM)
+/// `free` bytes once they left hold what the waiters `need` (their wants,
+/// and a restore's margin), with [`CONTEXT_HEADROOM`] to spare. The
+/// context's checkpoint and restore took about 3 s of a 4 s switch (run
+/// 102).
+pub fn context_may_stay(free: u64, need: u64) -> bool {
+    free >= need.saturating_add(CONTEXT_HEADROOM)
 }
 
 #[cfg(test)]
@@ -75,15 +76,15 @@ mod tests {
     #[test]
     fn a_context_stays_only_where_the_waiters_fit_beside_it_with_headroom() {
         const GIB: u64 = 1 << 30;
-        // 20 GiB of room, a 15 GiB job moved out, 14 GiB wanted: stays.
-        assert!(context_may_stay(5 * GIB, 15 * GIB, 14 * GIB));
-        // The same want with less than the headroom to spare: goes.
-        assert!(!context_may_stay(GIB / 2, 15 * GIB, 14 * GIB));
-        // A want of the whole card (the most a want counts) never lets it
-        // stay; no overflow at the edges.
-        assert!(!context_may_stay(5 * GIB, 15 * GIB, 80 * GIB));
-        assert!(context_may_stay(u64::MAX, u64::MAX, u64::MAX - 3 * GIB));
-        assert!(!context_may_stay(0, 0, u64::MAX));
+        // 20 GiB of room, a 15 GiB job moved out (19.4 GiB free beside its
+        // context), 15 GiB needed: stays.
+        assert!(context_may_stay(19 * GIB, 15 * GIB));
+        // The same need with less than the headroom to spare: goes.
+        assert!(!context_may_stay(16 * GIB, 15 * GIB));
+        // A need of the whole card never lets it stay; no overflow.
+        assert!(!context_may_stay(19 * GIB, 80 * GIB));
+        assert!(!context_may_stay(0, u64::MAX));
+        assert!(context_may_stay(u64::MAX, u64::MAX - 2 * GIB));
     }
 
     const CARD: [u8; 16] = [1; 16];

@@ -57,7 +57,7 @@ pub(super) fn restore_moving_on(h: &Here, card: &[u8; 16]) -> bool {
 /// What a restore leaves free beyond the bytes it moves: the driver's own
 /// needs around them, and memory that moves meanwhile. A restore the
 /// driver refuses loses the process, so it is never tried on a guess.
-fn margin(bytes: u64) -> u64 {
+pub(super) fn margin(bytes: u64) -> u64 {
     (512 << 20) + bytes / 50
 }
 

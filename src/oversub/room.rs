@@ -2,7 +2,7 @@
 //! refuses loses the process (driver 580, run 28), so it is judged on this
 //! process's own knowledge only: NVML's free bytes as a short-lived child
 //! process reads them (`nvml::fresh`: the process's own NVML waits while it
-//! is checkpointed). A figure another process publishes on the board is
+//! is checkpointed), or as its own NVML does where no checkpoint was taken. A figure another process publishes on the board is
 //! another container's word and drives nothing (issue 26: a hostile
 //! `free_seen` of 100 GiB made a process restore onto a full card).
 //!

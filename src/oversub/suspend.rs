@@ -238,8 +238,8 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         );
         return true;
     }
-    // Its restore will need a figure of its own from a child process: no
-    // suspension where that cannot be had. One child at most every 10 s
+    // Its restore may need a figure of its own from a child process (when
+    // it checkpoints): no suspension where that cannot be had. One child at most every 10 s
     // where none answers; one that answered stands for 60 s.
     static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
     static FRESH_OK: AtomicU64 = AtomicU64::new(0);
@@ -264,13 +264,12 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         return true;
     }
-    suspend(attach, h, card, bytes, &me.cards, busy, (free, wanted));
+    suspend(attach, h, card, bytes, &me.cards, busy, wanted);
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
 }
 
 /// Suspends this process to make room on `card`; `busy`: at its turn's
-/// end, not idle; `(free, wanted)`: the card's free bytes and what the
-/// waiters there want.
+/// end, not idle; `wanted`: what the waiters there want.
 fn suspend(
     attach: &Attach,
     h: &Here,
@@ -278,7 +277,7 @@ fn suspend(
     bytes: u64,
     cards: &[([u8; 16], u64)],
     busy: bool,
-    (free, wanted): (u64, u64),
+    wanted: u64,
 ) {
     let e = h.entry();
     let t0 = Instant::now();
@@ -333,10 +332,18 @@ fn suspend(
     let rest = bytes
         .saturating_sub(moved)
         .saturating_sub(super::mover::context_bytes(attach));
-    // At a busy turn's end the context goes too unless the waiters fit
-    // beside it with room to spare: a context left on the card (~0.5 GiB)
-    // once kept a busy job of 14 GiB in 20 from its workspace (run 98).
-    let context_goes = busy && !super::policy::context_may_stay(free, moved, wanted);
+    // At a busy turn's end the context goes too unless the waiters (and
+    // a restore's margin) fit beside it with room to spare, as NVML says
+    // once the blocks left (no checkpoint holds the driver's lock yet, so
+    // this process's own NVML answers): a context left on the card (~0.5
+    // GiB) once kept a busy job of 14 GiB in 20 from its workspace (run
+    // 98). Not taken back later: a holder that outgrows the spare room
+    // waits, and gets out of memory after its wait.
+    let context_goes = busy && {
+        let need = wanted.saturating_add(super::restore::margin(wanted));
+        !crate::nvml::client::memory(&card)
+            .is_some_and(|(free, _)| super::policy::context_may_stay(free, need))
+    };
     let ckpt = !vmm || context_goes || rest >= super::mover::CHECKPOINT_FLOOR;
     super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
     if ckpt {
