@@ -156,6 +156,9 @@ fn take_turns_on(node: Node, total: u64, extra: &[(&str, &str)]) -> (Run, Run) {
     let mut env = vec![
         ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000"),
         ("VGPU_OVERSUBSCRIBE_WAIT_MS", "8000"),
+        // Busy jobs: a loop stalled 300 ms on a loaded machine looked idle
+        // and was suspended as such, instead of giving its turn.
+        ("VGPU_OVERSUBSCRIBE_IDLE_MS", "60000"),
         ("LIBCUDA_LOG_LEVEL", "2"),
     ];
     env.extend_from_slice(extra);
