@@ -112,6 +112,31 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
 }
 
 #[test]
+fn a_stuck_nvml_child_gets_a_sibling_and_the_process_is_still_suspended() {
+    // Before it checkpoints, a process makes sure a child of its own can
+    // read NVML (its restore needs one). A child cloned while another
+    // thread held the allocator's lock waited for ever, and the process
+    // kept the card (CI, once). Here the first child stalls; its sibling
+    // answers.
+    let _serial = serial();
+    let node = Node::new();
+    let stalled = node.sim.dir.path().join("stalled");
+    let keep = keeper("5");
+    let a = node.spawn(
+        "a",
+        &[("SIM_GPU_NVML_STALL_FIRST", stalled.to_str().unwrap())],
+        &args(&keep),
+    );
+    let b = node.crowd_out();
+    assert_eq!(finish(b).get("hold_rc"), "0");
+    let a = finish(a);
+    assert!(stalled.exists(), "no child stalled: {}", a.stderr);
+    assert_intact(&a);
+    assert!(a.stderr.contains("suspended this process"), "{}", a.stderr);
+    assert!(!a.stderr.contains("could not read NVML"), "{}", a.stderr);
+}
+
+#[test]
 fn a_first_call_vgpu_does_not_hook_or_never_sees_restores_the_process_too() {
     // The driver's lock blocks every call of a suspended process. A PyTorch
     // job whose first call after its idle spell was one without a hook

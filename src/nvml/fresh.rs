@@ -8,9 +8,11 @@
 //! the driver's might wait on the checkpoint lock); it loads NVML afresh
 //! in a new link-map namespace (`dlmopen`: its own descriptors, none of
 //! this process's state, none of vgpu's hooks), asks, writes nine bytes
-//! into a pipe and `_exit`s. The parent waits up to a bound and then
-//! kills it; a child that cannot even be reaped is reaped at the next ask,
-//! and while [`MAX_UNREAPED`] are, none is made. The child has no exit
+//! into a pipe and `_exit`s. A child may wait for ever on a lock another
+//! thread held at the clone, so one that is slow gets a sibling; the
+//! parent takes the first answer within a bound and then kills them. A
+//! child that cannot even be reaped is reaped at the next ask, and while
+//! [`MAX_UNREAPED`] are, none is made. The child has no exit
 //! signal: the host program gets no `SIGCHLD` and its `wait()` never sees
 //! it (only `__WALL` does), so nobody else can reap it and hand its pid on.
 //! No answer is "not known", never "room".
@@ -30,6 +32,13 @@ type MemFn = unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int;
 static UNREAPED: Lock<Vec<libc::pid_t>> = Lock::new(Vec::new(), |v| v.clear());
 /// No new child while this many are stuck.
 const MAX_UNREAPED: usize = 4;
+/// How long the children may take to answer: a fresh NVML takes
+/// seconds on a node of many cards.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+/// At most this many children per question, a new one each
+/// [`HEDGE_AFTER`] while none has answered.
+const CHILDREN: usize = 3;
+const HEDGE_AFTER: Duration = Duration::from_millis(500);
 
 /// This module's lock, for the fork handlers (`fork.rs`).
 pub fn locks() -> [Listed; 1] {
@@ -37,13 +46,69 @@ pub fn locks() -> [Listed; 1] {
 }
 
 /// Free bytes on `uuid` as a fresh child process's NVML says, within
-/// `wait`; None when it did not answer (or NVML cannot say).
+/// `wait`; None when none answered (or NVML cannot say).
+///
+/// A child that has not answered after [`HEDGE_AFTER`] gets a sibling,
+/// up to [`CHILDREN`]: a bare clone copies no lock state, so a child
+/// made while another thread held the allocator's or the loader's lock
+/// waits on it forever (seen once on CI: a child usually answers in
+/// 1-6 ms, this one not in 2 s). The first answer counts.
 pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
     if reap_old() >= MAX_UNREAPED {
         return None;
     }
-    // Everything the child needs is made before the clone.
+    // Everything a child needs is made before its clone.
     let text = CString::new(vgpu_shm::format_uuid(uuid)).ok()?;
+    let t0 = Instant::now();
+    let deadline = t0 + wait;
+    let mut kids: Vec<Child> = Vec::with_capacity(CHILDREN);
+    let mut answer = None;
+    for n in 1..=CHILDREN {
+        match spawn(&text) {
+            Some(kid) => kids.push(kid),
+            None if kids.is_empty() => return None,
+            None => {}
+        }
+        let until = if n < CHILDREN {
+            (t0 + HEDGE_AFTER * n as u32).min(deadline)
+        } else {
+            deadline
+        };
+        if let Some(a) = first_answer(&mut kids, until) {
+            answer = a;
+            break;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    log::debug!(
+        "{} child process(es) for NVML's free memory: {answer:?} in {} ms (bound {} ms)",
+        kids.len(),
+        t0.elapsed().as_millis(),
+        wait.as_millis()
+    );
+    for kid in kids {
+        // SAFETY: closing a read end we own; the child is ours to kill.
+        unsafe {
+            libc::close(kid.fd);
+            libc::kill(kid.pid, libc::SIGKILL);
+        }
+        reap(kid.pid);
+    }
+    answer
+}
+
+/// One child asking NVML: its pid and the read end of its pipe.
+struct Child {
+    pid: libc::pid_t,
+    fd: c_int,
+    /// Its pipe is still open (it has neither answered nor died).
+    open: bool,
+}
+
+/// Clones a child that asks NVML about `uuid`; None when it cannot.
+fn spawn(uuid: &CStr) -> Option<Child> {
     let lib = c"libnvidia-ml.so.1";
     let mut fds: [c_int; 2] = [-1; 2];
     // SAFETY: pipe2 writes two descriptors into an array we own.
@@ -56,7 +121,7 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
     let pid = unsafe { libc::syscall(libc::SYS_clone, 0 as libc::c_long, 0, 0, 0, 0) };
     if pid == 0 {
         // SAFETY: in the child; it only loads NVML, asks, writes, exits.
-        unsafe { child(fds[1], lib, &text) }
+        unsafe { child(fds[1], lib, uuid) }
     }
     // SAFETY: closing our copy of the write end.
     unsafe { libc::close(fds[1]) };
@@ -65,46 +130,63 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
         unsafe { libc::close(fds[0]) };
         return None;
     }
-    let pid = pid as libc::pid_t;
-    let answer = read_within(fds[0], wait);
-    // SAFETY: closing the read end we own; the child is ours to kill.
-    unsafe {
-        libc::close(fds[0]);
-        libc::kill(pid, libc::SIGKILL);
-    }
-    reap(pid);
-    answer
+    Some(Child {
+        pid: pid as libc::pid_t,
+        fd: fds[0],
+        open: true,
+    })
 }
 
-/// Nine bytes (ok, free as little-endian u64) from `fd` within `wait`.
-fn read_within(fd: c_int, wait: Duration) -> Option<u64> {
-    let deadline = Instant::now() + wait;
-    let mut buf = [0u8; 9];
-    let mut got = 0;
-    while got < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
+/// The first answer of `kids` by `until`: Some(free), or Some(None) when
+/// NVML could not say or every child died without a word; None when
+/// none has answered yet.
+fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<u64>> {
+    loop {
+        if kids.iter().all(|k| !k.open) {
+            return Some(None);
+        }
+        let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return None;
         }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
+        let mut polls: Vec<libc::pollfd> = kids
+            .iter()
+            .filter(|k| k.open)
+            .map(|k| libc::pollfd {
+                fd: k.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: poll on pollfds we own, their count passed with them.
+        let rc = unsafe {
+            libc::poll(
+                polls.as_mut_ptr(),
+                polls.len() as libc::nfds_t,
+                left.as_millis().max(1) as c_int,
+            )
         };
-        // SAFETY: poll on one pollfd we own.
-        let rc = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as c_int) };
         if rc <= 0 {
             continue;
         }
-        // SAFETY: reading into the rest of a buffer we own.
-        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
-        if n <= 0 {
-            return None;
+        for p in polls.iter().filter(|p| p.revents != 0) {
+            // A child writes its nine bytes at once (under PIPE_BUF, so
+            // they arrive together) or dies without them.
+            let mut buf = [0u8; 9];
+            // SAFETY: reading into a buffer we own.
+            let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n == buf.len() as isize {
+                let free = u64::from_le_bytes(buf[1..].try_into().ok()?);
+                return Some((buf[0] == 1).then_some(free));
+            }
+            if let Some(k) = kids.iter_mut().find(|k| k.fd == p.fd) {
+                k.open = false;
+            }
         }
-        got += n as usize;
     }
-    let free = u64::from_le_bytes(buf[1..].try_into().ok()?);
-    (buf[0] == 1).then_some(free)
 }
 
 /// Reaps `pid` if it is gone within a moment; else later.

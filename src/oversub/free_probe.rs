@@ -16,8 +16,6 @@ use crate::lock::{CondLock, Listed, Name};
 
 /// An answer is used while it is this fresh.
 const FRESH_NS: u64 = 500_000_000;
-/// How long the child process of a checkpointed process may take.
-const CHILD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct Probe {
@@ -84,7 +82,7 @@ pub fn free_asked_after(
                 .spawn(move || {
                     let at = crate::clock::monotonic_ns();
                     let free = if checkpointed {
-                        crate::nvml::fresh::free_memory(&card, CHILD_WAIT)
+                        crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
                     } else {
                         crate::nvml::client::free_memory(&card)
                     };

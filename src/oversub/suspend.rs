@@ -248,14 +248,15 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     let known_ok = ok != 0 && now.saturating_sub(ok) < 60_000_000_000;
     if !known_ok {
         if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
-            || crate::nvml::fresh::free_memory(&card, Duration::from_secs(2)).is_none()
+            || crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT).is_none()
         {
             if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
                 FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
             }
             crate::warn_once!(
-                "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {}, which a restore needs: this process is not suspended",
-                vgpu_shm::format_uuid(&card)
+                "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {} within {} s, which a restore needs: this process is not suspended (asked again in 10 s)",
+                vgpu_shm::format_uuid(&card),
+                crate::nvml::fresh::ANSWER_WAIT.as_secs()
             );
             return true;
         }

@@ -56,6 +56,7 @@ pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
     if std::env::var_os("SIM_GPU_NVML").is_some_and(|v| v == "0") {
         return DRIVER_NOT_LOADED;
     }
+    stalls_in_the_first_fresh_child();
     state::shared();
     INIT.fetch_add(1, Ordering::AcqRel);
     OK
@@ -401,6 +402,39 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Util
         OK
     } else {
         INVALID_ARGUMENT
+    }
+}
+
+/// `SIM_GPU_NVML_STALL_FIRST=<file>`: the first NVML loaded in a
+/// namespace of its own (vgpu's fresh child, `dlmopen`) stalls for ever,
+/// as a child cloned while a lock it needs was held does; it makes
+/// `<file>` to say so, and later ones answer.
+fn stalls_in_the_first_fresh_child() {
+    let Some(path) = std::env::var_os("SIM_GPU_NVML_STALL_FIRST") else {
+        return;
+    };
+    let mut lmid: libc::Lmid_t = 0;
+    // SAFETY: dlopen with RTLD_NOLOAD finds this library (as its own
+    // namespace names it) or returns NULL; dlinfo writes an Lmid_t.
+    let own = unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        );
+        !h.is_null()
+            && libc::dlinfo(h, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) == 0
+            && lmid != libc::LM_ID_BASE
+    };
+    if own
+        && std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .is_ok()
+    {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
 }
 
