@@ -103,7 +103,8 @@ pub fn try_reserve(
 /// How long a refused allocation waits for owners that look gone to be
 /// judged (`vgpu_shm::slots::STALE_MS` and a margin), and how often it
 /// looks.
-const FADING_WAIT: Duration = Duration::from_millis(vgpu_shm::slots::STALE_MS + 1_000);
+const FADING_WAIT: Duration =
+    Duration::from_millis(vgpu_shm::slots::STALE_MS + vgpu_shm::slots::VERDICT_MARGIN_MS);
 const FADING_POLL: Duration = Duration::from_millis(100);
 
 fn near_limit(attach: &Attach, dev: EntryIndex) -> bool {

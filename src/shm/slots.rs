@@ -23,6 +23,12 @@ pub const UNKNOWN_PID_GRACE_MS: u64 = 2_000;
 /// A slot whose owner no `/proc` here can see is the driver's to judge
 /// once its heartbeat is this old (the owner beats every 100 ms).
 pub const STALE_MS: u64 = 3_000;
+/// An unseen owner's slot still counts as being judged for this long
+/// after its heartbeat reached [`STALE_MS`]: the judging poll that
+/// crossed it may have found no driver list (a restart's first
+/// allocation was refused just past 3 s under load, its predecessor's
+/// slot unjudged).
+pub const VERDICT_MARGIN_MS: u64 = 1_000;
 /// A heartbeat this old has stopped (owners beat every 100 ms).
 pub const BEAT_STOPPED_MS: u64 = 500;
 /// How often a live owner beats (its watcher's tick).
@@ -274,7 +280,8 @@ impl Region {
 
     /// Whether some slot's owner looks gone but is not reclaimable yet: it
     /// is dead and the driver may still hold its memory, or no `/proc`
-    /// here sees it and its heartbeat stopped less than [`STALE_MS`] ago.
+    /// here sees it and its heartbeat stopped less than [`STALE_MS`] (and
+    /// [`VERDICT_MARGIN_MS`]) ago.
     /// An allocation refused meanwhile waits for the verdict (a restarted
     /// container's first context came right after its predecessor exited,
     /// and was refused, run 19). During the first [`BEAT_STOPPED_MS`] of
@@ -293,7 +300,7 @@ impl Region {
                 Liveness::Alive => false,
                 Liveness::Dead => true,
                 Liveness::Unknown => self.heartbeat_age_ms(i, now).is_some_and(|age| {
-                    (BEAT_STOPPED_MS..STALE_MS).contains(&age)
+                    (BEAT_STOPPED_MS..STALE_MS + VERDICT_MARGIN_MS).contains(&age)
                         || (age < BEAT_STOPPED_MS && waited_ms < BEAT_STOPPED_MS + BEAT_MS)
                 }),
             }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::procinfo::{monotonic_ms, my_pidns};
-use crate::slots::{BEAT_STOPPED_MS, STALE_MS, beat_word};
+use crate::slots::{BEAT_STOPPED_MS, STALE_MS, VERDICT_MARGIN_MS, beat_word};
 
 fn temp_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("vgpu-shm-survival-{}", std::process::id()));
@@ -205,6 +205,31 @@ fn a_refusal_waits_a_moment_for_an_unseen_owner_whose_beat_is_fresh() {
     assert!(r.owners_fading(&view, 0));
     // Still fresh after a beat's stop time: alive.
     assert!(!r.owners_fading(&view, BEAT_STOPPED_MS + 200));
+}
+
+#[test]
+fn an_unseen_owner_just_past_stale_is_still_awaited_and_one_long_stale_is_not() {
+    // A refusal's wait that crossed the 3 s mark with no verdict (a poll
+    // that found no driver list) keeps trying for the margin; a slot
+    // stale for longer (no NVML here to judge it) does not hold every
+    // refusal up.
+    let r = Region::anonymous().unwrap();
+    let foreign = ProcId {
+        pid: 1,
+        start_time: 7,
+        pidns: my_pidns() ^ 0x5a5a,
+    };
+    let slot = r.claim_slot(&foreign).unwrap();
+    let view = ProcView::current();
+    let aged = |ms: u64| beat_word(1, monotonic_ms().saturating_sub(ms));
+    r.slot(slot)
+        .heartbeat_ms
+        .store(aged(STALE_MS + 100), Ordering::Release);
+    assert!(r.owners_fading(&view, 2_800));
+    r.slot(slot)
+        .heartbeat_ms
+        .store(aged(STALE_MS + VERDICT_MARGIN_MS + 100), Ordering::Release);
+    assert!(!r.owners_fading(&view, 3_800));
 }
 
 #[test]
