@@ -1469,7 +1469,25 @@ def oversub_vmm():
     pinned host arena (kept between switches) instead of the checkpoint
     API. Records the switch GB/s out and back (target >= 30 GB/s on the
     H100 after the first, which pins the arena) besides oversub_busy's
-    checks. Same env knobs as oversub_busy (BUSY_GIB, BUSY_ROOM_GIB, ...)."""
+    checks. Same env knobs as oversub_busy (BUSY_GIB, BUSY_ROOM_GIB, ...).
+    First, what the program sees of a VMM-backed block of 3 MiB + 5 bytes
+    (a 4 MiB mapping): its asked range from cuMemGetAddressRange and from
+    the range pointer attributes, and its context, as cuMemAlloc's block
+    would answer."""
+    sec = "oversub_vmm"
+    extra = oversub_env(tempfile.mkdtemp(prefix="vgpu-board-"), quota="8g", wait_ms=1000, host_limit="4g")
+    extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
+    for tag, env in (("VMM backing", make_env(True, extra, new_region())), ("native", base_env())):
+        rc, out, _ = run([client("link"), "vmmhide", "3145733"], env, 60, f"vmmhide-{tag.split()[0]}")
+        f = kv(out)
+        got = "; ".join(f"{k} {f.get(k + '_rc')}/{f.get(k + '_size')}" for k in ("range", "attr", "attrs"))
+        ok = rc == 0 and all(f.get(k + "_rc") == "0" and f.get(k + "_size") == "3145733"
+                             for k in ("range", "attr", "attrs"))
+        ok = ok and all(f.get(k) == "1" for k in ("range_base_ok", "attr_start_ok", "attrs_start_ok", "ctx_ok"))
+        got += f"; bases {f.get('range_base_ok')}{f.get('attr_start_ok')}{f.get('attrs_start_ok')}, " \
+               f"context {f.get('ctx_ok')}"
+        record(sec, f"{tag}: a 3 MiB + 5 B block's range (rc/size): cuMemGetAddressRange; pointer attribute; "
+                    f"attributes; the base and the context right", got, "0/3145733 each; 111, 1", ok)
     oversub_busy("oversub_vmm", vmm=True)
 
 

@@ -6,7 +6,7 @@
 //! `cuMemCreate`, the pool's device for `cuMemAllocFromPoolAsync`.
 #![forbid(unsafe_code)]
 
-use std::ffi::c_uint;
+use std::ffi::{c_int, c_uint};
 
 use vgpu_shm::{EntryIndex, Kind};
 
@@ -70,13 +70,15 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
     }
     if crate::oversub::backing::wanted(bytes) {
         // Counted at the mapped size: what the card gives it.
-        return counted(
-            On::CurrentContext,
-            Kind::Buffer,
-            crate::oversub::backing::mapped_size(bytes),
-            || crate::oversub::backing::alloc(dptr, bytes),
-            ptr_key(dptr),
-        );
+        return crate::oversub::backing::serving(|| {
+            counted(
+                On::CurrentContext,
+                Kind::Buffer,
+                crate::oversub::backing::mapped_size(bytes),
+                || crate::oversub::backing::alloc(dptr, bytes),
+                ptr_key(dptr),
+            )
+        });
     }
     counted(
         On::CurrentContext,
@@ -211,6 +213,25 @@ pub fn address_range(
         size.put(asked as usize);
     }
     rc
+}
+
+/// `CU_POINTER_ATTRIBUTE_CONTEXT`, `_RANGE_START_ADDR` and `_RANGE_SIZE`
+/// (cuda.h).
+const CONTEXT: c_int = 1;
+const RANGE_START_ADDR: c_int = 11;
+const RANGE_SIZE: c_int = 12;
+
+/// A pointer attribute's value (8 bytes each) where vgpu answers it, not
+/// the driver: a VMM-backed block's context, base and the size the
+/// program asked for, as cuMemAlloc's block would answer (the driver says
+/// NULL and the mapped size, docs/vmm-facts.md fact 5).
+pub fn block_attribute(attribute: c_int, p: CUdeviceptr) -> Option<u64> {
+    match attribute {
+        CONTEXT => crate::oversub::backing::context_of(p).map(|c| c as u64),
+        RANGE_START_ADDR => crate::oversub::backing::asked(p).map(|(base, _)| base),
+        RANGE_SIZE => crate::oversub::backing::asked(p).map(|(_, size)| size),
+        _ => None,
+    }
 }
 
 /// `cuIpcGetMemHandle`: VMM memory cannot be exported through legacy IPC

@@ -92,6 +92,11 @@ pub fn admit(
     if let Some(h) = here() {
         h.entry().add_want(&card, bytes);
     }
+    // A VMM-backed block's host copy is pinned while it waits (mover.rs).
+    let _pinning = super::backing::serving_now()
+        .then(crate::cuda::driver::current_context)
+        .flatten()
+        .map(|ctx| super::mover::waiting(bytes, ctx as usize));
     // Its own bound, longer by the turns ahead of it where the card's
     // holders take turns (never shorter once longer).
     let mut bound = wait;

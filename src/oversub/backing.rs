@@ -52,6 +52,25 @@ pub fn wanted(bytes: usize) -> bool {
         && !LEGACY.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// This thread is counting a VMM-backed allocation ([`serving`]).
+    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, the counting of an allocation [`wanted`] said to serve: an
+/// admission that waits pins the arena for it meanwhile (mover.rs).
+pub fn serving<R>(f: impl FnOnce() -> R) -> R {
+    let _ = SERVING.try_with(|s| s.set(true));
+    let r = f();
+    let _ = SERVING.try_with(|s| s.set(false));
+    r
+}
+
+/// Whether this thread is inside [`serving`].
+pub(super) fn serving_now() -> bool {
+    SERVING.try_with(std::cell::Cell::get).unwrap_or(false)
+}
+
 /// `bytes` rounded up to the granularity (what the quota counts).
 pub fn mapped_size(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(GRANULARITY) * GRANULARITY
@@ -73,6 +92,15 @@ pub fn asked(p: CUdeviceptr) -> Option<(CUdeviceptr, u64)> {
         return None;
     }
     find(p).map(|b| (b.base, b.size))
+}
+
+/// The context the VMM-backed block holding `p` was allocated in (as a
+/// number), as cuMemAlloc's block would name it.
+pub fn context_of(p: CUdeviceptr) -> Option<usize> {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    find(p).map(|b| b.ctx)
 }
 
 /// From now on this process's blocks are cuMemAlloc's (legacy IPC).

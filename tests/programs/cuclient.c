@@ -973,7 +973,8 @@ static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
 /* ---- edge cases ------------------------------------------------------------- */
 
 /* VMM hiding (VGPU_OVERSUBSCRIBE_VMM): a block of `bytes` answers its
- * asked size to cuMemGetAddressRange; legacy IPC of it fails, and a block
+ * asked size to cuMemGetAddressRange and to the range pointer attributes;
+ * legacy IPC of it fails, and a block
  * allocated after that can be exported. */
 static int cmd_vmmhide(size_t bytes) {
     setup();
@@ -983,6 +984,22 @@ static int cmd_vmmhide(size_t bytes) {
     CHECK(cu.cuMemAlloc_v2(&a, bytes));
     printf("range_rc=%d\n", cu.cuMemGetAddressRange_v2(&base, &size, a + bytes / 2));
     printf("range_base_ok=%d\nrange_size=%zu\n", base == a, size);
+    /* The same range as pointer attributes (11: start, 12: size), one at a
+     * time and together. */
+    CUdeviceptr start = 0, start2 = 0;
+    size_t span = 0, span2 = 0;
+    int rc = cu.cuPointerGetAttribute(&start, 11, a + bytes / 2);
+    rc = rc ? rc : cu.cuPointerGetAttribute(&span, 12, a + bytes / 2);
+    printf("attr_rc=%d\nattr_start_ok=%d\nattr_size=%zu\n", rc, start == a, span);
+    int attrs[2] = {11, 12};
+    void *data[2] = {&start2, &span2};
+    printf("attrs_rc=%d\n", cu.cuPointerGetAttributes(2, attrs, data, a + bytes / 2));
+    printf("attrs_start_ok=%d\nattrs_size=%zu\n", start2 == a, span2);
+    /* Its context (1), as cuMemAlloc's block names it. */
+    CUcontext mine = NULL, owner = NULL;
+    cu.cuCtxGetCurrent(&mine);
+    printf("ctx_rc=%d\n", cu.cuPointerGetAttribute(&owner, 1, a));
+    printf("ctx_ok=%d\n", owner == mine && mine != NULL);
     printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
     CHECK(cu.cuMemAlloc_v2(&b, bytes));
     printf("ipc_after_rc=%d\n", cu.cuIpcGetMemHandle(h, b));

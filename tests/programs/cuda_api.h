@@ -84,6 +84,9 @@ typedef struct {
     X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 13000,                               \
       (CUdeviceptr *, size_t *, CUdeviceptr))                                               \
     X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 13000, (void *, CUdeviceptr))                  \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", 13000, (void *, int, CUdeviceptr))      \
+    X(cuPointerGetAttributes, "cuPointerGetAttributes", 13000,                              \
+      (unsigned, int *, void **, CUdeviceptr))                                              \
     X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 13000, (CUdeviceptr, const void *, size_t))            \
     X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 13000, (void *, CUdeviceptr, size_t))                  \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 13000, (CUmemoryPool *, CUdevice)) \

@@ -275,21 +275,21 @@ pub unsafe extern "C" fn cuMemsetD8_v2(dst: Dptr, v: u8, n: usize) -> CUresult {
     }
 }
 
-/// The allocation or VMM mapping holding `p`: (base, size, VMM). A VMM
-/// mapping answers its mapped size, as the driver does (docs/vmm-facts.md
-/// fact 5).
-fn range_of(p: Dptr) -> Option<(Dptr, u64, bool)> {
+/// The allocation or VMM mapping holding `p`: (base, size, VMM, its
+/// context: none for a mapping). A VMM mapping answers its mapped size,
+/// as the driver does (docs/vmm-facts.md fact 5).
+fn range_of(p: Dptr) -> Option<(Dptr, u64, bool, usize)> {
     let l = local();
     let hit = |base: u64, bytes: u64| p >= base && p < base + bytes;
     l.allocs
         .iter()
         .find(|&(&b, a)| hit(b, a.bytes))
-        .map(|(&b, a)| (b, a.bytes, false))
+        .map(|(&b, a)| (b, a.bytes, false, a.ctx))
         .or_else(|| {
             l.mapped
                 .iter()
                 .find(|&(&b, &(_, n))| hit(b, n))
-                .map(|(&b, &(_, n))| (b, n, true))
+                .map(|(&b, &(_, n))| (b, n, true, 0))
         })
 }
 
@@ -299,11 +299,58 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     size: *mut usize,
     p: Dptr,
 ) -> CUresult {
-    let Some((b, n, _)) = range_of(p) else {
+    let Some((b, n, _, _)) = range_of(p) else {
         return 500; // CUDA_ERROR_NOT_FOUND
     };
     put(base, b);
     put(size, n as usize);
+    SUCCESS
+}
+
+/// The range attributes (11: start, 12: size) of the block or mapping
+/// holding `p`, as `cuMemGetAddressRange_v2` answers; 1 (context): its
+/// context, NULL for VMM memory; 10 (legacy IPC capable): 1 for
+/// cuMemAlloc's blocks, 0 for VMM memory, as the driver answers
+/// (docs/vmm-facts.md fact 5). Others: not supported here.
+fn pointer_attribute(data: *mut c_void, attribute: i32, p: Dptr) -> CUresult {
+    let Some((b, n, vmm, ctx)) = range_of(p) else {
+        return INVALID_VALUE;
+    };
+    let ok = match attribute {
+        1 => put(data.cast::<Handle>(), h(ctx)),
+        10 => put(data.cast::<i32>(), i32::from(!vmm)),
+        11 => put(data.cast::<Dptr>(), b),
+        12 => put(data.cast::<usize>(), n as usize),
+        _ => return NOT_SUPPORTED,
+    };
+    if ok { SUCCESS } else { INVALID_VALUE }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: i32,
+    p: Dptr,
+) -> CUresult {
+    pointer_attribute(data, attribute, p)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: u32,
+    attributes: *const i32,
+    data: *mut *mut c_void,
+    p: Dptr,
+) -> CUresult {
+    for i in 0..n as usize {
+        let (Some(a), Some(d)) = (get_at(attributes, i), get_at(data.cast_const(), i)) else {
+            return INVALID_VALUE;
+        };
+        let rc = pointer_attribute(d, a, p);
+        if rc != SUCCESS {
+            return rc;
+        }
+    }
     SUCCESS
 }
 
@@ -312,7 +359,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuIpcGetMemHandle(h: *mut [u8; 64], p: Dptr) -> CUresult {
     match range_of(p) {
-        Some((b, _, false)) => {
+        Some((b, _, false, _)) => {
             let mut v = [0u8; 64];
             v[..8].copy_from_slice(&b.to_le_bytes());
             if put(h, v) { SUCCESS } else { INVALID_VALUE }
