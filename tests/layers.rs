@@ -36,16 +36,10 @@ const CORE_CIRCLES: &[&[&str]] = &[
         "interpose::table",
         "nvml::exports",
     ],
-    // The settings and their parsers (types one way, functions the other).
-    &["config", "config::parse"],
-    // Room's bound is part of the settings; the settings' home reads it.
-    &["oversub::room", "oversub::state"],
-    // Admission waits for moves, suspend and restore hand over to each other.
-    &["oversub::admission", "oversub::restore", "oversub::suspend"],
 ];
 
-/// vgpu-shm's: the board and its entry type.
-const SHM_CIRCLES: &[&[&str]] = &[&["board", "board::entry"]];
+/// vgpu-shm's: none.
+const SHM_CIRCLES: &[&[&str]] = &[];
 
 #[test]
 fn core_imports_keep_their_layers() {

@@ -126,3 +126,32 @@ fn with_vmm_an_ipc_exported_block_and_an_array_move_by_the_checkpoint_api_intact
     assert_eq!(copies, 1, "{}", a.stderr);
     assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
 }
+
+#[test]
+fn with_vmm_a_process_on_two_cards_moves_both_cards_blocks_and_gets_them_back_intact() {
+    // a holds 64 MiB + 1 GiB on card 0 and 64 MiB on card 1, all
+    // VMM-backed; b wants card 0. The whole process is suspended: every
+    // block of both cards goes by copies (each in its own card's context),
+    // and comes back at its address.
+    let _serial = serial();
+    let node = Node::with_cards(2, "4g", "3g");
+    let a = node.spawn(
+        "a",
+        &[
+            VMM,
+            // (The simulated card keeps contents up to 256 MiB a block.)
+            ("CUCLIENT_KEEP_DEVICE1", "67108864"),
+            ("LIBCUDA_LOG_LEVEL", "2"),
+        ],
+        &keeper("67108864"),
+    );
+    let b = node.crowd_out();
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish(a);
+    assert_intact(&a);
+    assert_eq!(a.get("device1_intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert!(a.stderr.contains("VMM move out: 3 blocks"), "{}", a.stderr);
+    assert!(a.stderr.contains("VMM move back: 3 blocks"), "{}", a.stderr);
+    assert_eq!(node.host_copies(), 0);
+}

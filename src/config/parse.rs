@@ -5,7 +5,7 @@
 
 use log::LevelFilter;
 
-use super::{CorePolicy, DEVICE_NUMBERS};
+use vgpu_shm::{CorePolicy, MAX_DEVICES as DEVICE_NUMBERS};
 
 pub(super) const BYTES: &str = "bytes with an optional k/m/g suffix, e.g. 4g, 4096m, 1073741824";
 pub(super) const PERCENT: &str = "a whole percentage from 0 to 100";

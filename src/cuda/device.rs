@@ -13,12 +13,7 @@ use crate::ffi::Out;
 
 /// What the driver says about ordinal `dev`.
 fn info(dev: CUdevice) -> Option<DeviceInfo> {
-    let mut uuid = [0u8; 16];
-    if !real::cuDeviceGetUuid_v2(Out::from(&mut uuid), dev).is_ok()
-        && !real::cuDeviceGetUuid(Out::from(&mut uuid), dev).is_ok()
-    {
-        return None;
-    }
+    let uuid = driver::uuid(dev)?;
     let mut total = 0usize;
     let total_ok = real::cuDeviceTotalMem_v2(Out::from(&mut total), dev).is_ok();
     let mut sms = 0;

@@ -15,6 +15,14 @@ pub fn current_context() -> Option<CUcontext> {
         .filter(|c| !c.is_null())
 }
 
+/// The UUID the driver reports for ordinal `dev`.
+pub fn uuid(dev: CUdevice) -> Option<[u8; 16]> {
+    let mut uuid = [0u8; 16];
+    (real::cuDeviceGetUuid_v2(Out::from(&mut uuid), dev).is_ok()
+        || real::cuDeviceGetUuid(Out::from(&mut uuid), dev).is_ok())
+    .then_some(uuid)
+}
+
 /// The ordinal of the current context's device.
 pub fn current_ordinal() -> Option<CUdevice> {
     let mut dev = CudaOrdinal(-1);

@@ -214,6 +214,11 @@ pub(crate) struct Pinned {
 // through `&mut self` (writes) or `&self` (reads).
 unsafe impl Send for Pinned {}
 
+/// `CU_MEMHOSTALLOC_PORTABLE` and `CU_MEMHOSTREGISTER_PORTABLE` (both 1,
+/// cuda.h): pinned for every context, not just the one current at the
+/// call, so that blocks of another card copy at the pinned rate too.
+const HOST_PORTABLE: c_uint = 1;
+
 impl Pinned {
     /// `len` bytes of pinned host memory (a context must be current).
     pub(crate) fn new(len: usize) -> Result<Pinned, CUresult> {
@@ -222,7 +227,7 @@ impl Pinned {
         }
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a live pointer slot the driver writes once.
-        let rc = unsafe { cuMemHostAlloc(&mut ptr, len, 0) };
+        let rc = unsafe { cuMemHostAlloc(&mut ptr, len, HOST_PORTABLE) };
         if !rc.is_ok() {
             return Err(rc);
         }
@@ -289,7 +294,7 @@ impl Pinned {
             }
         }
         // SAFETY: `len` bytes mapped just now at `ptr`, owned here.
-        let rc = unsafe { cuMemHostRegister_v2(ptr, len, 0) };
+        let rc = unsafe { cuMemHostRegister_v2(ptr, len, HOST_PORTABLE) };
         if rc.is_ok() {
             return Ok(Some(Pinned {
                 ptr,

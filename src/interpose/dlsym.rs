@@ -176,6 +176,10 @@ mod exports {
     use std::ffi::{c_char, c_void};
 
     /// `void *dlsym(void *handle, const char *symbol)`
+    ///
+    /// # Safety
+    /// As glibc's: `handle` is a handle `dlopen` gave or a pseudo-handle,
+    /// `symbol` a NUL-terminated string.
     #[unsafe(naked)]
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
@@ -198,6 +202,10 @@ mod exports {
     }
 
     /// `void *dlvsym(void *handle, const char *symbol, const char *version)`
+    ///
+    /// # Safety
+    /// As glibc's: `handle` as for `dlsym`, `symbol` and `version`
+    /// NUL-terminated strings.
     #[unsafe(naked)]
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlvsym(
@@ -231,6 +239,11 @@ mod exports {
     use std::ffi::{c_char, c_void};
     use std::sync::atomic::Ordering;
 
+    /// `void *dlsym(void *handle, const char *symbol)`
+    ///
+    /// # Safety
+    /// As glibc's: `handle` is a handle `dlopen` gave or a pseudo-handle,
+    /// `symbol` a NUL-terminated string.
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         // SAFETY: dlsym's contract is decide's.
@@ -245,6 +258,11 @@ mod exports {
         unsafe { f(handle, symbol) }
     }
 
+    /// `void *dlvsym(void *handle, const char *symbol, const char *version)`
+    ///
+    /// # Safety
+    /// As glibc's: `handle` as for `dlsym`, `symbol` and `version`
+    /// NUL-terminated strings.
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlvsym(
         handle: *mut c_void,

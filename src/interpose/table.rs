@@ -99,8 +99,12 @@ macro_rules! hooks {
         $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $imp:path $([$with:ident])? $(, idle: $idle:path)?; )*
     ) => {
         $(
+            #[doc = concat!("`", stringify!($name), "`, exported: vgpu's hook, then the driver's.")]
+            #[doc = ""]
+            #[doc = "# Safety"]
+            #[doc = "The program's own arguments, valid as the driver API's contract for this function says."]
             #[cfg_attr(all(feature = "interpose", not(test)), unsafe(no_mangle))]
-            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            #[allow(non_snake_case, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 /// # Safety
                 /// The arguments are the program's own to this driver

@@ -10,9 +10,10 @@
 //! one the card could never hold fails at once.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::handover::WAITING;
 use super::state::{ACTIVE, here, settings};
 use crate::attach::Attach;
 use crate::cuda::sys::CUresult;
@@ -29,9 +30,6 @@ fn wait_for_moves(h: &super::state::Here, card: &[u8; 16], deadline: std::time::
         std::thread::sleep(RETRY);
     }
 }
-
-/// Allocations of this process waiting for room now.
-pub(super) static WAITING: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `alloc`, on `card`, counted in `attach`'s slot (None: not
 /// counted, nothing to wait for).

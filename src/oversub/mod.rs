@@ -21,9 +21,11 @@
 //! - `free_probe`: NVML's free memory, asked without blocking the watcher
 //! - `room`: whether a card has room for a restore, on this process's own
 //!   figure only (the board can make a restore wait, within bounds, never
-//!   hurry it)
+//!   hurry it; pure); `restore_room`: the figures it judges, gathered
+//!   from NVML and the board
 //! - `state`: what they share: the process's state, counters, settings
-//!   and board entry
+//!   and board entry; `handover`: what a suspension hands its restore
+//!   (the cards, the watcher's beat, the waiting allocations)
 //!
 //! The process is its own actor: its watcher thread locks, checkpoints,
 //! restores and unlocks it (a process may drive the API on itself, as
@@ -37,11 +39,13 @@ pub mod backing;
 mod blocked;
 mod checkpoint;
 mod free_probe;
+mod handover;
 mod inside;
 mod line;
 mod mover;
 mod policy;
 mod restore;
+mod restore_room;
 mod room;
 mod state;
 mod suspend;
@@ -79,7 +83,7 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
         vmm: cfg.vmm,
         claim_bound: cfg
             .test_claim_bound_ms
-            .map_or(room::CLAIM_BOUND, std::time::Duration::from_millis),
+            .map_or(state::CLAIM_BOUND, std::time::Duration::from_millis),
     });
     let pid = std::process::id();
     let here = Board::open(&cfg.dir).and_then(|board| {
@@ -132,8 +136,9 @@ pub fn locks() -> impl Iterator<Item = Listed> {
     restore::locks()
         .into_iter()
         .chain(free_probe::locks())
-        .chain(room::locks())
+        .chain(restore_room::locks())
         .chain(suspend::locks())
+        .chain(handover::locks())
         .chain(backing::locks())
         .chain(mover::locks())
 }

@@ -242,15 +242,16 @@ fn grow(arena: &mut Vec<Pinned>, bytes: u64) -> Result<(), CUresult> {
     Ok(())
 }
 
-/// Moves every block to the host; the bytes moved. On an error nothing
-/// is released (the process stays as it was) and the reason is given.
-pub(super) fn move_out() -> Result<u64, String> {
+/// Moves every block to the host; the bytes moved from each card (by
+/// UUID; `fallback` where the driver names none). On an error nothing is
+/// released (the process stays as it was) and the reason is given.
+pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, String> {
     let blocks: Vec<Backed> = backing::all()
         .into_iter()
         .filter(|b| b.handle.is_some())
         .collect();
     let Some(first) = blocks.first() else {
-        return Ok(0);
+        return Ok(Vec::new());
     };
     let t0 = Instant::now();
     let mut ctxs: Vec<usize> = blocks.iter().map(|b| b.ctx).collect();
@@ -295,7 +296,15 @@ pub(super) fn move_out() -> Result<u64, String> {
         synced.duration_since(t0).as_millis(),
         copied.elapsed().as_millis()
     );
-    Ok(total)
+    let mut per_card: Vec<([u8; 16], u64)> = Vec::new();
+    for b in &blocks {
+        let card = crate::cuda::driver::uuid(b.dev).unwrap_or(fallback);
+        match per_card.iter_mut().find(|(c, _)| *c == card) {
+            Some((_, n)) => *n += b.mapped,
+            None => per_card.push((card, b.mapped)),
+        }
+    }
+    Ok(per_card)
 }
 
 /// Brings every moved-out block back at its address. On an error the

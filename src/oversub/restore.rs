@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use vgpu_shm::board::ProcState;
 
+use super::handover::{BEAT, LAST_ACTIVE, SAVED, beating};
 use super::mover::Back;
-use super::room;
+use super::restore_room;
 use super::state::{
     FAILED, Here, RESTORING, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
 };
-use super::suspend::{BEAT, LAST_ACTIVE, SAVED, beating};
 use crate::attach::Attach;
 use crate::clock;
 use crate::cuda::sys::CUresult;
@@ -79,7 +79,7 @@ fn short_of_room(
         // a pinned arena of 15 GiB never answered on an H100 (run 103),
         // and both busy jobs then waited for good.
         let checkpointed = super::mover::CHECKPOINTED.load(Ordering::Acquire);
-        let r = room::room_on(h, &card, (wait, waited), after, checkpointed);
+        let r = restore_room::room_on(h, &card, (wait, waited), after, checkpointed);
         least = least.min(r);
         if r < bytes.saturating_add(margin(bytes)) {
             return (Some(card), least);
@@ -100,7 +100,7 @@ fn short_of_room(
 /// claim at a time on the node, so two restores never count on the same
 /// room. The room judged, or None when no claim was made.
 fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
-    let _node = room::restore_lock(h).ok()?;
+    let _node = restore_room::restore_lock(h).ok()?;
     let e = h.entry();
     for &(card, bytes) in saved {
         e.set_bytes_on(&card, bytes);
@@ -255,7 +255,7 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
             clock::monotonic_ns().saturating_sub(FIRST_TRY_NS.load(Ordering::Acquire)),
         )
     };
-    room::new_restore();
+    restore_room::new_restore();
     // When the claim that succeeded began, and when it ended.
     let mut phases: (Instant, Instant);
     let mut said = Instant::now();

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use vgpu_shm::board::{Board, BoardEntry};
 
-use super::room;
 use crate::attach::Attach;
 use crate::config::Oversub;
 
@@ -62,6 +61,11 @@ pub(super) struct Settings {
 
 pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();
 
+/// A claim of another process on the board counts this long at most
+/// against a restore's room (room.rs; `VGPU_TEST_CLAIM_BOUND_MS` sets
+/// another in tests).
+pub const CLAIM_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// This process's place on the node's board.
 pub(super) struct Here {
     pub(super) board: Board,
@@ -90,7 +94,7 @@ pub(super) fn settings() -> &'static Settings {
         host_limit: 0,
         test_watcher_stop: false,
         vmm: false,
-        claim_bound: room::CLAIM_BOUND,
+        claim_bound: CLAIM_BOUND,
     })
 }
 

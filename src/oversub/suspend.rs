@@ -10,14 +10,14 @@
 //! suspension.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use vgpu_shm::board::ProcState;
 
-use super::admission::WAITING;
 use super::blocked::Baseline;
 use super::checkpoint;
+use super::handover::{BEAT, LAST_ACTIVE, SAVED, WAITING, beating};
 use super::policy::{Seen, card_to_free};
 use super::restore::{
     FIRST_TRY_NS, RESTORE_UNTIL, RESTORE_WANTED, deadline_from_now, fail, request_restore,
@@ -27,57 +27,22 @@ use super::state::{
     ACTIVE, ACTIVITY, Here, IN_CALL, RUNNING, STATE, SUSPENDED, SUSPENDING, here, settings,
 };
 use crate::attach::Attach;
-use crate::lock::{Listed, Lock, Name, keep};
+use crate::lock::{Listed, Lock, Name};
 use crate::log::fmt_bytes;
 use crate::{clock, process};
 
 /// How long the lock waits for calls in flight before giving up.
 const LOCK_TIMEOUT_MS: u32 = 1000;
 
-/// The watcher's last tick.
-pub(super) static BEAT: AtomicU64 = AtomicU64::new(0);
-/// ACTIVITY as the watcher last saw it, and when it changed.
+/// ACTIVITY as the watcher last saw it (when it changed: `LAST_ACTIVE`).
 static SEEN_ACTIVITY: AtomicU64 = AtomicU64::new(0);
-pub(super) static LAST_ACTIVE: AtomicU64 = AtomicU64::new(0);
-
-/// Runs `call` (a checkpoint: 25 s for 46 GiB on an H200) while a
-/// helper thread beats the region slot every half second, as the watcher
-/// would: in a pid namespace a slot without a heartbeat looks dead to its
-/// neighbours after 3 s. (The beat touches neither CUDA nor NVML.)
-pub(super) fn beating<R>(attach: Option<&Attach>, call: impl FnOnce() -> R) -> R {
-    let done = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let beat = std::thread::Builder::new()
-            .name("vgpu-beat".into())
-            .spawn_scoped(s, || {
-                while !done.load(Ordering::Acquire) {
-                    if let Some(a) = attach {
-                        a.tick();
-                    }
-                    std::thread::park_timeout(Duration::from_millis(500));
-                }
-            });
-        let r = call();
-        done.store(true, Ordering::Release);
-        if let Ok(t) = beat {
-            t.thread().unpark();
-        }
-        r
-    })
-}
 
 /// The threads when the last suspension began (blocked.rs); a forked
 /// child has none of them.
 static BASELINE: Lock<Option<Baseline>> = Lock::new(None, |b| *b = None);
-/// What the process held on each card when it was suspended.
-pub(super) static SAVED: Lock<Vec<([u8; 16], u64)>> = Lock::new(Vec::new(), keep);
-
-/// This module's locks, for the fork handlers (`fork.rs`).
-pub(super) fn locks() -> [Listed; 2] {
-    [
-        (Name::of("oversub.baseline"), &BASELINE),
-        (Name::of("oversub.saved"), &SAVED),
-    ]
+/// This module's lock, for the fork handlers (`fork.rs`).
+pub(super) fn locks() -> [Listed; 1] {
+    [(Name::of("oversub.baseline"), &BASELINE)]
 }
 
 /// Whether this process's memory is off the card (the watcher then does
@@ -311,7 +276,8 @@ fn suspend(
             ));
         }
     }
-    let mut moved = 0;
+    // What the copies took off each card.
+    let mut moved_from: Vec<([u8; 16], u64)> = Vec::new();
     if vmm {
         // The gate closes first; then the threads inside hooks leave and
         // the contexts synchronise: an unmap does not wait for kernels
@@ -323,11 +289,12 @@ fn suspend(
                 super::mover::QUIET_BOUND.as_millis()
             ));
         }
-        match beating(Some(attach), super::mover::move_out) {
-            Ok(m) => moved = m,
+        match beating(Some(attach), || super::mover::move_out(card)) {
+            Ok(m) => moved_from = m,
             Err(why) => return undo(why),
         }
     }
+    let moved: u64 = moved_from.iter().map(|&(_, b)| b).sum();
     // What VMM does not hold, if worth it, goes through the checkpoint.
     // (The context stays either way unless the checkpoint takes it.)
     let rest = bytes
@@ -362,11 +329,12 @@ fn suspend(
         }
         *SAVED.lock() = cards.to_vec();
     } else {
-        // Only the VMM blocks left the card; the context and the small
-        // blocks stay (docs/oversubscription.md, 2b).
+        // Only the VMM blocks left the cards; the contexts and the small
+        // blocks stay (docs/oversubscription.md, 2b). Each card must have
+        // room for its own blocks again.
         *BASELINE.lock() = None;
         e.release_host_bytes(bytes.saturating_sub(moved));
-        *SAVED.lock() = vec![(card, moved)];
+        *SAVED.lock() = moved_from;
     }
     if busy {
         super::line::gave_turn(h);
@@ -446,7 +414,7 @@ fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::oversub::room;
+    use crate::oversub::restore_room;
     use std::io::BufRead;
     use std::path::Path;
     use std::process::{Command, Stdio};
@@ -476,7 +444,7 @@ mod tests {
             b.entry(i).set_want(&CARD, 1 << 30);
         }
         println!("holding {i}");
-        std::thread::sleep(Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_secs(60));
     }
 
     fn holder(dir: &Path, role: &str) -> std::process::Child {
@@ -513,8 +481,8 @@ mod tests {
             pid: std::process::id(),
         };
         assert_eq!(h.board.others(Some(entry)).count(), 2);
-        assert_eq!(room::wanted_on(&h, &CARD), 1 << 30);
-        assert_eq!(room::wanted_on(&h, &[1; 16]), 0);
+        assert_eq!(restore_room::wanted_on(&h, &CARD), 1 << 30);
+        assert_eq!(restore_room::wanted_on(&h, &[1; 16]), 0);
         for c in &mut children {
             let _ = c.kill();
             let _ = c.wait();

@@ -26,7 +26,8 @@ pub use crate::board_dir::default_dir;
 
 mod entry;
 
-pub use entry::BoardEntry;
+pub use crate::procinfo::monotonic_ns;
+pub use entry::{BOARD_CARDS, BoardEntry, ProcState};
 
 /// `"VGPUOVS\0"` read as a little-endian `u64`.
 pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
@@ -34,53 +35,8 @@ pub const BOARD_MAGIC: u64 = u64::from_le_bytes(*b"VGPUOVS\0");
 pub const BOARD_VERSION: u32 = 2;
 /// Processes on the board at once (every oversubscribed process of the node).
 pub const BOARD_ENTRIES: usize = 256;
-/// Cards one process is tracked on.
-pub const BOARD_CARDS: usize = 4;
 /// The board's file name in its directory.
 pub const BOARD_FILE: &str = "vgpu-oversub.board";
-
-/// What a process is doing, as the board shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum ProcState {
-    /// Not claimed.
-    Free = 0,
-    /// Its memory is on the card.
-    Running = 1,
-    /// Its memory is moving to the host.
-    Suspending = 2,
-    /// Its memory is on the host.
-    Suspended = 3,
-    /// Its memory is moving back (or waiting for room to).
-    Restoring = 4,
-    /// A checkpoint or restore failed for good: its CUDA calls fail.
-    Failed = 5,
-}
-
-impl ProcState {
-    fn from_u32(v: u32) -> ProcState {
-        match v {
-            1 => ProcState::Running,
-            2 => ProcState::Suspending,
-            3 => ProcState::Suspended,
-            4 => ProcState::Restoring,
-            5 => ProcState::Failed,
-            _ => ProcState::Free,
-        }
-    }
-
-    /// The word `vgpuctl` prints.
-    pub fn name(self) -> &'static str {
-        match self {
-            ProcState::Free => "free",
-            ProcState::Running => "running",
-            ProcState::Suspending => "suspending",
-            ProcState::Suspended => "suspended",
-            ProcState::Restoring => "restoring",
-            ProcState::Failed => "failed",
-        }
-    }
-}
 
 /// The board's header.
 #[repr(C)]
@@ -100,17 +56,6 @@ pub const BOARD_SIZE: usize = HEADER_SIZE + BOARD_ENTRIES * size_of::<BoardEntry
 
 const _: () = assert!(size_of::<BoardHeader>() <= HEADER_SIZE);
 const _: () = assert!(size_of::<BoardEntry>() == 256);
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Why a board cannot be used.
 #[derive(Debug)]

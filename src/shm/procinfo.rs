@@ -268,6 +268,17 @@ pub fn monotonic_ms() -> u64 {
     (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// `/proc/sys/kernel/random/boot_id` as two words; None when unreadable.
 pub fn boot_id() -> Option<[u64; 2]> {
     parse_boot_id(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?)

@@ -51,7 +51,12 @@ impl Node {
 
     /// A node whose card holds `card` bytes, each container `quota`.
     pub fn with_card(card: &str, quota: &str) -> Node {
-        let mut sim = Sim::new(1, card);
+        Node::with_cards(1, card, quota)
+    }
+
+    /// [`Node::with_card`] with `count` such cards.
+    pub fn with_cards(count: u32, card: &str, quota: &str) -> Node {
+        let mut sim = Sim::new(count, card);
         let board = sim.dir.path().join("board").display().to_string();
         sim.set("CUDA_DEVICE_MEMORY_LIMIT", quota)
             .set("CUDA_OVERSUBSCRIBE", "true")

@@ -342,6 +342,26 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         fill_pattern(xw, ipc_bytes / 4, seed + 1);
         CHECK(cu.cuMemcpyHtoD_v2(x, xw, ipc_bytes));
     }
+    /* CUCLIENT_KEEP_DEVICE1=N: an N-byte block with a pattern of its own on
+     * device 1 too (its primary context), checked after the idle spell. */
+    const char *second = getenv("CUCLIENT_KEEP_DEVICE1");
+    size_t d1_bytes = second && *second ? strtoull(second, 0, 0) : 0;
+    CUcontext c1 = NULL;
+    CUdeviceptr y = 0;
+    uint32_t *yw = NULL, *yback = NULL;
+    if (d1_bytes) {
+        CUdevice dev1;
+        CHECK(cu.cuDeviceGet(&dev1, 1));
+        CHECK(cu.cuDevicePrimaryCtxRetain(&c1, dev1));
+        CHECK(cu.cuCtxSetCurrent(c1));
+        CHECK(cu.cuMemAlloc_v2(&y, d1_bytes));
+        yw = malloc(d1_bytes);
+        yback = malloc(d1_bytes);
+        if (!yw || !yback) return 1;
+        fill_pattern(yw, d1_bytes / 4, seed + 2);
+        CHECK(cu.cuMemcpyHtoD_v2(y, yw, d1_bytes));
+        CHECK(cu.cuCtxSetCurrent(g_ctx));
+    }
     size_t n = data / 4;
     uint32_t *w = malloc(data), *back = malloc(data);
     if (!w || !back) return 1;
@@ -381,6 +401,12 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         printf("ipc_intact=%d\n", xrc == CUDA_SUCCESS && !memcmp(xw, xback, ipc_bytes));
     }
     if (arr) printf("array_destroy_rc=%d\n", cu.cuArrayDestroy(arr));
+    if (d1_bytes) {
+        CHECK(cu.cuCtxSetCurrent(c1));
+        CUresult yrc = cu.cuMemcpyDtoH_v2(yback, y, d1_bytes);
+        printf("device1_intact=%d\n", yrc == CUDA_SUCCESS && !memcmp(yw, yback, d1_bytes));
+        CHECK(cu.cuCtxSetCurrent(g_ctx));
+    }
     fflush(stdout);
     end = now_s() + linger;
     while (now_s() < end) usleep(10000);

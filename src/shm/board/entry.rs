@@ -7,7 +7,53 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::{BOARD_CARDS, ProcState};
+use crate::procinfo::monotonic_ns;
+
+/// Cards one process is tracked on.
+pub const BOARD_CARDS: usize = 4;
+
+/// What a process is doing, as the board shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProcState {
+    /// Not claimed.
+    Free = 0,
+    /// Its memory is on the card.
+    Running = 1,
+    /// Its memory is moving to the host.
+    Suspending = 2,
+    /// Its memory is on the host.
+    Suspended = 3,
+    /// Its memory is moving back (or waiting for room to).
+    Restoring = 4,
+    /// A checkpoint or restore failed for good: its CUDA calls fail.
+    Failed = 5,
+}
+
+impl ProcState {
+    fn from_u32(v: u32) -> ProcState {
+        match v {
+            1 => ProcState::Running,
+            2 => ProcState::Suspending,
+            3 => ProcState::Suspended,
+            4 => ProcState::Restoring,
+            5 => ProcState::Failed,
+            _ => ProcState::Free,
+        }
+    }
+
+    /// The word `vgpuctl` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcState::Free => "free",
+            ProcState::Running => "running",
+            ProcState::Suspending => "suspending",
+            ProcState::Suspended => "suspended",
+            ProcState::Restoring => "restoring",
+            ProcState::Failed => "failed",
+        }
+    }
+}
 
 /// One process's entry. Times are `CLOCK_MONOTONIC` nanoseconds (one
 /// clock for the whole node).
@@ -243,8 +289,7 @@ impl BoardEntry {
         if bytes_now == 0 {
             self.want_since_ns.store(0, Ordering::Release);
         } else if self.want_since_ns.load(Ordering::Acquire) == 0 {
-            self.want_since_ns
-                .store(super::monotonic_ns(), Ordering::Release);
+            self.want_since_ns.store(monotonic_ns(), Ordering::Release);
         }
     }
 
