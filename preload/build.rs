@@ -7,12 +7,14 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Every `fn NAME(` inside the `hooks!` block of an exports file.
+/// Every `fn NAME(` inside the `hooks!` block of an exports file (up to
+/// the line that closes it: what follows is the handlers' own code).
 fn hook_names(file: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(file).expect("exports file");
     let block = text.split("hooks! {").nth(1).expect("a hooks! block");
     block
         .lines()
+        .take_while(|l| *l != "}")
         .filter_map(|l| l.trim_start().strip_prefix("fn "))
         .filter_map(|l| l.split_once('(').map(|(n, _)| n.trim().to_string()))
         .collect()

@@ -8,6 +8,7 @@
 //! and cannot dereference anything else. vgpu's own calls build them from
 //! references (`Out::from(&mut x)`).
 
+use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 
 /// Writes `v` through out-parameter `p`; false when `p` is NULL.
@@ -168,6 +169,37 @@ impl<T> Arg<*const T> for In<'_, T> {
     unsafe fn arg(raw: *const T) -> Self {
         // SAFETY: the caller's contract (`Arg::arg`) is `from_raw`'s.
         unsafe { In::from_raw(raw) }
+    }
+}
+
+/// `cuPointerGetAttribute`'s `data`: an out-parameter whose type its
+/// `attribute` argument names (cuda.h), so it is written only through
+/// [`AttributeOut::put8`], for the attributes whose value is 8 bytes.
+#[repr(transparent)]
+pub struct AttributeOut<'a>(*mut c_void, PhantomData<&'a mut ()>);
+
+impl AttributeOut<'_> {
+    /// Attributes whose value is 8 bytes: `CONTEXT` (a `CUcontext`),
+    /// `DEVICE_POINTER` and `RANGE_START_ADDR` (`CUdeviceptr`s), `HOST_POINTER`
+    /// (a pointer), `RANGE_SIZE` (a `size_t`).
+    const EIGHT_BYTES: [c_int; 5] = [1, 3, 4, 11, 12];
+
+    /// Writes `v` as `attribute`'s value; false where that attribute's
+    /// value is not 8 bytes, or `data` is NULL.
+    pub fn put8(self, attribute: c_int, v: u64) -> bool {
+        if !Self::EIGHT_BYTES.contains(&attribute) {
+            return false;
+        }
+        // SAFETY: NULL or valid for the value `attribute` names (the
+        // driver API's contract, `Arg`), which is 8 bytes for these.
+        unsafe { put(self.0.cast::<u64>(), v) }
+    }
+}
+
+impl Arg<*mut c_void> for AttributeOut<'_> {
+    #[inline(always)]
+    unsafe fn arg(raw: *mut c_void) -> Self {
+        Self(raw, PhantomData)
     }
 }
 

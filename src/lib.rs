@@ -25,9 +25,8 @@
 //! calling up. `tests/layers.rs` reads this list and checks every import;
 //! a module path names its files, and the longest path wins. The largest
 //! circle allowed: the hook table (`interpose/table.rs`), the two export
-//! lists it holds, and `cuda/proc_address.rs`, which consults the table;
-//! three smaller ones, inside `config` and `oversub`, are named in the
-//! test, which fails on any other.
+//! lists it holds, and `cuda/proc_address.rs`, which consults the table.
+//! It is the only one, named in the test, which fails on any other.
 //! 1. entry: interpose, cuda::exports, cuda::proc_address, nvml
 //! 2. hooks: cuda
 //! 3. boot: init, fork, watcher

@@ -57,6 +57,17 @@ fn shm_imports_keep_their_layers() {
     check(Path::new("src/shm"), "lib.rs", &[], &[], SHM_CIRCLES);
 }
 
+#[test]
+fn vgpuctl_has_no_import_circle() {
+    // (No layer order there: a tool, not a library others build on; but
+    // a circle among its modules, as `serve` had, fails.)
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("vgpuctl/src");
+    let g = graph(&root, "lib.rs", &[]);
+    assert!(g.edges.len() > 10, "vgpuctl's modules not found");
+    let cs = circles(&g);
+    assert!(cs.is_empty(), "import circles in vgpuctl/src: {cs:?}");
+}
+
 /// Words that make a lock the fork handlers would not know of.
 const LOCK_WORDS: &[&str] = &["Mutex", "Condvar", "RwLock", "ReentrantLock", "parking_lot"];
 

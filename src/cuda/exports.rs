@@ -31,8 +31,7 @@ crate::interpose::table::hooks! {
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::free_async_ptsz;
     fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult => memory::address_range [real];
     fn cuIpcGetMemHandle(handle: *mut [u8; 64], dptr: CUdeviceptr) -> CUresult => memory::ipc_get_mem_handle [real];
-    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult => pointer_attribute [real];
-    fn cuPointerGetAttributes(n: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult => pointer_attributes [real];
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult => memory::pointer_attribute [real];
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult => memory::vmm_create [real];
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::vmm_release;
     fn cuArrayCreate_v2(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult => memory::array_create;
@@ -104,52 +103,4 @@ crate::interpose::table::hooks! {
     fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult => wake::memset_d32 [real], idle: crate::duty::no_oversub;
     fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, stream: CUstream) -> CUresult => wake::memset_d8_async [real], idle: crate::duty::no_oversub;
     fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, stream: CUstream) -> CUresult => wake::memset_d32_async [real], idle: crate::duty::no_oversub;
-}
-
-/// `cuPointerGetAttribute`: a VMM-backed block's context and range are
-/// the ones cuMemAlloc's would have, as `cuMemGetAddressRange_v2` answers
-/// (`memory::block_attribute`). Here, at the edge: the value's type is
-/// the attribute's.
-fn pointer_attribute(
-    call: &impl Fn() -> CUresult,
-    data: *mut c_void,
-    attribute: c_int,
-    p: CUdeviceptr,
-) -> CUresult {
-    let rc = call();
-    if rc.is_ok()
-        && let Some(v) = memory::block_attribute(attribute, p)
-    {
-        // SAFETY: the driver just wrote this attribute's value at `data`
-        // (the call succeeded, so it is non-NULL and valid for it), and
-        // the attributes `block_attribute` answers are a CUcontext, a
-        // CUdeviceptr and a size_t (cuda.h): 8 bytes each.
-        unsafe { crate::ffi::put(data.cast::<u64>(), v) };
-    }
-    rc
-}
-
-/// `cuPointerGetAttributes`: [`pointer_attribute`] for each of `n`.
-fn pointer_attributes(
-    call: &impl Fn() -> CUresult,
-    n: c_uint,
-    attributes: *mut c_int,
-    data: *mut *mut c_void,
-    p: CUdeviceptr,
-) -> CUresult {
-    let rc = call();
-    if !rc.is_ok() || attributes.is_null() || data.is_null() {
-        return rc;
-    }
-    for i in 0..n as usize {
-        // SAFETY: the call succeeded with these arrays, which its API makes
-        // `n` long (attributes read, data's slots written by the driver).
-        let (attribute, slot) = unsafe { (*attributes.add(i), *data.add(i)) };
-        if let Some(v) = memory::block_attribute(attribute, p) {
-            // SAFETY: as in `pointer_attribute` (a NULL slot is skipped by
-            // `put`, as the driver skips it).
-            unsafe { crate::ffi::put(slot.cast::<u64>(), v) };
-        }
-    }
-    rc
 }

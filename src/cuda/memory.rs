@@ -234,6 +234,24 @@ pub fn block_attribute(attribute: c_int, p: CUdeviceptr) -> Option<u64> {
     }
 }
 
+/// `cuPointerGetAttribute`: a VMM-backed block's context and range are
+/// the ones cuMemAlloc's would have, as `cuMemGetAddressRange_v2` answers
+/// ([`block_attribute`]).
+pub fn pointer_attribute(
+    call: &impl Fn() -> CUresult,
+    data: crate::ffi::AttributeOut<'_>,
+    attribute: c_int,
+    p: CUdeviceptr,
+) -> CUresult {
+    let rc = call();
+    if rc.is_ok()
+        && let Some(v) = block_attribute(attribute, p)
+    {
+        data.put8(attribute, v);
+    }
+    rc
+}
+
 /// `cuIpcGetMemHandle`: VMM memory cannot be exported through legacy IPC
 /// (the driver answers `CUDA_ERROR_INVALID_VALUE`); from then on this
 /// process gets cuMemAlloc's blocks, so a new buffer can be.
