@@ -7,9 +7,9 @@ CPU: on the 2-core CI machine that order left it mostly idle (850 s of
 tests, neighbours alone 176 s), and CI took 18 min.
 
 1. Every binary but the timing group, LANES at a time (4 unless
-   VGPU_CI_LANES says otherwise), the heaviest first (WEIGHT: seconds on
-   an idle machine; an unknown one counts 5 s), each in its package's
-   directory as cargo would run it (the doctests run before them).
+   VGPU_CI_LANES says otherwise), the heaviest first (WEIGHT: seconds in
+   a loaded run; an unknown one counts 5 s), each in its package's
+   directory as cargo would run it, the doctests among them.
 2. The timing group (TIMING), alone and one after another: their tests
    judge shares of the simulated GPU against the host's scheduling, and
    beside a second lane and two busy loops a 40 % container got 0.367
@@ -28,12 +28,14 @@ import sys
 import threading
 import time
 
-# Seconds per test binary, idle 2-core machine (cargo test --workspace).
+# Seconds per test binary, roughly (a loaded fresh-clone run, 096117a): the
+# order the lanes take them in, longest first.
 WEIGHT = {
-    "neighbours": 176, "oversub_turns": 150, "oversub_hostile": 68,
-    "launch_limit": 67, "oversub": 62, "utilization": 61, "reliability": 59,
-    "restarts": 57, "hami": 52, "region_survival": 52, "oversub_vmm": 37,
-    "exporter": 33, "bundle": 16, "memory_quota": 11, "entry_paths": 10,
+    "neighbours": 176, "oversub_turns": 150, "oversub_hostile": 80,
+    "oversub": 80, "reliability": 70, "restarts": 70, "launch_limit": 67,
+    "utilization": 61, "bundle": 55, "region_survival": 52, "hami": 50,
+    "memory_quota": 50, "exporter": 50, "oversub_vmm": 50, "entry_paths": 25,
+    "doctests": 22,
 }
 # Binaries whose tests judge shares and rates of the simulated GPU: run
 # alone.
@@ -94,13 +96,16 @@ def main():
     queue = [f for f in found if f[4] not in TIMING]
     lock = threading.Lock()
     results = []
-    # The doctests first, alone, then what every test binary's rig builds
-    # (tests/common: `cargo build -p ...`): run in the lanes, either one
-    # relinked target/debug/vgpuctl while another binary's test ran it
-    # ("No such file", a fresh-clone run under load).
-    run_one((0, "doctests", None, os.getcwd(), "doctests"), logs, lock, results)
+    # What every test binary's rig builds (tests/common: `cargo build -p
+    # ...`), first: run in the lanes, either one relinked
+    # target/debug/vgpuctl while another binary's test ran it ("No such
+    # file", a fresh-clone run under load). The doctests then go in the
+    # lanes too: everything they link is built by then (they ran alone
+    # before the lanes: 25 s of a run that came to 919 s under load).
     subprocess.run(["cargo", "build", "--quiet", "-p", "vgpu", "-p", "vgpu-preload", "-p", "sim-gpu",
                     "-p", "vgpuctl"], check=True)
+    queue.append((WEIGHT["doctests"], "doctests", None, os.getcwd(), "doctests"))
+    queue.sort(key=lambda f: -f[0])
     print(f"{len(queue)} test binaries in {lanes} lanes, then {len(timing)} alone", flush=True)
 
     def worker():
