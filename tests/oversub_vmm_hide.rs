@@ -30,6 +30,7 @@ fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_bloc
     // the mapping's 4 MiB.
     assert_eq!(r.get("attrs_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("attrs_size"), "4194304", "{}", r.stdout);
+    assert_eq!(r.get("attrs_start_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ctx_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("ctx_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ipc_rc"), "1", "{}", r.stderr);

@@ -30,8 +30,9 @@ type MemFn = unsafe extern "C" fn(NvmlDevice, *mut Memory) -> c_int;
 /// Children killed but not yet reaped (one stuck in the driver). A
 /// forked child has none: they are its parent's.
 static UNREAPED: Lock<Vec<libc::pid_t>> = Lock::new(Vec::new(), |v| v.clear());
-/// No new child while this many are stuck.
-const MAX_UNREAPED: usize = 4;
+/// Never more than this many stuck: no question is asked that could
+/// leave more (each makes up to [`CHILDREN`]).
+const MAX_UNREAPED: usize = 6;
 /// How long the children may take to answer: a fresh NVML takes
 /// seconds on a node of many cards.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
@@ -46,15 +47,17 @@ pub fn locks() -> [Listed; 1] {
 }
 
 /// Free bytes on `uuid` as a fresh child process's NVML says, within
-/// `wait`; None when none answered (or NVML cannot say).
+/// `wait`, and when the child that answered was made (`CLOCK_MONOTONIC`
+/// ns: its figure is no older); None when none answered (or NVML cannot
+/// say).
 ///
 /// A child that has not answered after [`HEDGE_AFTER`] gets a sibling,
 /// up to [`CHILDREN`]: a bare clone copies no lock state, so a child
 /// made while another thread held the allocator's or the loader's lock
 /// waits on it forever (seen once on CI: a child usually answers in
 /// 1-6 ms, this one not in 2 s). The first answer counts.
-pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
-    if reap_old() >= MAX_UNREAPED {
+pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
+    if reap_old() + CHILDREN > MAX_UNREAPED {
         return None;
     }
     // Everything a child needs is made before its clone.
@@ -99,10 +102,12 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<u64> {
     answer
 }
 
-/// One child asking NVML: its pid and the read end of its pipe.
+/// One child asking NVML: its pid, the read end of its pipe, when it was
+/// made.
 struct Child {
     pid: libc::pid_t,
     fd: c_int,
+    cloned_ns: u64,
     /// Its pipe is still open (it has neither answered nor died).
     open: bool,
 }
@@ -115,6 +120,7 @@ fn spawn(uuid: &CStr) -> Option<Child> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return None;
     }
+    let cloned_ns = crate::clock::monotonic_ns();
     // SAFETY: a bare clone as fork (no flags, no exit signal, no new
     // stack): the child runs `child` below and never returns into Rust
     // code.
@@ -133,14 +139,15 @@ fn spawn(uuid: &CStr) -> Option<Child> {
     Some(Child {
         pid: pid as libc::pid_t,
         fd: fds[0],
+        cloned_ns,
         open: true,
     })
 }
 
-/// The first answer of `kids` by `until`: Some(free), or Some(None) when
-/// NVML could not say or every child died without a word; None when
-/// none has answered yet.
-fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<u64>> {
+/// The first answer of `kids` by `until`: Some((free, when its child was
+/// made)), or Some(None) when NVML could not say or every child died
+/// without a word; None when none has answered yet.
+fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<(u64, u64)>> {
     loop {
         if kids.iter().all(|k| !k.open) {
             return Some(None);
@@ -180,7 +187,11 @@ fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<u64>> {
             }
             if n == buf.len() as isize {
                 let free = u64::from_le_bytes(buf[1..].try_into().ok()?);
-                return Some((buf[0] == 1).then_some(free));
+                let made = kids
+                    .iter()
+                    .find(|k| k.fd == p.fd)
+                    .map_or(0, |k| k.cloned_ns);
+                return Some((buf[0] == 1).then_some((free, made)));
             }
             if let Some(k) = kids.iter_mut().find(|k| k.fd == p.fd) {
                 k.open = false;

@@ -60,10 +60,17 @@ thread_local! {
 /// Runs `f`, the counting of an allocation [`wanted`] said to serve: an
 /// admission that waits pins the arena for it meanwhile (mover.rs).
 pub fn serving<R>(f: impl FnOnce() -> R) -> R {
+    /// Clears the flag however `f` ends (a panic caught at the boundary
+    /// must not leave it set).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            let _ = SERVING.try_with(|s| s.set(false));
+        }
+    }
     let _ = SERVING.try_with(|s| s.set(true));
-    let r = f();
-    let _ = SERVING.try_with(|s| s.set(false));
-    r
+    let _clear = Clear;
+    f()
 }
 
 /// Whether this thread is inside [`serving`].

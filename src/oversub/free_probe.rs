@@ -81,14 +81,16 @@ pub fn free_asked_after(
                 .name("vgpu-nvml-free".into())
                 .spawn(move || {
                     let at = crate::clock::monotonic_ns();
-                    let free = if checkpointed {
+                    // (A child's figure is as old as the child that gave
+                    // it: a sibling made later answers fresher.)
+                    let answer = if checkpointed {
                         crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
                     } else {
-                        crate::nvml::client::free_memory(&card)
+                        crate::nvml::client::free_memory(&card).map(|free| (free, at))
                     };
                     let mut p = PROBE.lock();
                     p.asking = false;
-                    if let Some(free) = free {
+                    if let Some((free, at)) = answer {
                         p.last = Some((card, free, at));
                     }
                     PROBE.notify_all();

@@ -213,7 +213,10 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     let known_ok = ok != 0 && now.saturating_sub(ok) < 60_000_000_000;
     if !known_ok {
         if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
-            || crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT).is_none()
+            || beating(Some(attach), || {
+                crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
+            })
+            .is_none()
         {
             if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
                 FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
