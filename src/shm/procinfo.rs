@@ -259,13 +259,7 @@ pub fn pid_exists(pid: i32) -> bool {
 
 /// `CLOCK_MONOTONIC` in milliseconds.
 pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec that we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000
+    monotonic_ns() / 1_000_000
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the board's clock, one for the node.
