@@ -20,6 +20,7 @@ binaries. Prints one line per binary with its time and test counts, the
 whole output of any that failed, and exits non-zero if any failed.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -40,6 +41,22 @@ WEIGHT = {
 # Binaries whose tests judge shares and rates of the simulated GPU: run
 # alone.
 TIMING = {"neighbours", "launch_limit", "utilization"}
+
+
+class rig_lock:
+    """The lock each test binary's rig holds while it builds and copies what
+    it runs out of target/debug (tests/common: RIG_LOCK)."""
+
+    def __enter__(self):
+        target = os.environ.get("CARGO_TARGET_DIR", "target")
+        d = os.path.join(target, "debug", "vgpu-test-programs")
+        os.makedirs(d, exist_ok=True)
+        self.f = open(os.path.join(d, ".rig.lock"), "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
 
 
 def binaries():
@@ -70,7 +87,14 @@ def run_one(entry, logs, lock, results):
     env = dict(os.environ, CARGO_MANIFEST_DIR=pkg)
     start = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        if exe:
+            rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        else:
+            # Cargo replaces target/debug/libvgpu_core.so (remove, link)
+            # even when it is fresh: no rig may copy it meanwhile.
+            with rig_lock():
+                rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f,
+                                    stderr=subprocess.STDOUT).returncode
     secs = time.monotonic() - start
     text = open(log, errors="replace").read()
     counts = [tuple(map(int, c)) for c in re.findall(
@@ -97,11 +121,10 @@ def main():
     lock = threading.Lock()
     results = []
     # What every test binary's rig builds (tests/common: `cargo build -p
-    # ...`), first: run in the lanes, either one relinked
-    # target/debug/vgpuctl while another binary's test ran it ("No such
-    # file", a fresh-clone run under load). The doctests then go in the
-    # lanes too: everything they link is built by then (they ran alone
-    # before the lanes: 25 s of a run that came to 919 s under load).
+    # ...`), first, so that no rig compiles in the lanes. Each rig runs
+    # its own copies of what it built, and the doctests go in the lanes
+    # too, under the rig's lock (they ran alone before the lanes: 25 s of
+    # a run that came to 919 s under load).
     subprocess.run(["cargo", "build", "--quiet", "-p", "vgpu", "-p", "vgpu-preload", "-p", "sim-gpu",
                     "-p", "vgpuctl"], check=True)
     queue.append((WEIGHT["doctests"], "doctests", None, os.getcwd(), "doctests"))

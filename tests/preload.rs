@@ -30,14 +30,14 @@ fn exports(lib: &Path) -> BTreeSet<String> {
 
 #[test]
 fn the_stub_stays_within_its_budget() {
-    stub_budget(&artifacts().target.join("libvgpu.so"));
+    stub_budget(&artifacts().stub);
 }
 
 #[test]
 fn the_stub_exports_exactly_the_cores_hooks() {
     let a = artifacts();
-    let stub = exports(&a.target.join("libvgpu.so"));
-    let core: BTreeSet<String> = exports(&a.target.join("libvgpu_core.so"))
+    let stub = exports(&a.stub);
+    let core: BTreeSet<String> = exports(&a.core)
         .into_iter()
         .filter(|s| s.starts_with("cu") || s.starts_with("nvml") || s.starts_with("dlsym"))
         .chain(["dlvsym".to_string()])
@@ -49,7 +49,7 @@ fn the_stub_exports_exactly_the_cores_hooks() {
 #[test]
 fn a_process_that_never_uses_cuda_does_not_load_the_core() {
     let a = artifacts();
-    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+    for lib in [&a.libvgpu, &a.stub] {
         let out = Command::new("cat")
             .arg("/proc/self/maps")
             .env("LD_PRELOAD", lib)
@@ -93,7 +93,7 @@ int main(void) {
     .unwrap();
     let prog = dir.path().join("probe");
     compile_c(&src, &prog, &["-ldl".as_ref()]);
-    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+    for lib in [&a.libvgpu, &a.stub] {
         let out = Command::new(&prog).env("LD_PRELOAD", lib).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         // Not found, as without vgpu, and nothing loaded for the asking.
@@ -115,7 +115,7 @@ fn the_bundle_and_the_stub_beside_the_core_both_enforce() {
     let a = artifacts();
     let mut sim = Sim::new(1, "8g");
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
-    for lib in [&a.libvgpu, &a.target.join("libvgpu.so")] {
+    for lib in [&a.libvgpu, &a.stub] {
         for path in PATHS {
             let r = Run::from(
                 sim.client_cmd(path, false, &["info"])
@@ -137,15 +137,11 @@ fn an_appended_core_that_will_not_load_falls_back_to_the_one_beside_the_stub() {
     let a = artifacts();
     let dir = tempfile::tempdir().unwrap();
     let lib = dir.path().join("libvgpu.so");
-    let mut bytes = std::fs::read(a.target.join("libvgpu.so")).unwrap();
+    let mut bytes = std::fs::read(&a.stub).unwrap();
     bytes.extend(b"\x7fELF");
     bytes.extend(std::iter::repeat_n(0x5au8, 4096));
     std::fs::write(&lib, bytes).unwrap();
-    std::fs::copy(
-        a.target.join("libvgpu_core.so"),
-        dir.path().join("libvgpu_core.so"),
-    )
-    .unwrap();
+    std::fs::copy(&a.core, dir.path().join("libvgpu_core.so")).unwrap();
     let mut sim = Sim::new(1, "8g");
     sim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
     for path in PATHS {
@@ -166,7 +162,7 @@ fn without_a_core_every_hook_fails_closed_and_other_programs_run() {
     let a = artifacts();
     let dir = tempfile::tempdir().unwrap();
     let lib = dir.path().join("libvgpu.so");
-    std::fs::copy(a.target.join("libvgpu.so"), &lib).unwrap();
+    std::fs::copy(&a.stub, &lib).unwrap();
     let sim = Sim::new(1, "8g");
     // Every entry path: dlsym and cuGetProcAddress too hand out the
     // failing exports, never the driver's functions unlimited.

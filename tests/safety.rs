@@ -430,11 +430,7 @@ fn readelf(lib: &Path, flag: &str) -> String {
 fn the_library_needs_only_libc_and_the_loader() {
     let a = artifacts();
     // The bundle, the stub alone and the core (loaded by CUDA processes).
-    let mut libs = vec![
-        a.libvgpu.clone(),
-        a.target.join("libvgpu.so"),
-        a.target.join("libvgpu_core.so"),
-    ];
+    let mut libs = vec![a.libvgpu.clone(), a.stub.clone(), a.core.clone()];
     let release = a.target.join("../release");
     for file in ["libvgpu.so", "libvgpu_core.so"] {
         if release.join(file).exists() {

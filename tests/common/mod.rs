@@ -31,17 +31,54 @@ impl Path3 {
     }
 }
 
+/// What the tests run. Every file is this test binary's own copy, taken
+/// under [`RIG_LOCK`]: cargo replaces `target/debug/<file>` (removes it,
+/// then links the new one) on every build, fresh or not, so a test that
+/// ran `target/debug/vgpuctl` while another binary's rig ran `cargo build`
+/// found no such file (a loaded CI run).
 pub struct Artifacts {
     pub target: PathBuf,
-    /// The bundle (stub + core, [`bundle`]); `target/libvgpu.so` is the
-    /// stub alone, which finds `libvgpu_core.so` beside it.
+    /// The bundle (stub + core, [`bundle`]).
     pub libvgpu: PathBuf,
+    /// The stub alone, with `libvgpu_core.so` ([`Artifacts::core`]) beside
+    /// it, where the stub finds it.
+    pub stub: PathBuf,
+    pub core: PathBuf,
     pub libsim: PathBuf,
     pub vgpuctl: PathBuf,
     pub bin: PathBuf,
     /// A directory holding the simulator under the driver's file names,
     /// used to link the -lcuda build.
     pub link_dir: PathBuf,
+}
+
+/// Held while a rig builds and copies what it runs, and by .ci/tests.py
+/// while the doctests build (they relink `libvgpu_core.so`): nothing
+/// replaces a file of `target/debug` while a rig copies it.
+pub const RIG_LOCK: &str = "vgpu-test-programs/.rig.lock";
+
+/// An exclusive `flock` on `path`, released when the file closes.
+fn lock_file(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    loop {
+        // SAFETY: `f` is an open file for the whole call.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return f;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::Interrupted,
+            "flock {}: {e}",
+            path.display()
+        );
+    }
 }
 
 /// The workspace's root (vgpuctl's tests share this rig).
@@ -86,6 +123,9 @@ pub fn artifacts() -> &'static Artifacts {
             .and_then(Path::parent)
             .expect("target dir")
             .to_path_buf();
+        let bin = target.join("vgpu-test-programs");
+        std::fs::create_dir_all(&bin).unwrap();
+        let lock = lock_file(&target.join(RIG_LOCK));
         run_ok(Command::new(env!("CARGO")).current_dir(repo()).args([
             "build",
             "--quiet",
@@ -98,20 +138,31 @@ pub fn artifacts() -> &'static Artifacts {
             "-p",
             "vgpuctl",
         ]));
-        let bin = target.join("vgpu-test-programs");
-        std::fs::create_dir_all(&bin).unwrap();
-        let link_dir = bin.join("driver");
+        // Each test binary builds into its own dir: they may run at once.
+        let own = bin.join(exe.file_name().unwrap());
+        let stub_dir = own.join("stub");
+        std::fs::create_dir_all(&stub_dir).unwrap();
+        let copy = |name: &str, to: &Path| {
+            let dst = to.join(name);
+            let tmp = dst.with_extension("tmp");
+            std::fs::copy(target.join(name), &tmp)
+                .unwrap_or_else(|e| panic!("copy target/{name}: {e}"));
+            std::fs::rename(&tmp, &dst).unwrap();
+            dst
+        };
+        let vgpuctl = copy("vgpuctl", &own);
+        let libsim = copy("libsim_gpu.so", &own);
+        let stub = copy("libvgpu.so", &stub_dir);
+        let core = copy("libvgpu_core.so", &stub_dir);
+        drop(lock);
+        let link_dir = own.join("driver");
         std::fs::create_dir_all(&link_dir).unwrap();
-        let libsim = target.join("libsim_gpu.so");
         for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
             let l = link_dir.join(name);
             let _ = std::fs::remove_file(&l);
             std::os::unix::fs::symlink(&libsim, &l).unwrap();
         }
         let programs = repo().join("tests/programs");
-        // Each test binary builds into its own dir: they may run at once.
-        let own = bin.join(exe.file_name().unwrap());
-        std::fs::create_dir_all(&own).unwrap();
         for p in PATHS {
             let out = own.join(format!("cuclient-{}", p.define().to_lowercase()));
             let mut cc = Command::new("cc");
@@ -141,12 +192,14 @@ pub fn artifacts() -> &'static Artifacts {
                 std::fs::copy(&dist, &libvgpu)
                     .unwrap_or_else(|e| panic!("VGPU_TEST_BUNDLE={dist:?}: {e}"));
             }
-            None => bundle(&target, &libvgpu),
+            None => bundle(&stub_dir, &libvgpu),
         }
         Artifacts {
             libvgpu,
+            stub,
+            core,
             libsim,
-            vgpuctl: target.join("vgpuctl"),
+            vgpuctl,
             bin: own,
             link_dir,
             target,
@@ -161,14 +214,14 @@ pub fn artifacts() -> &'static Artifacts {
 /// preloads vgpu runs that path; a copy of it alone in another directory
 /// still works. `VGPU_TEST_BUNDLE=target/dist/libvgpu.so` makes the tests
 /// use deploy/build.sh's file instead.
-pub fn bundle(target: &Path, out: &Path) {
-    let stub = std::fs::read(target.join("libvgpu.so")).expect("the stub");
+pub fn bundle(dir: &Path, out: &Path) {
+    let stub = std::fs::read(dir.join("libvgpu.so")).expect("the stub");
     // As deploy/build.sh builds it: the core without its debug
     // sections (binutils' objcopy, which .ci/run installs).
     let core = out.with_extension(format!("core.{}.tmp", std::process::id()));
     let stripped = Command::new("objcopy")
         .arg("--strip-debug")
-        .arg(target.join("libvgpu_core.so"))
+        .arg(dir.join("libvgpu_core.so"))
         .arg(&core)
         .status()
         .expect("objcopy (binutils)");
