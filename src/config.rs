@@ -128,6 +128,9 @@ pub struct Oversub {
     /// `VGPU_TEST_CLAIM_BOUND_MS`: how long other restores' claims may
     /// hold a restore up (tests only; 120 s otherwise).
     pub test_claim_bound_ms: Option<u64>,
+    /// `VGPU_TEST_ARENA_KEEP_MS`: how long the VMM host arena stays
+    /// pinned after the last request for it (tests only; 30 s otherwise).
+    pub test_arena_keep_ms: Option<u64>,
 }
 
 /// The default quantum: switching costs at most 5 % of the time for a
@@ -148,6 +151,7 @@ impl Default for Oversub {
             vmm: false,
             test_watcher_stop: false,
             test_claim_bound_ms: None,
+            test_arena_keep_ms: None,
         }
     }
 }
@@ -347,6 +351,8 @@ impl Config {
         oversub.test_watcher_stop = trusted_text("VGPU_TEST_WATCHER_STOP").as_deref() == Some("1");
         oversub.test_claim_bound_ms =
             trusted_text("VGPU_TEST_CLAIM_BOUND_MS").and_then(|v| v.trim().parse().ok());
+        oversub.test_arena_keep_ms =
+            trusted_text("VGPU_TEST_ARENA_KEEP_MS").and_then(|v| v.trim().parse().ok());
         let region_mode = match trusted_text("VGPU_REGION_MODE") {
             None => vgpu_shm::DEFAULT_CREATE_MODE,
             Some(v) => parse_mode(&v).ok_or_else(|| bad("VGPU_REGION_MODE", v, MODE))?,

@@ -69,10 +69,18 @@ fn crowd(env: &[(&str, &str)], data: &str) -> (Run, usize) {
 fn with_vmm_an_idle_process_is_moved_by_its_own_copies_and_restored_intact() {
     let _serial = serial();
     // 64 MiB of pattern and 1 GiB beside it, both VMM-backed: nothing else
-    // is worth the checkpoint API, so the context stays on the card.
-    let (a, copies) = crowd(&[VMM], "67108864");
+    // is worth the checkpoint API, so the context stays on the card, and
+    // no child process reads NVML for a checkpointed restore (the
+    // simulator's first such child would make `child`).
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child-nvml");
+    let (a, copies) = crowd(
+        &[VMM, ("SIM_GPU_NVML_STALL_FIRST", child.to_str().unwrap())],
+        "67108864",
+    );
     assert_eq!(copies, 0, "the checkpoint API was used:\n{}", a.stderr);
     assert!(a.stderr.contains("VMM"), "{}", a.stderr);
+    assert!(!child.exists(), "a child read NVML:\n{}", a.stderr);
 }
 
 #[test]
@@ -153,5 +161,82 @@ fn with_vmm_a_process_on_two_cards_moves_both_cards_blocks_and_gets_them_back_in
     assert_eq!(a.get("device1_intact"), "1", "{}\n{}", a.stdout, a.stderr);
     assert!(a.stderr.contains("VMM move out: 3 blocks"), "{}", a.stderr);
     assert!(a.stderr.contains("VMM move back: 3 blocks"), "{}", a.stderr);
+    // Each card waits for room for its own blocks (not all of them on the
+    // card that was wanted).
+    let by_card = a
+        .stderr
+        .split("; by card: ")
+        .nth(1)
+        .and_then(|l| l.lines().next())
+        .unwrap_or_else(|| panic!("no restore by card: {}", a.stderr));
+    let each: Vec<&str> = by_card.split(", ").collect();
+    assert_eq!(each.len(), 2, "{by_card}");
+    assert!(
+        each.iter().any(|c| c.starts_with("1.06 GiB on ")),
+        "{by_card}"
+    );
+    assert!(
+        each.iter().any(|c| c.starts_with("64.0 MiB on ")),
+        "{by_card}"
+    );
     assert_eq!(node.host_copies(), 0);
+}
+
+#[test]
+fn with_vmm_the_host_arena_is_given_back_once_nobody_asks_for_room() {
+    // a's arena is pinned when b wants room on its card, carries a's
+    // blocks out and back, and is unpinned once nobody has asked for room
+    // for the keep time (500 ms here, 30 s otherwise) while a lingers.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn(
+        "a",
+        &[
+            VMM,
+            ("VGPU_TEST_ARENA_KEEP_MS", "500"),
+            ("LIBCUDA_LOG_LEVEL", "2"),
+        ],
+        &["keep", "67108864", "1073741824", "7", "8", "0", "3"],
+    );
+    let b = finish(node.crowd_out());
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let a = finish(a);
+    assert_intact(&a);
+    assert!(a.stderr.contains("VMM move back"), "{}", a.stderr);
+    let grown = a.stderr.find("host arena grown by");
+    let back = a.stderr.find("host arena of 1.25 GiB given back");
+    assert!(
+        grown.is_some() && back > grown,
+        "grown, then given back:\n{}",
+        a.stderr
+    );
+}
+
+#[test]
+fn with_vmm_past_the_host_memory_bound_no_arena_is_pinned() {
+    // a's blocks (1.06 GiB) are more than the host bound lets a suspension
+    // take: a is never suspended, so pinning 1.25 GiB for it would only
+    // take the host's memory.
+    let _serial = serial();
+    let node = Node::new();
+    let a = node.spawn(
+        "a",
+        &[
+            VMM,
+            ("VGPU_OVERSUBSCRIBE_HOST_LIMIT", "1g"),
+            ("LIBCUDA_LOG_LEVEL", "2"),
+        ],
+        &keeper("67108864"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = node.run(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "3000")],
+        &["hold", "2684354560", "0"],
+    );
+    assert_eq!(b.get("hold_rc"), "2", "{}", b.stderr);
+    let a = finish(a);
+    assert_intact(&a);
+    assert!(a.stderr.contains("no more suspensions"), "{}", a.stderr);
+    assert!(!a.stderr.contains("host arena"), "{}", a.stderr);
 }

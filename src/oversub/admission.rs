@@ -120,7 +120,8 @@ pub fn admit(
                 turns = true;
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
                 if _pinning.is_none() {
-                    _pinning = vmm_ctx.map(|ctx| super::mover::waiting(bytes, ctx as usize));
+                    let cap = h.host_room();
+                    _pinning = vmm_ctx.map(|ctx| super::mover::waiting(bytes, ctx as usize, cap));
                 }
             }
             // Room it could take goes to those ahead of it in line first.

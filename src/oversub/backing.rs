@@ -125,6 +125,16 @@ pub(super) fn any() -> bool {
     !BACKED.lock().is_empty()
 }
 
+/// The bytes of the VMM-backed blocks on the cards now.
+pub(super) fn mapped_bytes() -> u64 {
+    BACKED
+        .lock()
+        .iter()
+        .filter(|b| b.handle.is_some())
+        .map(|b| b.mapped)
+        .fold(0, u64::saturating_add)
+}
+
 /// Records the physical handle of the block at `base` (None: moved out).
 pub(super) fn set_handle(base: CUdeviceptr, handle: Option<CUmemGenericAllocationHandle>) {
     if let Some(b) = BACKED.lock().iter_mut().find(|b| b.base == base) {

@@ -84,6 +84,9 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
         claim_bound: cfg
             .test_claim_bound_ms
             .map_or(state::CLAIM_BOUND, std::time::Duration::from_millis),
+        arena_keep: cfg
+            .test_arena_keep_ms
+            .map_or(mover::ARENA_KEEP, std::time::Duration::from_millis),
     });
     let pid = std::process::id();
     let here = Board::open(&cfg.dir).and_then(|board| {

@@ -7,7 +7,7 @@
 //! (docs/vmm-facts.md facts 1-2).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::backing::{self, Backed};
@@ -150,16 +150,34 @@ fn with_arena<R>(f: impl FnOnce(&mut Vec<Pinned>) -> R) -> R {
 /// VMM-backed bytes this process's allocations wait for (`waiting`): the
 /// arena is pinned for them too.
 static AWAITED: AtomicU64 = AtomicU64::new(0);
+/// The latest request to `prepare_in`, read by its thread on every chunk
+/// (a request while the thread runs is taken up by it, not lost): the
+/// context to pin in where no block has one yet (0: none), the host bytes
+/// a suspension of this process may take (the arena grows no further).
+static ASK_CTX: AtomicUsize = AtomicUsize::new(0);
+static ASK_CAP: AtomicU64 = AtomicU64::new(0);
+/// A request came since `prepare_in`'s thread last looked.
+static ASKED: AtomicBool = AtomicBool::new(false);
+/// When `prepare_in` was last asked (monotonic ns): the arena is given
+/// back [`ARENA_KEEP`] after that (the setting's figure), where nothing is
+/// moved out.
+static LAST_ASKED: AtomicU64 = AtomicU64::new(0);
+/// How long the arena stays pinned after the last request for it: turns
+/// ask every watcher tick, so it goes only once they stop; pinned host
+/// memory is not on the board's host bound (`VGPU_OVERSUBSCRIBE_HOST_LIMIT`,
+/// which counts suspended state), so it is not kept for ever.
+pub(super) const ARENA_KEEP: Duration = Duration::from_secs(30);
 
 /// While the guard lives, an allocation of `bytes` to be VMM-backed
 /// waits for its turn in context `ctx`: the arena is pinned for it and
-/// for the blocks held, now. Its turn will end in a suspension; pinned
+/// for the blocks held, now, unless they come to more than `cap` bytes
+/// (what a suspension may take under the host bound: it would be refused). Its turn will end in a suspension; pinned
 /// during the turn instead, the arena took 0.03-0.08 of the job's
 /// throughput there (runs 104-106). (A wait for an idle process to
 /// leave pins nothing: this one may never be suspended.)
-pub(super) fn waiting(bytes: u64, ctx: usize) -> Awaited {
+pub(super) fn waiting(bytes: u64, ctx: usize, cap: u64) -> Awaited {
     AWAITED.fetch_add(bytes, Ordering::AcqRel);
-    prepare_in(Some(ctx), "while an allocation waits for its turn");
+    prepare_in(Some(ctx), cap);
     Awaited(bytes)
 }
 
@@ -172,66 +190,133 @@ impl Drop for Awaited {
     }
 }
 
-/// Pins the arena for this process's VMM blocks ahead of a suspension,
-/// in a thread of its own, a chunk at a time: pinning runs at 1-2 GB/s
-/// (docs/vmm-facts.md fact 1), so a busy job's first switch spent 7.7 of
-/// its 8.5 s pinning (run 99). The watcher calls this when another
-/// process wants room on a card this one holds: its turn is then near.
-pub(super) fn prepare() {
-    prepare_in(None, "ahead of a suspension");
+/// Pins the arena for this process's VMM blocks ahead of a suspension
+/// (nothing where they come to more than `cap` bytes, what a suspension
+/// may take under the host bound: it would be refused), in a thread of
+/// its own, a chunk at a time: pinning runs at
+/// 1-2 GB/s (docs/vmm-facts.md fact 1), so a busy job's first switch
+/// spent 7.7 of its 8.5 s pinning (run 99). The watcher calls this when
+/// another process wants room on a card this one holds: its turn is
+/// then near.
+pub(super) fn prepare(cap: u64) {
+    prepare_in(None, cap);
 }
 
-/// [`prepare`]; `ctx`: the context to pin in where no block has one yet;
-/// `why`, for the log.
-fn prepare_in(ctx: Option<usize>, why: &'static str) {
+/// [`prepare`]; `ctx`: the context to pin in where no block has one yet.
+fn prepare_in(ctx: Option<usize>, cap: u64) {
+    if let Some(ctx) = ctx {
+        ASK_CTX.store(ctx, Ordering::Release);
+    }
+    ASK_CAP.store(cap, Ordering::Release);
+    LAST_ASKED.store(crate::clock::monotonic_ns(), Ordering::Release);
+    ASKED.store(true, Ordering::Release);
     if PREPARING.swap(true, Ordering::AcqRel) {
         return;
     }
     let spawned = std::thread::Builder::new()
         .name("vgpu-arena".into())
-        .spawn(move || {
-            let t0 = Instant::now();
-            let mut chunks = 0;
+        .spawn(|| {
+            // Until no request came while it pinned: one that found this
+            // thread running left its figures for it.
             loop {
-                let blocks: Vec<Backed> = backing::all()
-                    .into_iter()
-                    .filter(|b| b.handle.is_some())
-                    .collect();
-                let need: u64 = blocks
-                    .iter()
-                    .map(|b| b.mapped)
-                    .sum::<u64>()
-                    .saturating_add(AWAITED.load(Ordering::Acquire));
-                let Some(ctx) = blocks.first().map(|b| b.ctx).or(ctx) else {
-                    break;
-                };
-                let grown = with_arena(|arena| {
-                    if (arena.len() as u64) * CHUNK >= need
-                        || super::state::STATE.load(Ordering::Acquire) != super::state::RUNNING
-                    {
-                        return false;
-                    }
-                    in_ctx(ctx, || Pinned::new(CHUNK as usize))
-                        .and_then(|r| r)
-                        .map(|c| arena.push(c))
-                        .is_ok()
-                });
-                if !grown {
-                    break;
+                ASKED.store(false, Ordering::Release);
+                pin_asked();
+                PREPARING.store(false, Ordering::Release);
+                if !ASKED.load(Ordering::Acquire) || PREPARING.swap(true, Ordering::AcqRel) {
+                    return;
                 }
-                chunks += 1;
             }
-            if chunks > 0 {
-                log::info!(
-                    "CUDA_OVERSUBSCRIBE: host arena grown by {} in {} ms, {why}",
-                    crate::log::fmt_bytes(chunks * CHUNK),
-                    t0.elapsed().as_millis()
-                );
-            }
-            PREPARING.store(false, Ordering::Release);
         });
     if spawned.is_err() {
         PREPARING.store(false, Ordering::Release);
+    }
+}
+
+/// Grows the arena, a chunk at a time, to what the blocks held and the
+/// allocations awaited need, if that is within the latest request's cap.
+fn pin_asked() {
+    let t0 = Instant::now();
+    let mut chunks = 0;
+    loop {
+        let blocks: Vec<Backed> = backing::all()
+            .into_iter()
+            .filter(|b| b.handle.is_some())
+            .collect();
+        let need = blocks
+            .iter()
+            .map(|b| b.mapped)
+            .sum::<u64>()
+            .saturating_add(AWAITED.load(Ordering::Acquire));
+        let cap = ASK_CAP.load(Ordering::Acquire);
+        let asked = Some(ASK_CTX.load(Ordering::Acquire)).filter(|&c| c != 0);
+        let Some(ctx) = blocks.first().map(|b| b.ctx).or(asked) else {
+            break;
+        };
+        let grown = with_arena(|arena| {
+            let len = arena.len() as u64;
+            // Past the cap, the suspension is refused: nothing to pin for.
+            if len * CHUNK >= need
+                || need > cap
+                || super::state::STATE.load(Ordering::Acquire) != super::state::RUNNING
+            {
+                return false;
+            }
+            in_ctx(ctx, || Pinned::new(CHUNK as usize))
+                .and_then(|r| r)
+                .map(|c| arena.push(c))
+                .is_ok()
+        });
+        if !grown {
+            break;
+        }
+        PINNED_IN.store(ctx, Ordering::Release);
+        chunks += 1;
+    }
+    if chunks > 0 {
+        let why = if AWAITED.load(Ordering::Acquire) != 0 {
+            "while an allocation waits for its turn"
+        } else {
+            "ahead of a suspension"
+        };
+        log::info!(
+            "CUDA_OVERSUBSCRIBE: host arena grown by {} in {} ms, {why}",
+            crate::log::fmt_bytes(chunks * CHUNK),
+            t0.elapsed().as_millis()
+        );
+    }
+}
+
+/// A context the arena was pinned in: it is given back in it.
+static PINNED_IN: AtomicUsize = AtomicUsize::new(0);
+
+/// Gives the arena back where nobody asked for it for [`ARENA_KEEP`] and
+/// nothing of this process is moved out (the watcher, while it runs).
+pub(super) fn trim(now_ns: u64) {
+    let keep = super::state::settings().arena_keep;
+    let asked = LAST_ASKED.load(Ordering::Acquire);
+    if now_ns.saturating_sub(asked) < u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX)
+        || AWAITED.load(Ordering::Acquire) != 0
+        || PREPARING.load(Ordering::Acquire)
+        || !PLACES.lock().is_empty()
+        || ARENA.lock().is_empty()
+    {
+        return;
+    }
+    let ctx = PINNED_IN.load(Ordering::Acquire);
+    let freed = with_arena(|arena| {
+        let bytes = arena.len() as u64 * CHUNK;
+        in_ctx(ctx, || arena.clear()).map(|()| bytes)
+    });
+    match freed {
+        Ok(bytes) if bytes > 0 => log::info!(
+            "CUDA_OVERSUBSCRIBE: host arena of {} given back: nobody asked for room on this process's cards for {} ms",
+            crate::log::fmt_bytes(bytes),
+            keep.as_millis()
+        ),
+        Ok(_) => {}
+        Err(rc) => crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: the host arena could not be given back ({rc}): its context is gone; it stays pinned"
+        ),
     }
 }
 
@@ -269,6 +354,7 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
         in_ctx(first.ctx, || grow(arena, total))
             .and_then(|r| r)
             .map_err(|rc| format!("no pinned host memory for {total} bytes ({rc})"))?;
+        PINNED_IN.store(first.ctx, Ordering::Release);
         let mut places = Vec::with_capacity(blocks.len());
         let mut at = 0;
         for b in &blocks {

@@ -356,8 +356,17 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     // Said before the waiting calls go on: one that then ends the
     // process would otherwise leave this line unwritten (seen on a busy
     // CI machine).
+    let by_card = if saved.len() > 1 {
+        let each: Vec<String> = saved
+            .iter()
+            .map(|(c, b)| format!("{} on {}", fmt_bytes(*b), vgpu_shm::format_uuid(c)))
+            .collect();
+        format!("; by card: {}", each.join(", "))
+    } else {
+        String::new()
+    };
     log::warn!(
-        "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room, {} ms claiming it, {} ms moving)",
+        "CUDA_OVERSUBSCRIBE: restored this process: {} back on the card in {} ms ({} ms of it waiting for room, {} ms claiming it, {} ms moving){by_card}",
         fmt_bytes(total),
         t0.elapsed().as_millis(),
         phases.0.duration_since(t0).as_millis(),

@@ -57,6 +57,9 @@ pub(super) struct Settings {
     pub(super) vmm: bool,
     /// How long other restores' claims may hold a restore up.
     pub(super) claim_bound: std::time::Duration,
+    /// How long the VMM host arena stays pinned after the last request
+    /// for it (mover.rs).
+    pub(super) arena_keep: std::time::Duration,
 }
 
 pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -77,6 +80,14 @@ impl Here {
     pub(super) fn entry(&self) -> &BoardEntry {
         self.board.entry(self.entry)
     }
+
+    /// Host memory a suspension of this process may take: the host bound
+    /// (`VGPU_OVERSUBSCRIBE_HOST_LIMIT`) less the others' suspended state.
+    pub(super) fn host_room(&self) -> u64 {
+        settings()
+            .host_limit
+            .saturating_sub(self.board.host_bytes(Some(self.entry)))
+    }
 }
 
 pub(super) static HERE: OnceLock<Option<Here>> = OnceLock::new();
@@ -95,6 +106,7 @@ pub(super) fn settings() -> &'static Settings {
         test_watcher_stop: false,
         vmm: false,
         claim_bound: CLAIM_BOUND,
+        arena_keep: std::time::Duration::from_secs(30),
     })
 }
 

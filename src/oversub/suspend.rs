@@ -159,7 +159,9 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
             .is_some_and(|(c, b)| b > 0 && me.cards.iter().any(|&(m, n)| m == c && n > 0))
     });
     if wanted_here && super::backing::any() {
-        super::mover::prepare();
+        super::mover::prepare(h.host_room());
+    } else {
+        super::mover::trim(now);
     }
     // The idlest goes first; with nobody idle, a busy one whose turn is
     // over (turns.rs).
@@ -203,15 +205,22 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         );
         return true;
     }
-    // Its restore may need a figure of its own from a child process (when
-    // it checkpoints): no suspension where that cannot be had. One child at most every 10 s
-    // where none answers; one that answered stands for 60 s.
+    // Its restore needs a figure of its own from a child process when it
+    // checkpoints: no suspension where that cannot be had. One child at
+    // most every 10 s where none answers; one that answered stands for
+    // 60 s. An idle process whose VMM copies leave less than the
+    // checkpoint's floor beside its context never checkpoints (suspend):
+    // no child for it.
+    let rest = bytes
+        .saturating_sub(super::backing::mapped_bytes())
+        .saturating_sub(super::mover::context_bytes(attach));
+    let may_checkpoint = busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR;
     static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
     static FRESH_OK: AtomicU64 = AtomicU64::new(0);
     let failed = FRESH_FAILED.load(Ordering::Relaxed);
     let ok = FRESH_OK.load(Ordering::Relaxed);
     let known_ok = ok != 0 && now.saturating_sub(ok) < 60_000_000_000;
-    if !known_ok {
+    if may_checkpoint && !known_ok {
         if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
             || beating(Some(attach), || {
                 crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
