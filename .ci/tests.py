@@ -45,11 +45,14 @@ TIMING = {"neighbours", "launch_limit", "utilization"}
 
 class rig_lock:
     """The lock each test binary's rig holds while it builds and copies what
-    it runs out of target/debug (tests/common: RIG_LOCK)."""
+    it runs out of target/debug (tests/common: RIG_LOCK, in the directory
+    above the test executables' deps/, as the rig finds it)."""
+
+    def __init__(self, profile_dir):
+        self.profile_dir = profile_dir
 
     def __enter__(self):
-        target = os.environ.get("CARGO_TARGET_DIR", "target")
-        d = os.path.join(target, "debug", "vgpu-test-programs")
+        d = os.path.join(self.profile_dir, "vgpu-test-programs")
         os.makedirs(d, exist_ok=True)
         self.f = open(os.path.join(d, ".rig.lock"), "a")
         fcntl.flock(self.f, fcntl.LOCK_EX)
@@ -57,6 +60,11 @@ class rig_lock:
 
     def __exit__(self, *exc):
         self.f.close()
+
+
+# target/debug as the test executables say (CARGO_TARGET_DIR, a cargo
+# config or --target may move it), set by binaries().
+PROFILE_DIR = [os.path.join("target", "debug")]
 
 
 def binaries():
@@ -76,6 +84,7 @@ def binaries():
             kind = m["target"]["kind"][0]
             label = f"{os.path.basename(pkg)}/{kind}/{name}"
             found.append((WEIGHT.get(name, 5), label, m["executable"], pkg, name))
+            PROFILE_DIR[0] = os.path.dirname(os.path.dirname(m["executable"]))
     found.sort(key=lambda f: -f[0])
     return found
 
@@ -92,7 +101,7 @@ def run_one(entry, logs, lock, results):
         else:
             # Cargo replaces target/debug/libvgpu_core.so (remove, link)
             # even when it is fresh: no rig may copy it meanwhile.
-            with rig_lock():
+            with rig_lock(PROFILE_DIR[0]):
                 rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f,
                                     stderr=subprocess.STDOUT).returncode
     secs = time.monotonic() - start

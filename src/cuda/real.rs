@@ -332,6 +332,20 @@ impl Pinned {
     }
 }
 
+impl Pinned {
+    /// Gives the memory back without the driver, whose contexts (and
+    /// registrations with them) are gone: a registered mapping is
+    /// unmapped; memory from `cuMemHostAlloc` is the driver's to reclaim.
+    pub(crate) fn forget_driver(self) {
+        let me = std::mem::ManuallyDrop::new(self);
+        if me.mapped {
+            // SAFETY: `ptr` was mapped by `registered`, `len` bytes, and
+            // `ManuallyDrop` keeps `drop` from giving it back again.
+            unsafe { libc::munmap(me.ptr, me.len) };
+        }
+    }
+}
+
 impl Drop for Pinned {
     fn drop(&mut self) {
         if self.mapped {

@@ -120,7 +120,7 @@ pub fn admit(
                 turns = true;
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
                 if _pinning.is_none() {
-                    let cap = h.host_room();
+                    let cap = super::mover::arena_cap(h);
                     _pinning = vmm_ctx.map(|ctx| super::mover::waiting(bytes, ctx as usize, cap));
                 }
             }

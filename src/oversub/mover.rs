@@ -209,8 +209,10 @@ fn prepare_in(ctx: Option<usize>, cap: u64) {
     }
     ASK_CAP.store(cap, Ordering::Release);
     LAST_ASKED.store(crate::clock::monotonic_ns(), Ordering::Release);
-    ASKED.store(true, Ordering::Release);
-    if PREPARING.swap(true, Ordering::AcqRel) {
+    // SeqCst here and where the thread ends: each side writes one flag and
+    // reads the other, so one of them sees the other's write.
+    ASKED.store(true, Ordering::SeqCst);
+    if PREPARING.swap(true, Ordering::SeqCst) {
         return;
     }
     let spawned = std::thread::Builder::new()
@@ -219,17 +221,27 @@ fn prepare_in(ctx: Option<usize>, cap: u64) {
             // Until no request came while it pinned: one that found this
             // thread running left its figures for it.
             loop {
-                ASKED.store(false, Ordering::Release);
+                ASKED.store(false, Ordering::SeqCst);
                 pin_asked();
-                PREPARING.store(false, Ordering::Release);
-                if !ASKED.load(Ordering::Acquire) || PREPARING.swap(true, Ordering::AcqRel) {
+                PREPARING.store(false, Ordering::SeqCst);
+                if !ASKED.load(Ordering::SeqCst) || PREPARING.swap(true, Ordering::SeqCst) {
                     return;
                 }
             }
         });
     if spawned.is_err() {
-        PREPARING.store(false, Ordering::Release);
+        PREPARING.store(false, Ordering::SeqCst);
     }
+}
+
+/// The cap for [`prepare`] and [`waiting`]: what the host bound leaves
+/// this process's suspension (`Here::host_room`) less what it would
+/// reserve beside the VMM blocks (its context and other counted memory:
+/// a suspension reserves all of it, and is refused past the bound).
+pub(super) fn arena_cap(h: &super::state::Here) -> u64 {
+    let on_cards: u64 = h.entry().cards().iter().map(|&(_, b)| b).sum();
+    h.host_room()
+        .saturating_sub(on_cards.saturating_sub(backing::mapped_bytes()))
 }
 
 /// Grows the arena, a chunk at a time, to what the blocks held and the
@@ -293,30 +305,46 @@ static PINNED_IN: AtomicUsize = AtomicUsize::new(0);
 /// nothing of this process is moved out (the watcher, while it runs).
 pub(super) fn trim(now_ns: u64) {
     let keep = super::state::settings().arena_keep;
-    let asked = LAST_ASKED.load(Ordering::Acquire);
-    if now_ns.saturating_sub(asked) < u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX)
-        || AWAITED.load(Ordering::Acquire) != 0
-        || PREPARING.load(Ordering::Acquire)
-        || !PLACES.lock().is_empty()
-        || ARENA.lock().is_empty()
-    {
+    let keep_ns = u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX);
+    let unasked = || {
+        now_ns.saturating_sub(LAST_ASKED.load(Ordering::Acquire)) >= keep_ns
+            && AWAITED.load(Ordering::Acquire) == 0
+            && !PREPARING.load(Ordering::SeqCst)
+    };
+    if !unasked() || !PLACES.lock().is_empty() || ARENA.lock().is_empty() {
         return;
     }
-    let ctx = PINNED_IN.load(Ordering::Acquire);
+    // Unpinned in a context of this process that still lives: the one
+    // it was pinned in, else any (the arena is pinned portable). With
+    // none, the driver's handles are gone with them: the memory is only
+    // unmapped.
+    let pinned_in = PINNED_IN.load(Ordering::Acquire);
+    let ctx = {
+        let live = crate::process::CONTEXTS.lock();
+        if live.contains_key(&pinned_in) {
+            Some(pinned_in)
+        } else {
+            live.keys().next().copied()
+        }
+    };
     let freed = with_arena(|arena| {
+        // A request may have come while the arena was in use.
+        if !unasked() {
+            return 0;
+        }
         let bytes = arena.len() as u64 * CHUNK;
-        in_ctx(ctx, || arena.clear()).map(|()| bytes)
+        match ctx {
+            Some(ctx) if in_ctx(ctx, || arena.clear()).is_ok() => {}
+            _ => arena.drain(..).for_each(Pinned::forget_driver),
+        }
+        bytes
     });
-    match freed {
-        Ok(bytes) if bytes > 0 => log::info!(
+    if freed > 0 {
+        log::info!(
             "CUDA_OVERSUBSCRIBE: host arena of {} given back: nobody asked for room on this process's cards for {} ms",
-            crate::log::fmt_bytes(bytes),
+            crate::log::fmt_bytes(freed),
             keep.as_millis()
-        ),
-        Ok(_) => {}
-        Err(rc) => crate::warn_once!(
-            "CUDA_OVERSUBSCRIBE: the host arena could not be given back ({rc}): its context is gone; it stays pinned"
-        ),
+        );
     }
 }
 

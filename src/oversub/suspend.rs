@@ -159,7 +159,7 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
             .is_some_and(|(c, b)| b > 0 && me.cards.iter().any(|&(m, n)| m == c && n > 0))
     });
     if wanted_here && super::backing::any() {
-        super::mover::prepare(h.host_room());
+        super::mover::prepare(super::mover::arena_cap(h));
     } else {
         super::mover::trim(now);
     }
@@ -206,44 +206,54 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         return true;
     }
     // Its restore needs a figure of its own from a child process when it
-    // checkpoints: no suspension where that cannot be had. One child at
-    // most every 10 s where none answers; one that answered stands for
-    // 60 s. An idle process whose VMM copies leave less than the
-    // checkpoint's floor beside its context never checkpoints (suspend):
-    // no child for it.
+    // checkpoints: no suspension where that cannot be had. An idle
+    // process whose VMM copies leave less than the checkpoint's floor
+    // beside its context does not checkpoint (suspend): no child for it
+    // (suspend asks after all if that changed meanwhile).
     let rest = bytes
         .saturating_sub(super::backing::mapped_bytes())
         .saturating_sub(super::mover::context_bytes(attach));
     let may_checkpoint = busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR;
-    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
-    static FRESH_OK: AtomicU64 = AtomicU64::new(0);
-    let failed = FRESH_FAILED.load(Ordering::Relaxed);
-    let ok = FRESH_OK.load(Ordering::Relaxed);
-    let known_ok = ok != 0 && now.saturating_sub(ok) < 60_000_000_000;
-    if may_checkpoint && !known_ok {
-        if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
-            || beating(Some(attach), || {
-                crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
-            })
-            .is_none()
-        {
-            if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
-                FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
-            }
-            crate::warn_once!(
-                "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {} within {} s, which a restore needs: this process is not suspended (asked again in 10 s)",
-                vgpu_shm::format_uuid(&card),
-                crate::nvml::fresh::ANSWER_WAIT.as_secs()
-            );
-            return true;
-        }
-        FRESH_OK.store(now.max(1), Ordering::Relaxed);
+    if may_checkpoint && !a_child_reads_nvml(attach, &card) {
+        return true;
     }
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
         return true;
     }
     suspend(attach, h, card, bytes, &me.cards, busy, wanted);
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
+}
+
+/// Whether a child process reads NVML's free memory on `card` (what a
+/// checkpointed restore needs): one child at most every 10 s where none
+/// answers; one that answered stands for 60 s. Says why not, once.
+fn a_child_reads_nvml(attach: &Attach, card: &[u8; 16]) -> bool {
+    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
+    static FRESH_OK: AtomicU64 = AtomicU64::new(0);
+    let now = clock::monotonic_ns();
+    let failed = FRESH_FAILED.load(Ordering::Relaxed);
+    let ok = FRESH_OK.load(Ordering::Relaxed);
+    if ok != 0 && now.saturating_sub(ok) < 60_000_000_000 {
+        return true;
+    }
+    if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
+        || beating(Some(attach), || {
+            crate::nvml::fresh::free_memory(card, crate::nvml::fresh::ANSWER_WAIT)
+        })
+        .is_none()
+    {
+        if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
+            FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
+        }
+        crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {} within {} s, which a restore needs: this process is not suspended (asked again in 10 s)",
+            vgpu_shm::format_uuid(card),
+            crate::nvml::fresh::ANSWER_WAIT.as_secs()
+        );
+        return false;
+    }
+    FRESH_OK.store(now.max(1), Ordering::Relaxed);
+    true
 }
 
 /// Suspends this process to make room on `card`; `busy`: at its turn's
@@ -327,7 +337,19 @@ fn suspend(
     let ckpt = !vmm || context_goes || rest >= super::mover::CHECKPOINT_FLOOR;
     super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
     if ckpt {
-        if let Err(why) = checkpointed(attach, h) {
+        // Asked before unless the VMM blocks shrank since (an answer
+        // stands for 60 s).
+        let child = || {
+            if a_child_reads_nvml(attach, &card) {
+                Ok(())
+            } else {
+                Err(
+                    "no child process could read NVML's free memory, which its restore needs"
+                        .to_string(),
+                )
+            }
+        };
+        if let Err(why) = child().and_then(|()| checkpointed(attach, h)) {
             if why.is_empty() {
                 return;
             }

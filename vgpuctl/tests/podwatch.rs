@@ -3,6 +3,9 @@
 //! token file read again, pod names in the metrics and in `vgpuctl status`,
 //! and housekeeping removing the directory of a pod the watch deletes.
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -10,7 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const VGPUCTL: &str = env!("CARGO_BIN_EXE_vgpuctl");
+/// This binary's own copy (tests/common: cargo relinks
+/// `target/debug/vgpuctl` whenever another test binary's rig builds).
+fn vgpuctl() -> &'static Path {
+    &common::artifacts().vgpuctl
+}
 
 /// What the fake server saw: (query, authorization) of every request.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
@@ -141,7 +148,7 @@ fn one_list_then_watches_names_pods_and_gone_pods_are_cleaned_up() {
     let token = root.path().join("token");
     std::fs::write(&token, "t1\n").unwrap();
     let mut child = Kill(
-        Command::new(VGPUCTL)
+        Command::new(vgpuctl())
             .args(["serve", "--listen", "127.0.0.1:0", "--rescan", "0.2"])
             .args([
                 "--housekeeping-grace",
@@ -218,7 +225,7 @@ fn without_a_pod_list_a_young_region_stays() {
     let c = root.path().join("containers");
     region(&c.join("u1_main"));
     let mut child = Kill(
-        Command::new(VGPUCTL)
+        Command::new(vgpuctl())
             .args(["serve", "--listen", "127.0.0.1:0", "--rescan", "0.2"])
             .args([
                 "--housekeeping-grace",
@@ -248,7 +255,7 @@ fn status_names_pods_from_the_api_server() {
     let (api, _seen) = fake_api();
     let root = tempfile::tempdir().unwrap();
     region(&root.path().join("containers/u1_main"));
-    let out = Command::new(VGPUCTL)
+    let out = Command::new(vgpuctl())
         .args(["status", "--json", "--api-server", &api, "--root"])
         .arg(root.path())
         .output()

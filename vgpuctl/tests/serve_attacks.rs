@@ -42,7 +42,7 @@ impl Exporter {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::copy(&first, &p).unwrap();
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+        let mut child = Command::new(&common::artifacts().vgpuctl)
             .args(["serve", "--listen", "127.0.0.1:0", "--nvml", "/nonexistent"])
             .arg("--root")
             .arg(&root)
