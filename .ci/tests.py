@@ -43,23 +43,20 @@ WEIGHT = {
 TIMING = {"neighbours", "launch_limit", "utilization"}
 
 
-class rig_lock:
+class RigLock:
     """The lock each test binary's rig holds while it builds and copies what
     it runs out of target/debug (tests/common: RIG_LOCK, in the directory
     above the test executables' deps/, as the rig finds it)."""
 
     def __init__(self, profile_dir):
-        self.profile_dir = profile_dir
-
-    def __enter__(self):
-        d = os.path.join(self.profile_dir, "vgpu-test-programs")
+        d = os.path.join(profile_dir, "vgpu-test-programs")
         os.makedirs(d, exist_ok=True)
         self.f = open(os.path.join(d, ".rig.lock"), "a")
         fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
 
-    def __exit__(self, *exc):
-        self.f.close()
+    def release(self):
+        if not self.f.closed:
+            self.f.close()
 
 
 # target/debug as the test executables say (CARGO_TARGET_DIR, a cargo
@@ -100,10 +97,18 @@ def run_one(entry, logs, lock, results):
             rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
         else:
             # Cargo replaces target/debug/libvgpu_core.so (remove, link)
-            # even when it is fresh: no rig may copy it meanwhile.
-            with rig_lock(PROFILE_DIR[0]):
-                rc = subprocess.run(cmd, cwd=pkg, env=env, stdout=f,
-                                    stderr=subprocess.STDOUT).returncode
+            # even when it is fresh: no rig may copy it meanwhile. Its
+            # builds end before the first "Doc-tests" line (rustdoc then
+            # compiles and runs the examples): the lock ends there.
+            rig = RigLock(PROFILE_DIR[0])
+            p = subprocess.Popen(cmd, cwd=pkg, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, errors="replace")
+            for line in p.stdout:
+                f.write(line)
+                if line.lstrip().startswith("Doc-tests"):
+                    rig.release()
+            rc = p.wait()
+            rig.release()
     secs = time.monotonic() - start
     text = open(log, errors="replace").read()
     counts = [tuple(map(int, c)) for c in re.findall(

@@ -171,10 +171,11 @@ pub(super) const ARENA_KEEP: Duration = Duration::from_secs(30);
 /// While the guard lives, an allocation of `bytes` to be VMM-backed
 /// waits for its turn in context `ctx`: the arena is pinned for it and
 /// for the blocks held, now, unless they come to more than `cap` bytes
-/// (what a suspension may take under the host bound: it would be refused). Its turn will end in a suspension; pinned
-/// during the turn instead, the arena took 0.03-0.08 of the job's
-/// throughput there (runs 104-106). (A wait for an idle process to
-/// leave pins nothing: this one may never be suspended.)
+/// (what a suspension may take under the host bound: it would be
+/// refused). Its turn will end in a suspension; pinned during the turn
+/// instead, the arena took 0.03-0.08 of the job's throughput there (runs
+/// 104-106). (A wait for an idle process to leave pins nothing: this one
+/// may never be suspended.)
 pub(super) fn waiting(bytes: u64, ctx: usize, cap: u64) -> Awaited {
     AWAITED.fetch_add(bytes, Ordering::AcqRel);
     prepare_in(Some(ctx), cap);
@@ -193,11 +194,10 @@ impl Drop for Awaited {
 /// Pins the arena for this process's VMM blocks ahead of a suspension
 /// (nothing where they come to more than `cap` bytes, what a suspension
 /// may take under the host bound: it would be refused), in a thread of
-/// its own, a chunk at a time: pinning runs at
-/// 1-2 GB/s (docs/vmm-facts.md fact 1), so a busy job's first switch
-/// spent 7.7 of its 8.5 s pinning (run 99). The watcher calls this when
-/// another process wants room on a card this one holds: its turn is
-/// then near.
+/// its own, a chunk at a time: pinning runs at 1-2 GB/s
+/// (docs/vmm-facts.md fact 1), so a busy job's first switch spent 7.7 of
+/// its 8.5 s pinning (run 99). The watcher calls this when another
+/// process wants room on a card this one holds: its turn is then near.
 pub(super) fn prepare(cap: u64) {
     prepare_in(None, cap);
 }

@@ -123,6 +123,9 @@ impl Drop for Kill {
 
 #[test]
 fn one_list_then_watches_names_pods_and_gone_pods_are_cleaned_up() {
+    // The rig first (it may wait for another binary's build): the holder
+    // below maps its region for a bounded time.
+    let vgpuctl = vgpuctl();
     let (api, seen) = fake_api();
     let root = tempfile::tempdir().unwrap();
     let c = root.path().join("containers");
@@ -131,7 +134,7 @@ fn one_list_then_watches_names_pods_and_gone_pods_are_cleaned_up() {
     // A pod the list never had, whose region a live process maps: it stays.
     region(&c.join("u3_held"));
     let held = c.join("u3_held/r.cache");
-    let code = "import mmap,sys,time; f=open(sys.argv[1],'r+b'); m=mmap.mmap(f.fileno(),0); print('mapped',flush=True); time.sleep(30)";
+    let code = "import mmap,sys,time; f=open(sys.argv[1],'r+b'); m=mmap.mmap(f.fileno(),0); print('mapped',flush=True); time.sleep(300)";
     let mut holder = Kill(
         Command::new("python3")
             .args(["-c", code])
@@ -148,7 +151,7 @@ fn one_list_then_watches_names_pods_and_gone_pods_are_cleaned_up() {
     let token = root.path().join("token");
     std::fs::write(&token, "t1\n").unwrap();
     let mut child = Kill(
-        Command::new(vgpuctl())
+        Command::new(vgpuctl)
             .args(["serve", "--listen", "127.0.0.1:0", "--rescan", "0.2"])
             .args([
                 "--housekeeping-grace",
