@@ -29,14 +29,15 @@ import sys
 import threading
 import time
 
-# Seconds per test binary, roughly (a loaded fresh-clone run, 096117a): the
+# Seconds per test binary, roughly (a loaded fresh-clone run, 009e7ab): the
 # order the lanes take them in, longest first.
 WEIGHT = {
-    "neighbours": 176, "oversub_turns": 150, "oversub_hostile": 80,
-    "oversub": 80, "reliability": 70, "restarts": 70, "launch_limit": 67,
-    "utilization": 61, "bundle": 55, "region_survival": 52, "hami": 50,
-    "memory_quota": 50, "exporter": 50, "oversub_vmm": 50, "entry_paths": 25,
-    "doctests": 22,
+    "neighbours": 176, "oversub_turns": 146, "oversub_vmm": 119, "hami": 118,
+    "memory_quota": 95, "exporter": 93, "reliability": 92, "oversub_hostile": 89,
+    "oversub": 86, "restarts": 81, "launch_limit": 68, "region_survival": 62,
+    "utilization": 61, "fork": 50, "serve_attacks": 44, "podwatch": 41,
+    "shm_layout": 32, "entry_paths": 31, "dist": 31, "bundle": 31,
+    "region_upgrade": 27, "doctests": 22,
 }
 # Binaries whose tests judge shares and rates of the simulated GPU: run
 # alone.
