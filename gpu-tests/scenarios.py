@@ -1490,6 +1490,66 @@ def oversub_vmm():
     oversub_busy("oversub_vmm", vmm=True)
 
 
+def oversub_two_cards():
+    """Issue 27 on two cards (nvidia-h100-x2): a process holds a patterned
+    1 GiB and 7 GiB more on card 0 and a patterned 2 GiB on card 1, then
+    idles; a neighbour container wants 10 GiB of card 0, where a ballast
+    leaves 14 GiB. The whole process is suspended (both cards' memory
+    leaves), the neighbour gets its memory, and the process comes back
+    with both patterns intact; its restore line names each card's bytes.
+    Once by the checkpoint API (default), once by VMM copies
+    (VGPU_OVERSUBSCRIBE_VMM=true). Skipped with one GPU."""
+    sec = "oversub_two_cards"
+    if SIM:
+        return
+    n = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+    if n < 2:
+        print(f"oversub_two_cards: {n} GPU(s): skipped (needs 2)", flush=True)
+        return
+    free = int(subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0]) * MIB
+    ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "400"], env=base_env(),
+                               stdout=subprocess.PIPE, stderr=open(log_path("two-ballast"), "w"), text=True)
+    try:
+        if not wait_line(ballast, "hold_rc=0", 60):
+            record(sec, "ballast allocated", "no", "yes", False)
+            return
+        for vmm in (False, True):
+            tag = "VMM copies" if vmm else "checkpoint API"
+            board = tempfile.mkdtemp(prefix="vgpu-board-")
+            extra = oversub_env(board, quota="12g", wait_ms=60000, host_limit="40g")
+            if vmm:
+                extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
+            alog = log_path(f"two-a-{vmm}")
+            a = subprocess.Popen([client("link"), "keep", str(GIB), str(7 * GIB), "5", "15", "30"],
+                                 env=make_env(True, dict(extra, CUCLIENT_KEEP_DEVICE1=str(2 * GIB)), new_region()),
+                                 stdout=subprocess.PIPE, stderr=open(alog, "w"), text=True)
+            if not wait_line(a, "ready=1", 120):
+                stop(a)
+                record(sec, f"{tag}: holder ready", "no", "yes", False)
+                continue
+            time.sleep(2)
+            brc, bout, _ = run([client("link"), "hold", str(10 * GIB), "3"], make_env(True, extra, new_region()),
+                               120, f"two-b-{vmm}")
+            out = finish_job(a, 120, alog)
+            f, b = kv(out), kv(bout)
+            err = open(alog, errors="replace").read()
+            by_card = next((l.split("; by card: ", 1)[1] for l in err.splitlines() if "; by card: " in l), "none")
+            moves = [l.split("CUDA_OVERSUBSCRIBE: ", 1)[-1][:60] for l in err.splitlines() if "VMM move" in l]
+            record(sec, f"{tag}: neighbour's 10 GiB on card 0 (hold rc)", b.get("hold_rc", f"exit {brc}"), "0",
+                   b.get("hold_rc") == "0")
+            record(sec, f"{tag}: holder suspended, restored; card 0 data, card 1 data intact",
+                   f"{err.count('suspended this process')}, {err.count('restored this process')}; "
+                   f"{f.get('intact')}, {f.get('device1_intact')}", "1, 1; 1, 1",
+                   err.count("suspended this process") == 1 and err.count("restored this process") == 1
+                   and f.get("intact") == "1" and f.get("device1_intact") == "1")
+            record(sec, f"{tag}: the restore by card; VMM moves", f"{by_card}; {' / '.join(moves) or '-'}",
+                   "both cards named" + ("; out and back" if vmm else ""),
+                   by_card.count(" on GPU-") == 2 and (not vmm or len(moves) >= 2))
+    finally:
+        stop(ballast)
+
+
 def oversub_hostile():
     """Issue 26 on a real card: a hostile neighbour on the board
     (tests/programs/hostile_board.c). (1) A PyTorch job (8 GiB, 3 s of
@@ -1640,7 +1700,8 @@ def oversub_vllm():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
-                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, exporter, util_panel, dist, latency]}
+                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, oversub_two_cards,
+                                    exporter, util_panel, dist, latency]}
 
 
 def loaded_line():
