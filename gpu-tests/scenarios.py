@@ -1481,12 +1481,15 @@ def oversub_vmm():
         rc, out, _ = run([client("link"), "vmmhide", "3145733"], env, 60, f"vmmhide-{tag.split()[0]}")
         f = kv(out)
         got = "; ".join(f"{k} {f.get(k + '_rc')}/{f.get(k + '_size')}" for k in ("range", "attr", "attrs"))
-        ok = rc == 0 and all(f.get(k + "_rc") == "0" and f.get(k + "_size") == "3145733" for k in ("range", "attr"))
-        ok = ok and all(f.get(k) == "1" for k in ("range_base_ok", "attr_start_ok", "ctx_ok"))
-        got += f"; bases {f.get('range_base_ok')}{f.get('attr_start_ok')}, context {f.get('ctx_ok')}"
+        ok = rc == 0 and all(f.get(k + "_rc") == "0" and f.get(k + "_size") == "3145733"
+                             for k in ("range", "attr", "attrs"))
+        ok = ok and all(f.get(k) == "1" for k in ("range_base_ok", "attr_start_ok", "attrs_start_ok", "ctx_ok",
+                                                  "attrs_ctx_ok"))
+        got += (f"; bases {f.get('range_base_ok')}{f.get('attr_start_ok')}{f.get('attrs_start_ok')}, "
+                f"contexts {f.get('ctx_ok')}{f.get('attrs_ctx_ok')}")
         record(sec, f"{tag}: a 3 MiB + 5 B block's range (rc/size): cuMemGetAddressRange; cuPointerGetAttribute; "
-                    f"cuPointerGetAttributes (not hidden); the base and the context right", got,
-               "0/3145733 for the first two; 11, 1", ok)
+                    f"cuPointerGetAttributes; the bases and the contexts right", got,
+               "0/3145733 each; 111, 11", ok)
     oversub_busy("oversub_vmm", vmm=True)
 
 

@@ -8,7 +8,7 @@
 //! and cannot dereference anything else. vgpu's own calls build them from
 //! references (`Out::from(&mut x)`).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::marker::PhantomData;
 
 /// Writes `v` through out-parameter `p`; false when `p` is NULL.
@@ -203,9 +203,114 @@ impl Arg<*mut c_void> for AttributeOut<'_> {
     }
 }
 
+/// `cuPointerGetAttributes`' `attributes`: `count` attribute numbers,
+/// `count` being the call's first argument.
+#[repr(transparent)]
+pub struct AttributeList<'a>(*const c_int, PhantomData<&'a c_int>);
+
+impl Clone for AttributeList<'_> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl Copy for AttributeList<'_> {}
+
+impl AttributeList<'_> {
+    /// The `i`th attribute of `count`; None past the end or when NULL.
+    pub fn at(self, count: c_uint, i: usize) -> Option<c_int> {
+        if i >= count as usize {
+            return None;
+        }
+        // SAFETY: NULL or readable for `count` ints (`Arg`'s contract for
+        // this parameter), and `i < count`.
+        unsafe { get(self.0.wrapping_add(i)) }
+    }
+}
+
+impl Arg<*const c_int> for AttributeList<'_> {
+    /// The driver API makes `attributes` valid for as many ints as the
+    /// call's count says.
+    #[inline(always)]
+    unsafe fn arg(raw: *const c_int) -> Self {
+        Self(raw, PhantomData)
+    }
+}
+
+/// `cuPointerGetAttributes`' `data`: `count` out-parameters, the `i`th of
+/// the type the `i`th attribute names (as [`AttributeOut`]).
+#[repr(transparent)]
+pub struct AttributeOuts<'a>(*mut *mut c_void, PhantomData<&'a mut ()>);
+
+impl Clone for AttributeOuts<'_> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl Copy for AttributeOuts<'_> {}
+
+impl<'a> AttributeOuts<'a> {
+    /// The `i`th of `count` out-parameters; None past the end or when the
+    /// array is NULL.
+    pub fn at(self, count: c_uint, i: usize) -> Option<AttributeOut<'a>> {
+        if i >= count as usize {
+            return None;
+        }
+        // SAFETY: NULL or readable for `count` pointers (`Arg`'s contract
+        // for this parameter), and `i < count`.
+        let p = unsafe { get(self.0.cast_const().wrapping_add(i)) }?;
+        // SAFETY: each pointer is NULL or valid for its attribute's value
+        // for the call (the driver API's contract, as `AttributeOut`'s).
+        Some(unsafe { AttributeOut::arg(p) })
+    }
+}
+
+impl Arg<*mut *mut c_void> for AttributeOuts<'_> {
+    /// The driver API makes `data` valid for as many pointers as the
+    /// call's count says, each NULL or valid for its attribute's value.
+    #[inline(always)]
+    unsafe fn arg(raw: *mut *mut c_void) -> Self {
+        Self(raw, PhantomData)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attribute_arrays_stop_at_their_count_and_write_only_eight_byte_values() {
+        let attrs = [11, 10, 12];
+        let (mut start, mut capable, mut size) = (0u64, 7i32, 0u64);
+        let mut data: [*mut c_void; 3] = [
+            (&raw mut start).cast(),
+            (&raw mut capable).cast(),
+            (&raw mut size).cast(),
+        ];
+        // SAFETY: both arrays hold 3 entries, each pointer valid for its
+        // attribute's value.
+        let (list, outs) = unsafe {
+            (
+                AttributeList::arg(attrs.as_ptr()),
+                AttributeOuts::arg(data.as_mut_ptr()),
+            )
+        };
+        for i in 0..3 {
+            let (a, out) = (list.at(3, i).unwrap(), outs.at(3, i).unwrap());
+            out.put8(a, 40 + i as u64);
+        }
+        // Attribute 10 (a 4-byte int) is not written with 8 bytes.
+        assert_eq!((start, capable, size), (40, 7, 42));
+        assert!(list.at(3, 3).is_none() && outs.at(3, 3).is_none());
+        assert!(list.at(2, 2).is_none());
+        // SAFETY: NULL is allowed.
+        let (none, nothing) = unsafe {
+            (
+                AttributeList::arg(std::ptr::null()),
+                AttributeOuts::arg(std::ptr::null_mut()),
+            )
+        };
+        assert!(none.at(3, 0).is_none() && nothing.at(3, 0).is_none());
+    }
 
     #[test]
     fn out_and_in_read_write_and_answer_null() {

@@ -1,7 +1,7 @@
 //! VGPU_OVERSUBSCRIBE_VMM stays invisible to the program (issue 27 part 1,
 //! step 2): a VMM-backed cuMemAlloc_v2 block answers its asked size to
-//! cuMemGetAddressRange and to `cuPointerGetAttribute`'s range (the
-//! driver says the mapped, rounded size), and
+//! cuMemGetAddressRange and to `cuPointerGetAttribute(s)`'s range and
+//! context (the driver says the mapped, rounded size and NULL), and
 //! legacy IPC of one fails as the driver says, after which the process's
 //! blocks are ordinary ones that can be exported.
 
@@ -26,11 +26,12 @@ fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_bloc
     assert_eq!(r.get("attr_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("attr_start_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("attr_size"), "3145733", "{}", r.stdout);
-    // cuPointerGetAttributes is the driver's (not hidden, documented):
-    // the mapping's 4 MiB.
+    // The plural (cudart's cudaPointerGetAttributes) answers the same
+    // (the driver says the mapping's 4 MiB).
     assert_eq!(r.get("attrs_rc"), "0", "{}", r.stderr);
-    assert_eq!(r.get("attrs_size"), "4194304", "{}", r.stdout);
+    assert_eq!(r.get("attrs_size"), "3145733", "{}", r.stdout);
     assert_eq!(r.get("attrs_start_ok"), "1", "{}", r.stdout);
+    assert_eq!(r.get("attrs_ctx_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ctx_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("ctx_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ipc_rc"), "1", "{}", r.stderr);
@@ -45,6 +46,7 @@ fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_bloc
     assert_eq!(r.get("range_size"), "3145733");
     assert_eq!(r.get("attr_size"), "3145733");
     assert_eq!(r.get("attrs_size"), "3145733");
+    assert_eq!(r.get("attrs_ctx_ok"), "1");
     assert_eq!(r.get("ctx_ok"), "1");
     assert_eq!(r.get("ipc_rc"), "0");
     assert_eq!(r.get("ipc_after_rc"), "0");

@@ -252,6 +252,29 @@ pub fn pointer_attribute(
     rc
 }
 
+/// `cuPointerGetAttributes` (cudart's `cudaPointerGetAttributes`): as
+/// [`pointer_attribute`], for each attribute asked.
+pub fn pointer_attributes(
+    call: &impl Fn() -> CUresult,
+    count: c_uint,
+    attributes: crate::ffi::AttributeList<'_>,
+    data: crate::ffi::AttributeOuts<'_>,
+    p: CUdeviceptr,
+) -> CUresult {
+    let rc = call();
+    if rc.is_ok() && crate::oversub::backing::asked(p).is_some() {
+        for i in 0..count as usize {
+            let (Some(a), Some(out)) = (attributes.at(count, i), data.at(count, i)) else {
+                break;
+            };
+            if let Some(v) = block_attribute(a, p) {
+                out.put8(a, v);
+            }
+        }
+    }
+    rc
+}
+
 /// `cuIpcGetMemHandle`: VMM memory cannot be exported through legacy IPC
 /// (the driver answers `CUDA_ERROR_INVALID_VALUE`); from then on this
 /// process gets cuMemAlloc's blocks, so a new buffer can be.

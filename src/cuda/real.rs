@@ -34,6 +34,7 @@ crate::interpose::reals::reals! {
     fn cuMemGetAddressRange_v2(base: Out<CUdeviceptr>, size: Out<usize>, dptr: CUdeviceptr) -> CUresult;
     fn cuIpcGetMemHandle(handle: Out<[u8; 64]>, dptr: CUdeviceptr) -> CUresult;
     unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
+    unsafe fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult;
     fn cuMemAddressReserve(ptr: Out<CUdeviceptr>, bytes: usize, align: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
     fn cuMemAddressFree(ptr: CUdeviceptr, bytes: usize) -> CUresult;
     fn cuMemMap(ptr: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult;

@@ -1017,13 +1017,14 @@ static int cmd_vmmhide(size_t bytes) {
     int rc = cu.cuPointerGetAttribute(&start, 11, a + bytes / 2);
     rc = rc ? rc : cu.cuPointerGetAttribute(&span, 12, a + bytes / 2);
     printf("attr_rc=%d\nattr_start_ok=%d\nattr_size=%zu\n", rc, start == a, span);
-    int attrs[2] = {11, 12};
-    void *data[2] = {&start2, &span2};
-    printf("attrs_rc=%d\n", cu.cuPointerGetAttributes(2, attrs, data, a + bytes / 2));
-    printf("attrs_start_ok=%d\nattrs_size=%zu\n", start2 == a, span2);
-    /* Its context (1), as cuMemAlloc's block names it. */
-    CUcontext mine = NULL, owner = NULL;
+    CUcontext mine = NULL, owner = NULL, owner2 = NULL;
     cu.cuCtxGetCurrent(&mine);
+    int attrs[3] = {11, 12, 1};
+    void *data[3] = {&start2, &span2, &owner2};
+    printf("attrs_rc=%d\n", cu.cuPointerGetAttributes(3, attrs, data, a + bytes / 2));
+    printf("attrs_start_ok=%d\nattrs_size=%zu\n", start2 == a, span2);
+    printf("attrs_ctx_ok=%d\n", owner2 == mine && mine != NULL);
+    /* Its context (1), as cuMemAlloc's block names it. */
     printf("ctx_rc=%d\n", cu.cuPointerGetAttribute(&owner, 1, a));
     printf("ctx_ok=%d\n", owner == mine && mine != NULL);
     printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
