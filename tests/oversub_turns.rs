@@ -152,6 +152,38 @@ fn with_vmm_a_context_stays_on_the_card_where_the_next_holder_fits_beside_it() {
     }
 }
 
+#[test]
+fn with_vmm_a_turn_ends_once_the_host_arena_is_pinned() {
+    // Pinning takes 1 s a GiB here (0.15-0.3 s on an H100), so a's arena
+    // for its 2.3 GiB is not ready when its 2 s quantum ends: a keeps the
+    // card until it is, and its switch copies through the ready arena
+    // instead of pinning with the card idle (run 111: a first 33 GiB
+    // suspension took 11.2 s, most of it pinning).
+    let (a, _) = take_turns_on(
+        Node::new(),
+        23 * GIB / 10,
+        &[
+            ("VGPU_OVERSUBSCRIBE_VMM", "true"),
+            ("SIM_GPU_PIN_MS_PER_GIB", "1000"),
+            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "30000"),
+        ],
+    );
+    assert!(
+        a.stderr.contains("keeps the card until the arena is ready"),
+        "{}",
+        a.stderr
+    );
+    // b's want came while a ran: a's arena was pinned ahead, and a's
+    // first turn given moved its blocks without pinning any itself.
+    let first_out = a
+        .stderr
+        .lines()
+        .find(|l| l.contains("VMM move out"))
+        .unwrap_or_else(|| panic!("no move out: {}", a.stderr));
+    assert!(!first_out.contains("pinning"), "{first_out}\n{}", a.stderr);
+    assert!(a.stderr.contains("ahead of a suspension"), "{}", a.stderr);
+}
+
 /// Two busy jobs (with `extra` settings) on a card that holds one at a
 /// time take turns, each finishing with its data intact; their runs.
 fn take_turns(extra: &[(&str, &str)]) -> (Run, Run) {

@@ -28,6 +28,11 @@ pub const MAX_PARTIES: u64 = 4;
 /// What a switch may take, beyond a quantum, per turn waited for: a
 /// 46 GiB job moved out in up to 45 s and back in up to 60 s on the H200.
 pub const SWITCH_ALLOWANCE: Duration = Duration::from_secs(120);
+/// How long a busy process whose turn is over may keep the card while
+/// its host arena is pinned ([`hold_for_arena`]): pinning runs at 3-7
+/// GB/s (docs/vmm-facts.md fact 1), about 11 s for 33 GiB (run 111);
+/// within [`SWITCH_ALLOWANCE`], so its waiters' bounds hold.
+pub const ARENA_GRACE: Duration = Duration::from_secs(60);
 /// How long a turn's end waits for the synchronisations and copies in
 /// flight to end (the gate holds new calls back meanwhile).
 pub const DRAIN_BOUND: Duration = Duration::from_secs(10);
@@ -36,6 +41,9 @@ pub const DRAIN_BOUND: Duration = Duration::from_secs(10);
 static TURN_SINCE: AtomicU64 = AtomicU64::new(0);
 /// It was suspended at a quantum's end: its restore waits for its turn.
 pub(super) static GAVE_TURN: AtomicBool = AtomicBool::new(false);
+/// When this process, its turn over, began to keep the card for its
+/// arena (0: it does not).
+static HELD_FOR_ARENA: AtomicU64 = AtomicU64::new(0);
 
 fn quantum_ns() -> u64 {
     settings().quantum_ms.saturating_mul(1_000_000)
@@ -66,7 +74,22 @@ pub(super) fn advertise(h: &Here) {
 pub(super) fn turn_began(h: &Here) {
     let now = clock::monotonic_ns();
     TURN_SINCE.store(now, Ordering::Release);
+    HELD_FOR_ARENA.store(0, Ordering::Release);
     h.entry().set_turn_since(now);
+}
+
+/// Whether this process, its turn over, keeps the card a while longer
+/// because its host arena is `short` of its blocks (being pinned): for
+/// [`ARENA_GRACE`] at most per turn, however the arena fares.
+pub(super) fn hold_for_arena(now: u64, short: bool) -> bool {
+    if !short {
+        return false;
+    }
+    let since = match HELD_FOR_ARENA.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => now,
+        Err(since) => since,
+    };
+    now.saturating_sub(since) < u64::try_from(ARENA_GRACE.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The card back after waiting for a turn.
@@ -211,5 +234,26 @@ impl Defer {
     /// Not deferring now (the next deferral's time counts from then).
     pub(super) fn pause(&mut self) {
         self.last = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_is_held_for_the_arena_only_while_it_is_short_and_within_the_grace() {
+        HELD_FOR_ARENA.store(0, Ordering::Release);
+        let grace = u64::try_from(ARENA_GRACE.as_nanos()).unwrap();
+        let t = 5_000_000_000;
+        assert!(!hold_for_arena(t, false));
+        assert!(hold_for_arena(t, true));
+        assert!(hold_for_arena(t + grace - 1, true));
+        // Past the grace, however short the arena still is.
+        assert!(!hold_for_arena(t + grace, true));
+        assert!(!hold_for_arena(t + 2 * grace, true));
+        // A new turn starts a new grace.
+        HELD_FOR_ARENA.store(0, Ordering::Release);
+        assert!(hold_for_arena(t + 3 * grace, true));
     }
 }

@@ -142,11 +142,14 @@ fn with_arena<R>(f: impl FnOnce(&mut Vec<Pinned>) -> R) -> R {
     }
     let mut arena = std::mem::take(&mut *ARENA.lock());
     let r = f(&mut arena);
+    ARENA_BYTES.store(arena.len() as u64 * CHUNK, Ordering::Release);
     *ARENA.lock() = arena;
     ARENA_BUSY.store(false, Ordering::Release);
     r
 }
 
+/// The arena's size, as `with_arena` last left it.
+static ARENA_BYTES: AtomicU64 = AtomicU64::new(0);
 /// VMM-backed bytes this process's allocations wait for (`waiting`): the
 /// arena is pinned for them too.
 static AWAITED: AtomicU64 = AtomicU64::new(0);
@@ -232,6 +235,17 @@ fn prepare_in(ctx: Option<usize>, cap: u64) {
     if spawned.is_err() {
         PREPARING.store(false, Ordering::SeqCst);
     }
+}
+
+/// Whether the arena is still short of this process's VMM blocks,
+/// within the latest request's cap (the arena thread pins the rest): a
+/// busy process then keeps its turn a while (`line::hold_for_arena`), so
+/// that its switch copies at the bus's speed instead of pinning with the
+/// card idle (run 111: a first 33 GiB suspension took 11.2 s, 3.2 GB/s,
+/// pinning the arena begun 4 s before).
+pub(super) fn arena_short() -> bool {
+    let need = backing::mapped_bytes();
+    need > ARENA_BYTES.load(Ordering::Acquire) && need <= ASK_CAP.load(Ordering::Acquire)
 }
 
 /// The cap for [`prepare`] and [`waiting`]: what the host bound leaves
@@ -378,10 +392,12 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
     }
     let synced = Instant::now();
     let total: u64 = blocks.iter().map(|b| b.mapped).sum();
-    let copied = with_arena(|arena| -> Result<Vec<(CUdeviceptr, u64)>, String> {
+    let copied = with_arena(|arena| -> Result<(Vec<(CUdeviceptr, u64)>, u64), String> {
+        let ready = arena.len();
         in_ctx(first.ctx, || grow(arena, total))
             .and_then(|r| r)
             .map_err(|rc| format!("no pinned host memory for {total} bytes ({rc})"))?;
+        let pinned = (arena.len() - ready) as u64 * CHUNK;
         PINNED_IN.store(first.ctx, Ordering::Release);
         let mut places = Vec::with_capacity(blocks.len());
         let mut at = 0;
@@ -392,9 +408,9 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
             places.push((b.base, at));
             at += b.mapped;
         }
-        Ok(places)
+        Ok((places, pinned))
     });
-    let places = copied?;
+    let (places, pinned) = copied?;
     let copied = Instant::now();
     for b in &blocks {
         if let Some(h) = b.handle {
@@ -404,11 +420,19 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
     }
     *PLACES.lock() = places;
     log::info!(
-        "CUDA_OVERSUBSCRIBE: VMM move out: {} blocks, {} copied in {} ms (after {} ms of synchronising), released in {} ms",
+        "CUDA_OVERSUBSCRIBE: VMM move out: {} blocks, {} copied in {} ms (after {} ms of synchronising{}), released in {} ms",
         blocks.len(),
         crate::log::fmt_bytes(total),
         copied.duration_since(synced).as_millis(),
         synced.duration_since(t0).as_millis(),
+        if pinned > 0 {
+            format!(
+                " and pinning {} of the arena",
+                crate::log::fmt_bytes(pinned)
+            )
+        } else {
+            String::new()
+        },
         copied.elapsed().as_millis()
     );
     let mut per_card: Vec<([u8; 16], u64)> = Vec::new();

@@ -168,6 +168,16 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     let (card, busy) = match card_to_free(&me, &others, now, s.idle_ns) {
         Some(card) => (card, false),
         None => match super::line::card_to_yield(h, now) {
+            // Its arena is still being pinned: the turn runs on until it
+            // is (within a bound), the card busy meanwhile, and the switch
+            // then copies at the bus's speed.
+            Some(_) if super::line::hold_for_arena(now, super::mover::arena_short()) => {
+                crate::warn_once!(
+                    "CUDA_OVERSUBSCRIBE: this process's turn is over, but its host arena is still being pinned: it keeps the card until the arena is ready (at most {} s more)",
+                    super::line::ARENA_GRACE.as_secs()
+                );
+                return true;
+            }
             Some(card) => (card, true),
             None => return true,
         },

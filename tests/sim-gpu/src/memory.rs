@@ -168,14 +168,22 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 }
 
 /// Host memory is the card's in the simulator: registering it (vgpu's
-/// host arena, oversub/mover.rs) only checks the arguments.
+/// host arena, oversub/mover.rs) checks the arguments, and takes
+/// `SIM_GPU_PIN_MS_PER_GIB` ms a GiB (default 0; the H100 pins 3-7 GB/s).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, _flags: c_uint) -> CUresult {
     if p.is_null() || bytes == 0 {
-        INVALID_VALUE
-    } else {
-        SUCCESS
+        return INVALID_VALUE;
     }
+    let per_gib = std::env::var("SIM_GPU_PIN_MS_PER_GIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if per_gib > 0 {
+        let ms = per_gib.saturating_mul(bytes as u64) >> 30;
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    SUCCESS
 }
 
 #[unsafe(no_mangle)]
