@@ -203,8 +203,30 @@ impl Arg<*mut c_void> for AttributeOut<'_> {
     }
 }
 
-/// `cuPointerGetAttributes`' `attributes`: `count` attribute numbers,
-/// `count` being the call's first argument.
+/// `cuPointerGetAttributes`' count: how many entries its two arrays hold.
+/// Made only from the call's own argument ([`Arg`]), so that
+/// [`AttributeList::at`] and [`AttributeOuts::at`] read within the arrays
+/// the program passed with it.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct AttributeCount(c_uint);
+
+impl AttributeCount {
+    pub fn get(self) -> c_uint {
+        self.0
+    }
+}
+
+impl Arg<c_uint> for AttributeCount {
+    /// `raw` is the count the program passed beside the arrays.
+    #[inline(always)]
+    unsafe fn arg(raw: c_uint) -> Self {
+        Self(raw)
+    }
+}
+
+/// `cuPointerGetAttributes`' `attributes`: as many attribute numbers as
+/// the call's [`AttributeCount`].
 #[repr(transparent)]
 pub struct AttributeList<'a>(*const c_int, PhantomData<&'a c_int>);
 
@@ -216,13 +238,15 @@ impl Clone for AttributeList<'_> {
 impl Copy for AttributeList<'_> {}
 
 impl AttributeList<'_> {
-    /// The `i`th attribute of `count`; None past the end or when NULL.
-    pub fn at(self, count: c_uint, i: usize) -> Option<c_int> {
-        if i >= count as usize {
+    /// The `i`th attribute of the call's `count`; None past the end or
+    /// when NULL.
+    pub fn at(self, count: AttributeCount, i: usize) -> Option<c_int> {
+        if i >= count.get() as usize {
             return None;
         }
-        // SAFETY: NULL or readable for `count` ints (`Arg`'s contract for
-        // this parameter), and `i < count`.
+        // SAFETY: NULL or readable for the call's count of ints (`Arg`'s
+        // contract for this parameter; `count` is that call's), and
+        // `i < count`.
         unsafe { get(self.0.wrapping_add(i)) }
     }
 }
@@ -249,14 +273,15 @@ impl Clone for AttributeOuts<'_> {
 impl Copy for AttributeOuts<'_> {}
 
 impl<'a> AttributeOuts<'a> {
-    /// The `i`th of `count` out-parameters; None past the end or when the
-    /// array is NULL.
-    pub fn at(self, count: c_uint, i: usize) -> Option<AttributeOut<'a>> {
-        if i >= count as usize {
+    /// The `i`th of the call's `count` out-parameters; None past the end
+    /// or when the array is NULL.
+    pub fn at(self, count: AttributeCount, i: usize) -> Option<AttributeOut<'a>> {
+        if i >= count.get() as usize {
             return None;
         }
-        // SAFETY: NULL or readable for `count` pointers (`Arg`'s contract
-        // for this parameter), and `i < count`.
+        // SAFETY: NULL or readable for the call's count of pointers
+        // (`Arg`'s contract for this parameter; `count` is that call's),
+        // and `i < count`.
         let p = unsafe { get(self.0.cast_const().wrapping_add(i)) }?;
         // SAFETY: each pointer is NULL or valid for its attribute's value
         // for the call (the driver API's contract, as `AttributeOut`'s).
@@ -286,22 +311,24 @@ mod tests {
             (&raw mut capable).cast(),
             (&raw mut size).cast(),
         ];
-        // SAFETY: both arrays hold 3 entries, each pointer valid for its
-        // attribute's value.
-        let (list, outs) = unsafe {
+        // SAFETY: both arrays hold 3 entries (2 for `two`), each pointer
+        // valid for its attribute's value.
+        let (three, two, list, outs) = unsafe {
             (
+                AttributeCount::arg(3),
+                AttributeCount::arg(2),
                 AttributeList::arg(attrs.as_ptr()),
                 AttributeOuts::arg(data.as_mut_ptr()),
             )
         };
         for i in 0..3 {
-            let (a, out) = (list.at(3, i).unwrap(), outs.at(3, i).unwrap());
+            let (a, out) = (list.at(three, i).unwrap(), outs.at(three, i).unwrap());
             out.put8(a, 40 + i as u64);
         }
         // Attribute 10 (a 4-byte int) is not written with 8 bytes.
         assert_eq!((start, capable, size), (40, 7, 42));
-        assert!(list.at(3, 3).is_none() && outs.at(3, 3).is_none());
-        assert!(list.at(2, 2).is_none());
+        assert!(list.at(three, 3).is_none() && outs.at(three, 3).is_none());
+        assert!(list.at(two, 2).is_none());
         // SAFETY: NULL is allowed.
         let (none, nothing) = unsafe {
             (
@@ -309,7 +336,7 @@ mod tests {
                 AttributeOuts::arg(std::ptr::null_mut()),
             )
         };
-        assert!(none.at(3, 0).is_none() && nothing.at(3, 0).is_none());
+        assert!(none.at(three, 0).is_none() && nothing.at(three, 0).is_none());
     }
 
     #[test]

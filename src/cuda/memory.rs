@@ -256,14 +256,14 @@ pub fn pointer_attribute(
 /// [`pointer_attribute`], for each attribute asked.
 pub fn pointer_attributes(
     call: &impl Fn() -> CUresult,
-    count: c_uint,
+    count: crate::ffi::AttributeCount,
     attributes: crate::ffi::AttributeList<'_>,
     data: crate::ffi::AttributeOuts<'_>,
     p: CUdeviceptr,
 ) -> CUresult {
     let rc = call();
     if rc.is_ok() && crate::oversub::backing::asked(p).is_some() {
-        for i in 0..count as usize {
+        for i in 0..count.get() as usize {
             let (Some(a), Some(out)) = (attributes.at(count, i), data.at(count, i)) else {
                 break;
             };

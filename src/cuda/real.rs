@@ -202,7 +202,7 @@ pub(crate) fn mem_set_access(ptr: CUdeviceptr, bytes: usize, desc: &MemAccessDes
 /// lock throughout, so a thread pinning beside a running job held its
 /// calls up for seconds (run 100: a memset waited 7.2 s), while
 /// registering memory already touched runs at ~24 GB/s
-/// (docs/vmm-facts.md fact 1). `cuMemHostAlloc` where that fails.
+/// (docs/vmm-facts.md fact 2). `cuMemHostAlloc` where that fails.
 pub(crate) struct Pinned {
     ptr: *mut c_void,
     len: usize,

@@ -5,8 +5,8 @@
 //! What the board says can hold this process back only within bounds:
 //! a waiter lets those ahead of it in line take room it could take for
 //! [`DEFER_BOUND`] in all per wait; a wait for a turn lasts at most
-//! [`MAX_PARTIES`] turns of its own quantum plus [`SWITCH_ALLOWANCE`]
-//! each, beyond its own `VGPU_OVERSUBSCRIBE_WAIT_MS` (or
+//! [`MAX_PARTIES`] turns of its own quantum plus [`ARENA_GRACE`] and
+//! [`SWITCH_ALLOWANCE`] each, beyond its own `VGPU_OVERSUBSCRIBE_WAIT_MS` (or
 //! `_RESTORE_WAIT_MS`).
 #![forbid(unsafe_code)]
 
@@ -29,9 +29,10 @@ pub const MAX_PARTIES: u64 = 4;
 /// 46 GiB job moved out in up to 45 s and back in up to 60 s on the H200.
 pub const SWITCH_ALLOWANCE: Duration = Duration::from_secs(120);
 /// How long a busy process whose turn is over may keep the card while
-/// its host arena is pinned ([`hold_for_arena`]): pinning runs at 3-7
-/// GB/s (docs/vmm-facts.md fact 1), about 11 s for 33 GiB (run 111);
-/// within [`SWITCH_ALLOWANCE`], so its waiters' bounds hold.
+/// its host arena is pinned ([`hold_for_arena`]): populated and
+/// registered, the arena pins at 3-7 GB/s (docs/vmm-facts.md fact 2;
+/// 11 s for 33 GiB in run 111). A wait for a turn allows it beside
+/// [`SWITCH_ALLOWANCE`] ([`turns_of`]).
 pub const ARENA_GRACE: Duration = Duration::from_secs(60);
 /// How long a turn's end waits for the synchronisations and copies in
 /// flight to end (the gate holds new calls back meanwhile).
@@ -170,10 +171,12 @@ pub(super) fn turn_wait(h: &Here, card: &[u8; 16]) -> Duration {
     turns_of(ahead(h, card).saturating_add(1))
 }
 
-/// `parties` turns (at most [`MAX_PARTIES`]) of this process's quantum
-/// and a switch each.
+/// `parties` turns (at most [`MAX_PARTIES`]) of this process's quantum,
+/// the holder's grace for its arena and a switch each.
 pub(super) fn turns_of(parties: u64) -> Duration {
-    let one = Duration::from_millis(settings().quantum_ms).saturating_add(SWITCH_ALLOWANCE);
+    let one = Duration::from_millis(settings().quantum_ms)
+        .saturating_add(ARENA_GRACE)
+        .saturating_add(SWITCH_ALLOWANCE);
     one.saturating_mul(parties.min(MAX_PARTIES) as u32)
 }
 

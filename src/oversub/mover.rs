@@ -150,6 +150,9 @@ fn with_arena<R>(f: impl FnOnce(&mut Vec<Pinned>) -> R) -> R {
 
 /// The arena's size, as `with_arena` last left it.
 static ARENA_BYTES: AtomicU64 = AtomicU64::new(0);
+/// The arena thread's last chunk was refused, or the thread could not
+/// start (until a chunk is pinned again).
+static PIN_STALLED: AtomicBool = AtomicBool::new(false);
 /// VMM-backed bytes this process's allocations wait for (`waiting`): the
 /// arena is pinned for them too.
 static AWAITED: AtomicU64 = AtomicU64::new(0);
@@ -198,7 +201,7 @@ impl Drop for Awaited {
 /// (nothing where they come to more than `cap` bytes, what a suspension
 /// may take under the host bound: it would be refused), in a thread of
 /// its own, a chunk at a time: pinning runs at 1-2 GB/s
-/// (docs/vmm-facts.md fact 1), so a busy job's first switch spent 7.7 of
+/// (docs/vmm-facts.md fact 2), so a busy job's first switch spent 7.7 of
 /// its 8.5 s pinning (run 99). The watcher calls this when another
 /// process wants room on a card this one holds: its turn is then near.
 pub(super) fn prepare(cap: u64) {
@@ -233,6 +236,7 @@ fn prepare_in(ctx: Option<usize>, cap: u64) {
             }
         });
     if spawned.is_err() {
+        PIN_STALLED.store(true, Ordering::Release);
         PREPARING.store(false, Ordering::SeqCst);
     }
 }
@@ -243,9 +247,12 @@ fn prepare_in(ctx: Option<usize>, cap: u64) {
 /// that its switch copies at the bus's speed instead of pinning with the
 /// card idle (run 111: a first 33 GiB suspension took 11.2 s, 3.2 GB/s,
 /// pinning the arena begun 4 s before).
+/// Not while pinning fails: the turn would only be held up.
 pub(super) fn arena_short() -> bool {
     let need = backing::mapped_bytes();
-    need > ARENA_BYTES.load(Ordering::Acquire) && need <= ASK_CAP.load(Ordering::Acquire)
+    need > ARENA_BYTES.load(Ordering::Acquire)
+        && need <= ASK_CAP.load(Ordering::Acquire)
+        && !PIN_STALLED.load(Ordering::Acquire)
 }
 
 /// The cap for [`prepare`] and [`waiting`]: what the host bound leaves
@@ -287,10 +294,14 @@ fn pin_asked() {
             {
                 return false;
             }
-            in_ctx(ctx, || Pinned::new(CHUNK as usize))
+            let pinned = in_ctx(ctx, || Pinned::new(CHUNK as usize))
                 .and_then(|r| r)
                 .map(|c| arena.push(c))
-                .is_ok()
+                .is_ok();
+            // A chunk refused (host memory, the driver) leaves the arena
+            // short: a turn is then not held for it (`arena_short`).
+            PIN_STALLED.store(!pinned, Ordering::Release);
+            pinned
         });
         if !grown {
             break;
@@ -370,6 +381,10 @@ fn grow(arena: &mut Vec<Pinned>, bytes: u64) -> Result<(), CUresult> {
     Ok(())
 }
 
+/// Where each block went in the arena, and what the move pinned itself
+/// (bytes, time).
+type MovedOut = (Vec<(CUdeviceptr, u64)>, u64, Duration);
+
 /// Moves every block to the host; the bytes moved from each card (by
 /// UUID; `fallback` where the driver names none). On an error nothing is
 /// released (the process stays as it was) and the reason is given.
@@ -392,12 +407,13 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
     }
     let synced = Instant::now();
     let total: u64 = blocks.iter().map(|b| b.mapped).sum();
-    let copied = with_arena(|arena| -> Result<(Vec<(CUdeviceptr, u64)>, u64), String> {
-        let ready = arena.len();
+    let copied = with_arena(|arena| -> Result<MovedOut, String> {
+        let (ready, pinning) = (arena.len(), Instant::now());
         in_ctx(first.ctx, || grow(arena, total))
             .and_then(|r| r)
             .map_err(|rc| format!("no pinned host memory for {total} bytes ({rc})"))?;
         let pinned = (arena.len() - ready) as u64 * CHUNK;
+        let pinning = pinning.elapsed();
         PINNED_IN.store(first.ctx, Ordering::Release);
         let mut places = Vec::with_capacity(blocks.len());
         let mut at = 0;
@@ -408,9 +424,9 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
             places.push((b.base, at));
             at += b.mapped;
         }
-        Ok((places, pinned))
+        Ok((places, pinned, pinning))
     });
-    let (places, pinned) = copied?;
+    let (places, pinned, pinning) = copied?;
     let copied = Instant::now();
     for b in &blocks {
         if let Some(h) = b.handle {
@@ -423,11 +439,15 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
         "CUDA_OVERSUBSCRIBE: VMM move out: {} blocks, {} copied in {} ms (after {} ms of synchronising{}), released in {} ms",
         blocks.len(),
         crate::log::fmt_bytes(total),
-        copied.duration_since(synced).as_millis(),
+        copied
+            .duration_since(synced)
+            .saturating_sub(pinning)
+            .as_millis(),
         synced.duration_since(t0).as_millis(),
         if pinned > 0 {
             format!(
-                " and pinning {} of the arena",
+                " and {} ms pinning {} of the arena",
+                pinning.as_millis(),
                 crate::log::fmt_bytes(pinned)
             )
         } else {

@@ -415,10 +415,13 @@ fn suspend(
         }
     );
     // A call that came in meanwhile may be blocked inside the driver.
-    // (Not with `VGPU_TEST_WATCHER_STOP`: the watcher ends now, and the
-    // calls waiting in `restore::resume` restore the process themselves,
-    // the path that knob tests, however long the suspension took.)
-    if ACTIVITY.load(Ordering::Relaxed) != before && !settings().test_watcher_stop {
+    // (With `VGPU_TEST_WATCHER_STOP`, only one inside a hook: the watcher
+    // ends now, and the calls waiting in `restore::resume` restore the
+    // process themselves, the path that knob tests, however long the
+    // suspension took.)
+    if ACTIVITY.load(Ordering::Relaxed) != before
+        && (!settings().test_watcher_stop || super::mover::INSIDE.load(Ordering::SeqCst) != 0)
+    {
         RESTORE_UNTIL.fetch_max(deadline_from_now(), Ordering::AcqRel);
         RESTORE_WANTED.store(true, Ordering::Release);
         restore_now(Some(attach), h);
