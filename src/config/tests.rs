@@ -321,9 +321,36 @@ fn the_vmm_setting_is_off_by_default_and_a_bad_value_warns_and_keeps_it_off() {
     );
     let c = cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "maybe")]).unwrap();
     assert!(!c.oversub.vmm);
+    assert_eq!(c.oversub.quantum_ms, DEFAULT_QUANTUM_MS);
     assert_eq!(c.warnings.len(), 1);
     assert_eq!(
         c.warnings[0].to_string(),
         "VGPU_OVERSUBSCRIBE_VMM=\"maybe\": expected true or false"
+    );
+}
+
+#[test]
+fn with_vmm_the_default_quantum_is_the_one_its_switch_rate_gives_and_a_set_one_stays() {
+    let vmm = ("VGPU_OVERSUBSCRIBE_VMM", "true");
+    assert_eq!(
+        cfg(&[vmm]).unwrap().oversub.quantum_ms,
+        DEFAULT_VMM_QUANTUM_MS
+    );
+    assert_eq!(DEFAULT_VMM_QUANTUM_MS, 80_000);
+    let set = ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "15000");
+    assert_eq!(cfg(&[vmm, set]).unwrap().oversub.quantum_ms, 15_000);
+    assert_eq!(cfg(&[set]).unwrap().oversub.quantum_ms, 15_000);
+    // A bad one warns and keeps the default of its mode.
+    let c = cfg(&[vmm, ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "1m")]).unwrap();
+    assert_eq!(
+        (c.oversub.quantum_ms, c.warnings.len()),
+        (DEFAULT_VMM_QUANTUM_MS, 1)
+    );
+    assert_eq!(
+        cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "false")])
+            .unwrap()
+            .oversub
+            .quantum_ms,
+        DEFAULT_QUANTUM_MS
     );
 }
