@@ -1694,7 +1694,7 @@ def oversub_vllm():
                    "measured (0: the owner left; 2: clean OOM after its wait)", c.get("hold_rc") in ("0", "2"))
             record(sec, f"{tag}: owner after idling: graph rc, wrong VMM words, wrong shared words",
                    f"{o.get('graph_after_rc')}, {o.get('vmm_wrong_after')}, {o.get('shared_wrong_after')}",
-                   "0, 0, 0" if not vmm else "0, 0, measured",
+                   "0, 0, 0" if not vmm else "0, 0, measured (all: no peer could bump them)",
                    o.get("graph_after_rc") == "0" and o.get("vmm_wrong_after") == "0"
                    and (vmm or o.get("shared_wrong_after") == "0"))
     finally:
