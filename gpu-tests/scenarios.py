@@ -1012,6 +1012,21 @@ def hami():
 
 
 
+def ballast_leaving(sec, room, secs, name):
+    """A plain process (no vgpu) holding all of card 0's free memory but
+    `room` bytes for `secs` s; None, recorded as a failure, where it could
+    not (a card with less than `room` free included)."""
+    free = int(subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0]) * MIB
+    p = subprocess.Popen([client("link"), "hold", str(max(0, int(free - room))), str(secs)], env=base_env(),
+                         stdout=subprocess.PIPE, stderr=open(log_path(name), "w"), text=True)
+    if free > room and wait_line(p, "hold_rc=0", 60):
+        return p
+    stop(p)
+    record(sec, f"ballast leaving {room / GIB:g} GiB of {free / GIB:.1f} free allocated", "no", "yes", False)
+    return None
+
+
 def oversub_env(board, quota, wait_ms, host_limit, log_level=2):
     """A container's environment with CUDA_OVERSUBSCRIBE on the shared
     `board`: 1 s idle before it may be suspended."""
@@ -1301,13 +1316,8 @@ def oversub_small():
     matmuls, 6 s idle, 2 rounds) at log level 5, so the watcher's look at a
     suspended process's threads is in the logs."""
     sec = "oversub_small"
-    free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True).stdout.split()[0]) * MIB
-    ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "200"], env=base_env(),
-                               stdout=subprocess.PIPE, stderr=open(log_path("small-ballast"), "w"), text=True)
-    if not wait_line(ballast, "hold_rc=0", 60):
-        stop(ballast)
-        record(sec, "ballast allocated", "no", "yes", False)
+    ballast = ballast_leaving(sec, 14 * GIB, 200, "small-ballast")
+    if ballast is None:
         return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
     extra = oversub_env(board, quota="20g", wait_ms=60000, host_limit="40g", log_level=5)
@@ -1373,14 +1383,8 @@ def oversub_busy(sec="oversub_busy", vmm=False):
         record(sec, f"pinned copy GB/s out / back, {gib:g} GiB (no vgpu; the bus the switches are judged by)",
                f"{bus.get('out_gbs', '-')} / {bus.get('back_gbs', '-')}", "measured", rc == 0)
         cmd = [PY, jobs, "busy", str(gib), str(gemms)]
-        free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True).stdout.split()[0]) * MIB
-        room = env_f("BUSY_ROOM_GIB", 20) * GIB
-        ballast = subprocess.Popen([client("link"), "hold", str(int(free - room)), "600"], env=base_env(),
-                                   stdout=subprocess.PIPE, stderr=open(log_path("busy-ballast"), "w"), text=True)
-        if not wait_line(ballast, "hold_rc=0", 60):
-            stop(ballast)
-            record(sec, "ballast allocated", "no", "yes", False)
+        ballast = ballast_leaving(sec, env_f("BUSY_ROOM_GIB", 20) * GIB, 600, "busy-ballast")
+        if ballast is None:
             return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
     extra = oversub_env(board, quota=f"{int(gib + 8)}g", wait_ms=60000, host_limit=f"{int(3 * gib + 8)}g")
@@ -1509,14 +1513,10 @@ def oversub_two_cards():
     if n < 2:
         print(f"oversub_two_cards: {n} GPU(s): skipped (needs 2)", flush=True)
         return
-    free = int(subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True).stdout.split()[0]) * MIB
-    ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "400"], env=base_env(),
-                               stdout=subprocess.PIPE, stderr=open(log_path("two-ballast"), "w"), text=True)
+    ballast = ballast_leaving(sec, 14 * GIB, 400, "two-ballast")
+    if ballast is None:
+        return
     try:
-        if not wait_line(ballast, "hold_rc=0", 60):
-            record(sec, "ballast allocated", "no", "yes", False)
-            return
         for vmm in (False, True):
             tag = "VMM copies" if vmm else "checkpoint API"
             board = tempfile.mkdtemp(prefix="vgpu-board-")
@@ -1568,13 +1568,8 @@ def oversub_hostile():
     board = tempfile.mkdtemp(prefix="vgpu-board-")
     jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     if not SIM:
-        free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True).stdout.split()[0]) * MIB
-        ballast = subprocess.Popen([client("link"), "hold", str(free - 14 * GIB), "300"], env=base_env(),
-                                   stdout=subprocess.PIPE, stderr=open(log_path("hostile-ballast"), "w"), text=True)
-        if not wait_line(ballast, "hold_rc=0", 60):
-            stop(ballast)
-            record(sec, "ballast allocated", "no", "yes", False)
+        ballast = ballast_leaving(sec, 14 * GIB, 300, "hostile-ballast")
+        if ballast is None:
             return
         extra = oversub_env(board, quota="20g", wait_ms=60000, host_limit="40g")
         extra["VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS"] = "120000"
@@ -1646,14 +1641,10 @@ def oversub_vllm():
     if rc:
         record(sec, "vllm_style.cu built", err[-200:], "built", False)
         return
-    free = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True).stdout.split()[0]) * MIB
-    ballast = subprocess.Popen([client("link"), "hold", str(int(free - 16 * GIB)), "600"], env=base_env(),
-                               stdout=subprocess.PIPE, stderr=open(log_path("vllm-ballast"), "w"), text=True)
+    ballast = ballast_leaving(sec, 16 * GIB, 600, "vllm-ballast")
+    if ballast is None:
+        return
     try:
-        if not wait_line(ballast, "hold_rc=0", 60):
-            record(sec, "ballast allocated", "no", "yes", False)
-            return
         for vmm in (False, True):
             tag = "VMM backing" if vmm else "default"
             board = tempfile.mkdtemp(prefix="vgpu-board-")
