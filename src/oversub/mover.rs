@@ -270,6 +270,9 @@ pub(super) fn arena_cap(h: &super::state::Here) -> u64 {
 fn pin_asked() {
     let t0 = Instant::now();
     let mut chunks = 0;
+    // Whether a chunk was pinned while an allocation waited (read as each
+    // is pinned: the allocation may be granted before the pinning ends).
+    let mut for_waiter = false;
     loop {
         let blocks: Vec<Backed> = backing::all()
             .into_iter()
@@ -308,9 +311,10 @@ fn pin_asked() {
         }
         PINNED_IN.store(ctx, Ordering::Release);
         chunks += 1;
+        for_waiter |= AWAITED.load(Ordering::Acquire) != 0;
     }
     if chunks > 0 {
-        let why = if AWAITED.load(Ordering::Acquire) != 0 {
+        let why = if for_waiter {
             "while an allocation waits for its turn"
         } else {
             "ahead of a suspension"
