@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod arena;
 pub mod backing;
 mod blocked;
 mod checkpoint;
@@ -143,7 +144,7 @@ pub fn locks() -> impl Iterator<Item = Listed> {
         .chain(suspend::locks())
         .chain(handover::locks())
         .chain(backing::locks())
-        .chain(mover::locks())
+        .chain(arena::locks())
 }
 
 /// Oversubscription is on in this process.
