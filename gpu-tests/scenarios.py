@@ -1045,7 +1045,8 @@ def oversub():
     on a card that cannot hold both. Part 3: four containers of 60 GiB
     working in bursts on one card (oversub_four). Needs no managed memory.
     OVERSUB_TURNS_ONLY=1 runs part 2 alone, OVERSUB_FOUR_ONLY=1 part 3 alone
-    (also on the simulator, with cuclient's driver-API job)."""
+    (also on the simulator, with cuclient's driver-API job),
+    OVERSUB_PROBES_ONLY=1 part 1 alone."""
     sec = "oversub"
     jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     if os.environ.get("OVERSUB_FOUR_ONLY"):  # part 3 alone
@@ -1103,6 +1104,8 @@ def oversub():
         record(sec, f"root on PyTorch {gib} GiB: checkpoint, restore (lock, unlock)",
                f"{f.get('checkpoint_ms', '?')} ms, {f.get('restore_ms', '?')} ms "
                f"({f.get('lock_ms', '?')}, {f.get('unlock_ms', '?')} ms)", "measured", True)
+    if os.environ.get("OVERSUB_PROBES_ONLY"):
+        return
     oversub_turns(sec, jobs)
     oversub_four(sec, jobs)
 
