@@ -1368,6 +1368,7 @@ def oversub_busy(sec="oversub_busy", vmm=False):
     env_f = lambda k, d: float(os.environ.get(k, d))  # noqa: E731
     jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     gib = env_f("BUSY_GIB", 14)
+    room = env_f("BUSY_ROOM_GIB", 20) * GIB
     ballast = None
     if SIM:
         quantum = os.environ.get("BUSY_QUANTUM_MS", "2000")
@@ -1386,7 +1387,7 @@ def oversub_busy(sec="oversub_busy", vmm=False):
         record(sec, f"pinned copy GB/s out / back, {gib:g} GiB (no vgpu; the bus the switches are judged by)",
                f"{bus.get('out_gbs', '-')} / {bus.get('back_gbs', '-')}", "measured", rc == 0)
         cmd = [PY, jobs, "busy", str(gib), str(gemms)]
-        ballast = ballast_leaving(sec, env_f("BUSY_ROOM_GIB", 20) * GIB, 600, "busy-ballast")
+        ballast = ballast_leaving(sec, room, 600, "busy-ballast")
         if ballast is None:
             return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
@@ -1633,8 +1634,10 @@ def oversub_vllm():
     leave for it). The driver's checkpoint does not take IPC memory, so
     the owner stays and the neighbour gets a clean out of memory after
     its wait; either way every word of the owner's must be right. With
-    VGPU_OVERSUBSCRIBE_VMM=true the cudaMalloc buffer is VMM-backed and
-    cannot be exported (documented): recorded, not judged."""
+    VGPU_OVERSUBSCRIBE_VMM=true the cudaMalloc buffer is VMM-backed, which
+    the driver's legacy IPC cannot export: vgpu shares it by its file
+    descriptor instead (src/oversub/shared.rs), and the peer must find and
+    bump it all the same."""
     sec = "oversub_vllm"
     if SIM:
         return
@@ -1678,26 +1681,84 @@ def oversub_vllm():
                     if "suspend" in l or "checkpoint" in l or "restored" in l]
             record(sec, f"{tag}: what vgpu said of the owner", "; ".join(said[:3]) or "nothing", "measured", True)
             record(sec, f"{tag}: own VMM map, graph, export rc", f"{o.get('vmm_rc')}, {o.get('graph_rc')}, "
-                   f"{o.get('ipc_export_rc')}", "0, 0, 0" if not vmm else "0, 0, measured",
-                   o.get("vmm_rc") == "0" and o.get("graph_rc") == "0" and (vmm or o.get("ipc_export_rc") == "0"))
-            if not vmm or o.get("ipc_export_rc") == "0":
-                record(sec, f"{tag}: peer opens, finds, bumps (rc, wrong words)",
-                       f"{p.get('ipc_open_rc')}, {p.get('peer_wrong')}", "0, 0",
-                       prc == 0 and p.get("ipc_open_rc") == "0" and p.get("peer_wrong") == "0")
+                   f"{o.get('ipc_export_rc')}", "0, 0, 0",
+                   o.get("vmm_rc") == "0" and o.get("graph_rc") == "0" and o.get("ipc_export_rc") == "0")
+            record(sec, f"{tag}: peer opens, finds, bumps (rc, wrong words)",
+                   f"{p.get('ipc_open_rc')}, {p.get('peer_wrong')}", "0, 0",
+                   prc == 0 and p.get("ipc_open_rc") == "0" and p.get("peer_wrong") == "0")
             record(sec, f"{tag}: neighbour's 10 GiB (hold rc)", c.get("hold_rc", f"exit {crc}"),
                    "measured (0: the owner left; 2: clean OOM after its wait)", c.get("hold_rc") in ("0", "2"))
             record(sec, f"{tag}: owner after idling: graph rc, wrong VMM words, wrong shared words",
                    f"{o.get('graph_after_rc')}, {o.get('vmm_wrong_after')}, {o.get('shared_wrong_after')}",
-                   "0, 0, 0" if not vmm else "0, 0, measured (all: no peer could bump them)",
+                   "0, 0, 0",
                    o.get("graph_after_rc") == "0" and o.get("vmm_wrong_after") == "0"
-                   and (vmm or o.get("shared_wrong_after") == "0"))
+                   and o.get("shared_wrong_after") == "0")
     finally:
+        stop(ballast)
+
+
+def oversub_shared():
+    """Issue 27: a VMM-backed block shared through legacy IPC
+    (src/oversub/shared.rs) on the real driver. Container a holds 64 MiB
+    it exports by cuIpcGetMemHandle and 12 GiB beside it, then idles; b
+    wants 12 GiB of the 20 GiB a plain ballast leaves, so a is suspended:
+    its 12 GiB go to the host by VMM copies, the shared block stays. While
+    a is suspended, c (a third container) opens the handle, finds a's
+    pattern and writes its own; once a is back it reads c's pattern, and
+    its 12 GiB are intact."""
+    sec = "oversub_shared"
+    if SIM:
+        return
+    ballast = ballast_leaving(sec, 20 * GIB, 300, "shared-ballast")
+    if ballast is None:
+        return
+    a = None
+    try:
+        board = tempfile.mkdtemp(prefix="vgpu-board-")
+        extra = oversub_env(board, quota="30g", wait_ms=30000, host_limit="40g")
+        extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
+        done = os.path.join(tempfile.mkdtemp(prefix="vgpu-shared-"), "done")
+        a = spawn([client("link"), "share", str(64 * MIB), "90", done],
+                  make_env(True, dict(extra, CUCLIENT_SHARE_BESIDE=str(12 * GIB)), new_region()), "shared-a")
+        handle = wait_line(a, "handle=", 120)
+        ready = wait_line(a, "ready=1", 30)
+        record(sec, "a exports its VMM-backed 64 MiB by cuIpcGetMemHandle (handle, ready)",
+               f"{'yes' if handle else 'no'}, {'yes' if ready else 'no'}", "yes, yes", bool(handle and ready))
+        if not (handle and ready):
+            return
+        hexed = handle.strip().split("=", 1)[1]
+        b = spawn([client("link"), "hold", str(12 * GIB), "20"], make_env(True, extra, new_region()), "shared-b")
+        # b's 12 GiB wait for a's to leave.
+        suspended = False
+        end = time.time() + 60
+        while time.time() < end and not suspended:
+            time.sleep(0.5)
+            rc, out, _ = run([CTL, "oversub", board], base_env(), 10, "shared-board")
+            suspended = "suspensions=1" in out
+        record(sec, "b's 12 GiB suspend a (the board counts one suspension)", suspended, True, suspended)
+        crc, cout, _ = run([client("link"), "open", hexed, str(64 * MIB), done],
+                              make_env(True, extra, new_region()), 120, "shared-c")
+        c = kv(cout)
+        record(sec, "c opens a's handle while a is suspended: rc, a's pattern, write, close",
+               f"{c.get('open_rc')}, {c.get('open_intact')}, {c.get('write_rc')}, {c.get('close_rc')}"
+               f" ({c.get('open_ms')} ms to open)", "0, 1, 0, 0",
+               crc == 0 and [c.get(k) for k in ("open_rc", "open_intact", "write_rc", "close_rc")] == ["0", "1", "0", "0"])
+        bout, _ = b.communicate(timeout=120)
+        record(sec, "b's 12 GiB (hold rc)", kv(bout).get("hold_rc"), "0", kv(bout).get("hold_rc") == "0")
+        aout, _ = a.communicate(timeout=180)
+        o = kv(aout)
+        record(sec, "a back: c's pattern in the shared block, its 12 GiB intact, free rc",
+               f"{o.get('peer_wrote')}, {o.get('beside_intact')}, {o.get('free_rc')}", "1, 1, 0",
+               [o.get(k) for k in ("peer_wrote", "beside_intact", "free_rc")] == ["1", "1", "0"])
+    finally:
+        if a is not None:
+            stop(a)
         stop(ballast)
 
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
-                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, oversub_two_cards,
+                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, oversub_two_cards, oversub_shared,
                                     exporter, util_panel, dist, latency]}
 
 

@@ -112,15 +112,41 @@ fn with_vmm_and_more_than_vmm_holds_the_checkpoint_api_moves_the_rest_after_the_
 }
 
 #[test]
-fn with_vmm_an_ipc_exported_block_and_an_array_move_by_the_checkpoint_api_intact() {
+fn with_vmm_a_block_exported_by_legacy_ipc_and_an_array_stay_on_the_card_intact() {
     let _serial = serial();
-    // A 64 MiB block exported by legacy IPC (its first try, on a
-    // VMM-backed block, fails as the driver's would; the block after it is
-    // an ordinary one) and a 256 MiB array beside the VMM-backed blocks:
-    // the VMM copies move those, the checkpoint API the rest.
+    // A 64 MiB block exported by legacy IPC (shared by its file
+    // descriptor, oversub/shared.rs) and a 256 MiB array beside the
+    // VMM-backed blocks: the copies move those; the shared block stays (a
+    // peer may map it), and so does the array: a process that shares
+    // memory is never checkpointed.
     let (a, copies) = crowd(
         &[
             VMM,
+            ("CUCLIENT_KEEP_IPC", "67108864"),
+            ("CUCLIENT_KEEP_ARRAY", "268435456"),
+        ],
+        "67108864",
+    );
+    assert_eq!(a.get("array_rc"), "0", "{}", a.stderr);
+    assert_eq!(a.get("ipc_first_rc"), "0", "{}", a.stderr);
+    assert_eq!(a.get("ipc_intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("array_destroy_rc"), "0", "{}", a.stderr);
+    assert_eq!(copies, 0, "{}", a.stderr);
+    assert!(a.stderr.contains("(VMM copies alone)"), "{}", a.stderr);
+}
+
+#[test]
+fn with_vmm_where_the_driver_cannot_share_vmm_memory_an_export_fails_once_and_the_rest_checkpoints()
+{
+    let _serial = serial();
+    // A driver that makes no VMM memory exportable as a file descriptor:
+    // the first export, of a VMM-backed block, fails as the driver's
+    // would; the block after it is an ordinary one, and it and the array
+    // move by the checkpoint API after the copies.
+    let (a, copies) = crowd(
+        &[
+            VMM,
+            ("SIM_GPU_NO_FD_HANDLES", "1"),
             ("CUCLIENT_KEEP_IPC", "67108864"),
             ("CUCLIENT_KEEP_ARRAY", "268435456"),
         ],
@@ -133,6 +159,98 @@ fn with_vmm_an_ipc_exported_block_and_an_array_move_by_the_checkpoint_api_intact
     assert_eq!(a.get("array_destroy_rc"), "0", "{}", a.stderr);
     assert_eq!(copies, 1, "{}", a.stderr);
     assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
+    assert!(
+        a.stderr
+            .contains("its memory cannot be exported as a file descriptor"),
+        "{}",
+        a.stderr
+    );
+}
+
+#[test]
+fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_sees_the_other() {
+    use std::io::{BufRead, BufReader, Read};
+    let _serial = serial();
+    let node = Node::new();
+    let done = node.sim.dir.path().join("peer-done");
+    let done = done.to_str().unwrap();
+    // a shares 64 MiB by legacy IPC and holds 1 GiB beside it; it idles
+    // until its peer is done.
+    let mut a = node.spawn(
+        "a",
+        &[VMM, ("CUCLIENT_SHARE_BESIDE", "1073741824")],
+        &["share", "67108864", "40", done],
+    );
+    let mut out = BufReader::new(a.stdout.take().unwrap());
+    let mut head = String::new();
+    while !head.contains("ready=1") {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let hex = head
+        .lines()
+        .find_map(|l| l.strip_prefix("handle="))
+        .unwrap_or_else(|| panic!("no handle:\n{head}"))
+        .to_string();
+    assert!(head.contains("share_rc=0"), "{head}");
+    // b crowds a out: its 1 GiB goes to the host; the shared block stays.
+    let b = node.crowd_out();
+    assert!(node.board().contains("suspensions=1"));
+    // c, another container, maps the block while a is suspended: a's
+    // pattern is there, and c writes its own.
+    let c = node.run("c", &[VMM], &["open", &hex, "67108864", done]);
+    assert_eq!(c.get("open_rc"), "0", "{}", c.stderr);
+    assert_eq!(c.get("open_intact"), "1", "{}", c.stderr);
+    assert_eq!(c.get("write_rc"), "0", "{}", c.stderr);
+    assert_eq!(c.get("close_rc"), "0", "{}", c.stderr);
+    let b = finish(b);
+    assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
+    let status = a.wait().unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let mut err = String::new();
+    a.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let kv = |k: &str| {
+        rest.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k}:\n{rest}\n{err}"))
+            .to_string()
+    };
+    assert!(status.success(), "{rest}\n{err}");
+    assert_eq!(kv("peer_done"), "1", "{rest}\n{err}\n{}", c.stdout);
+    // After its restore a reads c's pattern (the block never moved, so
+    // both mapped the same memory throughout) and its own other block.
+    assert_eq!(kv("peer_wrote"), "1", "{err}");
+    assert_eq!(kv("beside_intact"), "1", "{err}");
+    assert_eq!(kv("free_rc"), "0", "{err}");
+    // (a moved its other block alone; b, idle once granted, may then be
+    // checkpointed for a's restore.)
+    assert!(err.contains("(VMM copies alone)"), "{err}");
+    assert!(err.contains("restored this process"), "{err}");
+}
+
+#[test]
+fn a_handle_that_names_no_shared_block_fails_cleanly() {
+    let _serial = serial();
+    let node = Node::new();
+    // Our magic, but no exporter answers by that id.
+    let mut hex = hex_of(b"vgpuIPC1");
+    hex.push_str(&"ab".repeat(56));
+    let c = node.run("c", &[VMM], &["open", &hex, "67108864", "/dev/null"]);
+    assert!(c.status.success(), "{}", c.stderr);
+    assert_eq!(c.get("open_rc"), "1", "{}", c.stderr);
+    assert!(
+        c.stderr.contains("the exporting process does not answer"),
+        "{}",
+        c.stderr
+    );
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[test]

@@ -31,6 +31,9 @@ crate::interpose::table::hooks! {
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::free_async_ptsz;
     fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult => memory::address_range [real];
     fn cuIpcGetMemHandle(handle: *mut [u8; 64], dptr: CUdeviceptr) -> CUresult => memory::ipc_get_mem_handle [real];
+    fn cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcMemHandle, flags: c_uint) -> CUresult => memory::ipc_open_mem_handle [real];
+    fn cuIpcOpenMemHandle(dptr: *mut CUdeviceptr, handle: IpcMemHandle, flags: c_uint) -> CUresult => memory::ipc_open_mem_handle [real];
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => memory::ipc_close_mem_handle [real];
     fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult => memory::pointer_attribute [real];
     fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult => memory::pointer_attributes [real];
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) -> CUresult => memory::vmm_create [real];

@@ -192,7 +192,7 @@ fn counted_async(
 
 pub fn free(p: CUdeviceptr) -> CUresult {
     uncounted(Key::Ptr(p), || {
-        crate::oversub::backing::free(p).unwrap_or_else(|| real::cuMemFree_v2(p))
+        crate::oversub::free_backed(p).unwrap_or_else(|| real::cuMemFree_v2(p))
     })
 }
 
@@ -275,22 +275,66 @@ pub fn pointer_attributes(
     rc
 }
 
-/// `cuIpcGetMemHandle`: VMM memory cannot be exported through legacy IPC
-/// (the driver answers `CUDA_ERROR_INVALID_VALUE`); from then on this
-/// process gets cuMemAlloc's blocks, so a new buffer can be.
+/// `cuIpcGetMemHandle`: legacy IPC cannot export VMM memory (the driver
+/// answers `CUDA_ERROR_INVALID_VALUE`), so a VMM-backed block is shared
+/// through a file descriptor instead (`oversub::shared`): the handle names
+/// it, and the peer's `cuIpcOpenMemHandle`, vgpu's too, maps it. Where
+/// that cannot be, the driver's answer stands, and this process's next
+/// blocks are ordinary ones, so that a new buffer can be exported.
 pub fn ipc_get_mem_handle(
     call: &impl Fn() -> CUresult,
-    _handle: Out<[u8; 64]>,
+    handle: Out<[u8; 64]>,
     p: CUdeviceptr,
 ) -> CUresult {
     if crate::oversub::backing::asked(p).is_none() {
         return call();
     }
-    crate::oversub::backing::go_legacy();
-    crate::warn_once!(
-        "VGPU_OVERSUBSCRIBE_VMM: cuIpcGetMemHandle of a VMM-backed block: CUDA_ERROR_INVALID_VALUE (legacy IPC cannot export VMM memory); this process's next allocations are ordinary ones, and VGPU_OVERSUBSCRIBE_VMM=false avoids this altogether"
-    );
-    CUresult::ERROR_INVALID_VALUE
+    if handle.is_null() {
+        return CUresult::ERROR_INVALID_VALUE;
+    }
+    match crate::oversub::shared::export(p) {
+        Ok(named) => {
+            handle.put(named);
+            CUresult::SUCCESS
+        }
+        Err(why) => {
+            crate::oversub::backing::go_legacy();
+            log::warn!(
+                "VGPU_OVERSUBSCRIBE_VMM: cuIpcGetMemHandle of a VMM-backed block: CUDA_ERROR_INVALID_VALUE ({why}); this process's next allocations are ordinary ones, and VGPU_OVERSUBSCRIBE_VMM=false avoids this altogether"
+            );
+            CUresult::ERROR_INVALID_VALUE
+        }
+    }
+}
+
+/// `cuIpcOpenMemHandle` (both versions): a handle that names a VMM-backed
+/// block of another process (`ipc_get_mem_handle`) is mapped here from its
+/// file descriptor; any other goes to the driver.
+pub fn ipc_open_mem_handle(
+    call: &impl Fn() -> CUresult,
+    dptr: Out<CUdeviceptr>,
+    handle: IpcMemHandle,
+    _flags: c_uint,
+) -> CUresult {
+    if !crate::oversub::shared::names_ours(&handle.reserved) {
+        return call();
+    }
+    if dptr.is_null() {
+        return CUresult::ERROR_INVALID_VALUE;
+    }
+    match crate::oversub::shared::open(&handle.reserved) {
+        Ok(base) => {
+            dptr.put(base);
+            CUresult::SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// `cuIpcCloseMemHandle`: unmaps a block `ipc_open_mem_handle` mapped;
+/// any other goes to the driver.
+pub fn ipc_close_mem_handle(call: &impl Fn() -> CUresult, p: CUdeviceptr) -> CUresult {
+    crate::oversub::shared::close(p).unwrap_or_else(call)
 }
 
 pub fn free_async(p: CUdeviceptr, stream: CUstream) -> CUresult {

@@ -33,6 +33,11 @@ crate::interpose::reals::reals! {
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
     fn cuMemGetAddressRange_v2(base: Out<CUdeviceptr>, size: Out<usize>, dptr: CUdeviceptr) -> CUresult;
     fn cuIpcGetMemHandle(handle: Out<[u8; 64]>, dptr: CUdeviceptr) -> CUresult;
+    fn cuIpcOpenMemHandle_v2(dptr: Out<CUdeviceptr>, handle: IpcMemHandle, flags: c_uint) -> CUresult;
+    fn cuIpcOpenMemHandle(dptr: Out<CUdeviceptr>, handle: IpcMemHandle, flags: c_uint) -> CUresult;
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult;
+    unsafe fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult;
+    unsafe fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) -> CUresult;
     unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
     unsafe fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult;
     fn cuMemAddressReserve(ptr: Out<CUdeviceptr>, bytes: usize, align: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
@@ -186,6 +191,47 @@ pub(crate) fn mem_create(
 ) -> CUresult {
     // SAFETY: `handle` and `prop` are live references for the call.
     unsafe { cuMemCreate(handle, bytes, prop, 0) }
+}
+
+/// `cuMemExportToShareableHandle` of `handle` as a POSIX file descriptor
+/// (the memory must have been made with that handle type), owned.
+pub(crate) fn mem_export_fd(
+    handle: CUmemGenericAllocationHandle,
+) -> Result<std::os::fd::OwnedFd, CUresult> {
+    use std::os::fd::FromRawFd;
+    let mut fd: c_int = -1;
+    // SAFETY: for this handle type the driver writes one int at the
+    // pointer, a live local.
+    let rc = unsafe {
+        cuMemExportToShareableHandle((&raw mut fd).cast(), handle, MEM_HANDLE_TYPE_POSIX_FD, 0)
+    };
+    if !rc.is_ok() {
+        return Err(rc);
+    }
+    if fd < 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the driver made this descriptor for the caller, who owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor (the
+/// caller keeps it; the handle holds the memory on its own).
+pub(crate) fn mem_import_fd(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    use std::os::fd::AsRawFd;
+    let mut handle = 0;
+    // SAFETY: for this handle type the driver takes the descriptor's
+    // number in the pointer's place, and writes the handle to a live local.
+    let rc = unsafe {
+        cuMemImportFromShareableHandle(
+            &mut handle,
+            fd.as_raw_fd() as usize as *mut c_void,
+            MEM_HANDLE_TYPE_POSIX_FD,
+        )
+    };
+    if rc.is_ok() { Ok(handle) } else { Err(rc) }
 }
 
 /// `cuMemSetAccess` of one descriptor.

@@ -20,6 +20,7 @@ impl CUresult {
     pub const ERROR_STUB_LIBRARY: Self = Self(34);
     /// `CUDA_ERROR_ILLEGAL_STATE`: a checkpoint call in the wrong state,
     /// and our answer to calls of a process whose restore failed.
+    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
     pub const ERROR_ILLEGAL_STATE: Self = Self(401);
     pub const ERROR_NOT_FOUND: Self = Self(500);
     pub const ERROR_NOT_READY: Self = Self(600);
@@ -193,6 +194,18 @@ pub struct MemAllocationProp {
     pub location: MemLocation,
     pub win32: *mut c_void,
     pub flags: [u8; 8],
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: VMM memory that can be
+/// exported as a file descriptor (and so shared with another process).
+pub const MEM_HANDLE_TYPE_POSIX_FD: c_int = 1;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value to
+/// `cuIpcOpenMemHandle`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle {
+    pub reserved: [u8; 64],
 }
 
 /// `CUmemPoolProps`.

@@ -192,10 +192,7 @@ fn pin_asked() {
     // is pinned: the allocation may be granted before the pinning ends).
     let mut for_waiter = false;
     loop {
-        let blocks: Vec<Backed> = backing::all()
-            .into_iter()
-            .filter(|b| b.handle.is_some())
-            .collect();
+        let blocks: Vec<Backed> = backing::movable();
         let need = blocks
             .iter()
             .map(|b| b.mapped)

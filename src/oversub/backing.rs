@@ -32,12 +32,25 @@ pub(super) struct Backed {
     pub(super) ctx: usize,
     /// Its physical memory; None while it is on the host.
     pub(super) handle: Option<CUmemGenericAllocationHandle>,
+    /// Shared with another process through legacy IPC (shared.rs): it
+    /// stays on the card.
+    pub(super) shared: bool,
+}
+
+impl Backed {
+    /// Whether a suspension moves it: on the card and not shared.
+    fn movable(&self) -> bool {
+        self.handle.is_some() && !self.shared
+    }
 }
 
 static BACKED: Lock<Vec<Backed>> = Lock::new(Vec::new(), keep);
-/// A program exported a VMM-backed block through legacy IPC (which VMM
-/// memory cannot do): from then on it gets cuMemAlloc's blocks.
+/// A program exported a VMM-backed block through legacy IPC that could
+/// not be shared (shared.rs): from then on it gets cuMemAlloc's blocks.
 static LEGACY: AtomicBool = AtomicBool::new(false);
+/// The driver refused VMM memory exportable as a file descriptor: blocks
+/// are made without (and cannot be shared).
+static NO_FD: AtomicBool = AtomicBool::new(false);
 
 /// This module's lock, for the fork handlers (`fork.rs`).
 pub(super) fn locks() -> [Listed; 1] {
@@ -115,9 +128,21 @@ pub fn go_legacy() {
     LEGACY.store(true, Ordering::Relaxed);
 }
 
-/// Every block now.
-pub(super) fn all() -> Vec<Backed> {
-    BACKED.lock().clone()
+/// The blocks a suspension moves now: on the card and not shared.
+pub(super) fn movable() -> Vec<Backed> {
+    BACKED
+        .lock()
+        .iter()
+        .filter(|b| b.movable())
+        .copied()
+        .collect()
+}
+
+/// Marks the block at `base` shared (shared.rs): it stays on the card.
+pub(super) fn set_shared(base: CUdeviceptr) {
+    if let Some(b) = BACKED.lock().iter_mut().find(|b| b.base == base) {
+        b.shared = true;
+    }
 }
 
 /// Whether this process holds any VMM-backed block.
@@ -125,12 +150,12 @@ pub(super) fn any() -> bool {
     !BACKED.lock().is_empty()
 }
 
-/// The bytes of the VMM-backed blocks on the cards now.
+/// The bytes of the VMM-backed blocks a suspension would move now.
 pub(super) fn mapped_bytes() -> u64 {
     BACKED
         .lock()
         .iter()
-        .filter(|b| b.handle.is_some())
+        .filter(|b| b.movable())
         .map(|b| b.mapped)
         .fold(0, u64::saturating_add)
 }
@@ -152,15 +177,28 @@ pub(super) fn create_map(
         kind: MEM_LOCATION_TYPE_DEVICE,
         id: dev.0,
     };
-    let prop = MemAllocationProp {
+    // Exportable as a file descriptor, so that it can be shared through
+    // legacy IPC (shared.rs), where the driver allows it.
+    let with_fd = !NO_FD.load(Ordering::Relaxed);
+    let mut prop = MemAllocationProp {
         kind: MEM_ALLOCATION_PINNED,
-        handle_types: 0,
+        handle_types: if with_fd { MEM_HANDLE_TYPE_POSIX_FD } else { 0 },
         location,
         win32: std::ptr::null_mut(),
         flags: [0; 8],
     };
     let mut handle = 0;
-    let rc = real::mem_create(&mut handle, bytes as usize, &prop);
+    let mut rc = real::mem_create(&mut handle, bytes as usize, &prop);
+    if with_fd && !rc.is_ok() && rc != CUresult::ERROR_OUT_OF_MEMORY {
+        prop.handle_types = 0;
+        rc = real::mem_create(&mut handle, bytes as usize, &prop);
+        if rc.is_ok() {
+            NO_FD.store(true, Ordering::Relaxed);
+            log::info!(
+                "VGPU_OVERSUBSCRIBE_VMM: the driver makes no VMM memory exportable as a file descriptor; VMM-backed blocks cannot be shared through legacy IPC"
+            );
+        }
+    }
     if !rc.is_ok() {
         return Err(rc);
     }
@@ -216,6 +254,7 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
         dev,
         ctx: ctx as usize,
         handle: Some(handle),
+        shared: false,
     });
     dptr.put(base);
     CUresult::SUCCESS

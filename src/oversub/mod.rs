@@ -48,6 +48,7 @@ mod policy;
 mod restore;
 mod restore_room;
 mod room;
+pub mod shared;
 mod state;
 mod suspend;
 mod turns;
@@ -145,6 +146,15 @@ pub fn locks() -> impl Iterator<Item = Listed> {
         .chain(handover::locks())
         .chain(backing::locks())
         .chain(arena::locks())
+        .chain(shared::locks())
+}
+
+/// `cuMemFree_v2` of `p` if it is a VMM-backed block (None: not one):
+/// freed, and no longer shared.
+pub fn free_backed(p: crate::cuda::sys::CUdeviceptr) -> Option<CUresult> {
+    let rc = backing::free(p)?;
+    shared::forget(p);
+    Some(rc)
 }
 
 /// Oversubscription is on in this process.

@@ -106,10 +106,7 @@ type MovedOut = (Vec<(CUdeviceptr, u64)>, u64, Duration);
 /// UUID; `fallback` where the driver names none). On an error nothing is
 /// released (the process stays as it was) and the reason is given.
 pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, String> {
-    let blocks: Vec<Backed> = backing::all()
-        .into_iter()
-        .filter(|b| b.handle.is_some())
-        .collect();
+    let blocks: Vec<Backed> = backing::movable();
     let Some(first) = blocks.first() else {
         return Ok(Vec::new());
     };

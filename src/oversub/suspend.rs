@@ -182,6 +182,16 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
             None => return true,
         },
     };
+    // A process that shares VMM memory with another (shared.rs) moves
+    // only its unshared VMM blocks, never through the checkpoint API;
+    // with none to move, it is not suspended.
+    let shares = super::shared::any();
+    if shares && super::backing::mapped_bytes() == 0 {
+        crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: this process shares VMM-backed memory with another through legacy IPC and holds no other VMM-backed block: it is not suspended"
+        );
+        return true;
+    }
     // A want on the board is another process's word: suspend only for a
     // shortage this process sees itself (its NVML answers while it runs),
     // and never for a want no card could hold (a hostile u64::MAX).
@@ -223,7 +233,8 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     let rest = bytes
         .saturating_sub(super::backing::mapped_bytes())
         .saturating_sub(super::mover::context_bytes(attach));
-    let may_checkpoint = busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR;
+    let may_checkpoint =
+        !shares && (busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR);
     if may_checkpoint && !a_child_reads_nvml(attach, &card) {
         return true;
     }
@@ -344,7 +355,10 @@ fn suspend(
         !crate::nvml::client::memory(&card)
             .is_some_and(|(free, _)| super::policy::context_may_stay(free, need))
     };
-    let ckpt = !vmm || context_goes || rest >= super::mover::CHECKPOINT_FLOOR;
+    // (Never where memory is shared with another process: the
+    // checkpoint would take memory a peer maps, shared.rs.)
+    let ckpt =
+        !super::shared::any() && (!vmm || context_goes || rest >= super::mover::CHECKPOINT_FLOOR);
     super::mover::CHECKPOINTED.store(ckpt, Ordering::Release);
     if ckpt {
         // Asked before unless the VMM blocks shrank since (an answer

@@ -1035,6 +1035,91 @@ static int cmd_vmmhide(size_t bytes) {
     return 0;
 }
 
+/* share BYTES SECS DONE: a BYTES block with a pattern, exported by legacy
+ * IPC (its handle printed as hex), and blocks of its own beside it
+ * (CUCLIENT_SHARE_BESIDE); then idle, with no CUDA call, until the file DONE
+ * exists (a peer has opened the handle and written its own pattern) or
+ * SECS pass; then whether the block holds the peer's pattern, and whether
+ * the other block is intact. */
+static int cmd_share(size_t bytes, double secs, const char *done) {
+    setup();
+    CUdeviceptr x = 0, y = 0;
+    CHECK(cu.cuMemAlloc_v2(&x, bytes));
+    size_t n = bytes / 4;
+    uint32_t *w = malloc(bytes), *back = malloc(bytes);
+    if (!w || !back) return 1;
+    fill_pattern(w, n, 11);
+    CHECK(cu.cuMemcpyHtoD_v2(x, w, bytes));
+    /* CUCLIENT_SHARE_BESIDE=N: a 64 MiB block with a pattern of its own and
+     * N bytes of ballast, both unshared (the simulator keeps no contents
+     * past 256 MiB: the pattern is in its own block). */
+    const char *beside = getenv("CUCLIENT_SHARE_BESIDE");
+    size_t zbytes = beside && *beside ? strtoull(beside, 0, 0) : 0, ybytes = zbytes ? 64u << 20 : 0;
+    CUdeviceptr z = 0;
+    uint32_t *yw = NULL, *yback = NULL;
+    if (ybytes) {
+        CHECK(cu.cuMemAlloc_v2(&y, ybytes));
+        CHECK(cu.cuMemAlloc_v2(&z, zbytes));
+        yw = malloc(ybytes);
+        yback = malloc(ybytes);
+        if (!yw || !yback) return 1;
+        fill_pattern(yw, ybytes / 4, 13);
+        CHECK(cu.cuMemcpyHtoD_v2(y, yw, ybytes));
+    }
+    unsigned char h[64];
+    CUresult rc = cu.cuIpcGetMemHandle(h, x);
+    printf("share_rc=%d\nhandle=", rc);
+    for (int i = 0; i < 64; i++) printf("%02x", h[i]);
+    printf("\nready=1\n");
+    fflush(stdout);
+    double end = now_s() + secs;
+    while (now_s() < end && access(done, F_OK) != 0) usleep(10000);
+    printf("peer_done=%d\n", access(done, F_OK) == 0);
+    CUresult brc = cu.cuMemcpyDtoH_v2(back, x, bytes);
+    fill_pattern(w, n, 12);
+    printf("share_back_rc=%d\npeer_wrote=%d\n", brc, brc == CUDA_SUCCESS && !memcmp(w, back, bytes));
+    if (ybytes) {
+        CUresult yrc = cu.cuMemcpyDtoH_v2(yback, y, ybytes);
+        printf("beside_intact=%d\n", yrc == CUDA_SUCCESS && !memcmp(yw, yback, ybytes));
+    }
+    printf("free_rc=%d\n", cu.cuMemFree_v2(x));
+    fflush(stdout);
+    return 0;
+}
+
+/* open HEX BYTES DONE: opens a legacy IPC handle (HEX, as `share` prints
+ * it), checks the exporter's pattern, writes its own, closes the handle
+ * and creates the file DONE. */
+static int cmd_open(const char *hex, size_t bytes, const char *done) {
+    setup();
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    for (int i = 0; i < 64 && hex[2 * i] && hex[2 * i + 1]; i++) {
+        unsigned v = 0;
+        sscanf(hex + 2 * i, "%2x", &v);
+        h.reserved[i] = (char)v;
+    }
+    CUdeviceptr p = 0;
+    double t = now_s();
+    CUresult rc = cu.cuIpcOpenMemHandle_v2(&p, h, 1);
+    printf("open_rc=%d open_ms=%.1f\n", rc, (now_s() - t) * 1e3);
+    if (rc) return 0;
+    size_t n = bytes / 4;
+    uint32_t *w = malloc(bytes), *back = malloc(bytes);
+    if (!w || !back) return 1;
+    fill_pattern(w, n, 11);
+    CUresult rrc = cu.cuMemcpyDtoH_v2(back, p, bytes);
+    printf("open_intact=%d\n", rrc == CUDA_SUCCESS && !memcmp(w, back, bytes));
+    fill_pattern(w, n, 12);
+    printf("write_rc=%d\n", cu.cuMemcpyHtoD_v2(p, w, bytes));
+    printf("sync_rc=%d\n", cu.cuCtxSynchronize());
+    printf("close_rc=%d\n", cu.cuIpcCloseMemHandle(p));
+    FILE *f = fopen(done, "w");
+    if (f) fclose(f);
+    fflush(stdout);
+    return 0;
+}
+
 static int cmd_nulls(void) {
     setup();
     size_t v = 0;
@@ -1252,6 +1337,10 @@ int main(int argc, char **argv) {
         return cmd_await(strtoull(ARG(2, "1048576"), 0, 0), atof(ARG(3, "5")), atof(ARG(4, "0")));
     if (!strcmp(cmd, "ctxrace")) return cmd_ctxrace(atoi(ARG(2, "64")), atoi(ARG(3, "100")));
     if (!strcmp(cmd, "forkheld")) return cmd_forkheld();
+    if (!strcmp(cmd, "share"))
+        return cmd_share(strtoull(ARG(2, "67108864"), 0, 0), atof(ARG(3, "10")), ARG(4, "/tmp/cuclient-done"));
+    if (!strcmp(cmd, "open"))
+        return cmd_open(ARG(2, ""), strtoull(ARG(3, "67108864"), 0, 0), ARG(4, "/tmp/cuclient-done"));
     printf("error=unknown-command\n");
     return 2;
 }

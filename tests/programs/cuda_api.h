@@ -36,6 +36,7 @@ typedef struct {
     unsigned char allocFlags[8];
 } CUmemAllocationProp;
 typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct { char reserved[64]; } CUipcMemHandle;
 typedef struct {
     unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
     CUstream hStream;
@@ -84,6 +85,8 @@ typedef struct {
     X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 13000,                               \
       (CUdeviceptr *, size_t *, CUdeviceptr))                                               \
     X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 13000, (void *, CUdeviceptr))                  \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 13000, (CUdeviceptr *, CUipcMemHandle, unsigned)) \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 13000, (CUdeviceptr))                      \
     X(cuPointerGetAttribute, "cuPointerGetAttribute", 13000, (void *, int, CUdeviceptr))      \
     X(cuPointerGetAttributes, "cuPointerGetAttributes", 13000,                              \
       (unsigned, int *, void **, CUdeviceptr))                                              \

@@ -45,6 +45,15 @@ fn destroy_context(l: &mut Local, ctx: usize) {
         ..
     } = &mut *l;
     hdata.retain(|h, _| handles.contains_key(h) || mapped.values().any(|&(m, _)| m == *h));
+    let Local {
+        handles,
+        shared,
+        exportable,
+        mapped,
+        ..
+    } = &mut *l;
+    shared.retain(|h, _| handles.contains_key(h) || mapped.values().any(|&(m, _)| m == *h));
+    exportable.retain(|h| handles.contains_key(h));
     l.streams.retain(|_, s| s.ctx != ctx);
     crate::local::drop_from_stack(ctx);
 }

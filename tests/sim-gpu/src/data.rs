@@ -41,16 +41,25 @@ fn find(l: &Local, addr: u64) -> Option<(Key, u64, usize, usize)> {
 }
 
 /// The contents behind `key`, made (zeroed) on first write; None for
-/// memory too large to keep any.
-fn backing(l: &mut Local, key: Key, bytes: u64) -> Option<&mut Vec<u8>> {
+/// memory too large to keep any. Shared VMM memory (exported or
+/// imported) lives in its memfd, whatever its size.
+fn backing(l: &mut Local, key: Key, bytes: u64) -> Option<&mut [u8]> {
+    if let Key::Handle(h) = key
+        && l.shared.contains_key(&h)
+    {
+        return l.shared.get_mut(&h).map(|(_, m)| &mut m[..]);
+    }
     if bytes > DATA_MAX {
         return None;
     }
     let zeroed = || vec![0u8; bytes as usize];
-    Some(match key {
-        Key::Alloc(base) => l.data.entry(base).or_insert_with(zeroed),
-        Key::Handle(h) => l.hdata.entry(h).or_insert_with(zeroed),
-    })
+    Some(
+        match key {
+            Key::Alloc(base) => l.data.entry(base).or_insert_with(zeroed),
+            Key::Handle(h) => l.hdata.entry(h).or_insert_with(zeroed),
+        }
+        .as_mut_slice(),
+    )
 }
 
 /// Writes `src` at device address `dst`; false when `dst..dst+len` is not
@@ -92,8 +101,11 @@ pub fn read(l: &Local, src: u64, out: &mut [u8]) -> bool {
         return false;
     }
     let b = match key {
-        Key::Alloc(base) => l.data.get(&base),
-        Key::Handle(h) => l.hdata.get(&h),
+        Key::Alloc(base) => l.data.get(&base).map(Vec::as_slice),
+        Key::Handle(h) => match l.shared.get(&h) {
+            Some((_, m)) => Some(&m[..]),
+            None => l.hdata.get(&h).map(Vec::as_slice),
+        },
     };
     match b {
         Some(b) => out.copy_from_slice(&b[off..off + out.len()]),

@@ -46,7 +46,9 @@
 //! to that much longer than its work, a different amount each launch;
 //! a graph's node, each time it is added),
 //! `SIM_GPU_HOST_PROC_FD`, `SIM_GPU_NVML=0` (NVML fails to initialise,
-//! as where the driver's NVML is missing) and
+//! as where the driver's NVML is missing),
+//! `SIM_GPU_NO_FD_HANDLES=1` (`cuMemCreate` refuses memory exportable as a
+//! file descriptor: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) and
 //! `SIM_GPU_NVML_LOCKED=1` (NVML's memory queries wait while the process
 //! is locked or checkpointed). The defaults are
 //! an H200's, measured with driver 580: two processes that always have

@@ -79,6 +79,12 @@ pub struct Local {
     /// Contents of VMM physical memory that was written, by handle; kept
     /// past `cuMemRelease` while the handle is still mapped.
     pub hdata: HashMap<usize, Vec<u8>>,
+    /// VMM physical memory that can be shared with other processes: made
+    /// with a POSIX file descriptor as its requested handle type.
+    pub exportable: std::collections::HashSet<usize>,
+    /// Contents of VMM physical memory shared between processes (exported
+    /// or imported), in a memfd both map; used instead of `hdata`.
+    pub shared: HashMap<usize, (std::fs::File, memmap2::MmapMut)>,
     pub reserved: HashMap<u64, u64>,
     pub streams: HashMap<usize, Stream>,
     pub events: HashMap<usize, Event>,

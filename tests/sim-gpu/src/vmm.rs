@@ -29,6 +29,13 @@ pub unsafe extern "C" fn cuMemCreate(
     }
     let dev = tri!(physical(&l, p[3]));
     let ctx = current_ctx().unwrap_or(0);
+    // `SIM_GPU_NO_FD_HANDLES=1`: a driver that makes no memory exportable
+    // as a file descriptor.
+    if p[1] & HANDLE_TYPE_POSIX_FD != 0
+        && std::env::var_os("SIM_GPU_NO_FD_HANDLES").is_some_and(|v| v == "1")
+    {
+        return NOT_SUPPORTED;
+    }
     if !phys_alloc(dev, bytes as u64) {
         return OUT_OF_MEMORY;
     }
@@ -41,8 +48,148 @@ pub unsafe extern "C" fn cuMemCreate(
             ctx,
         },
     );
+    if p[1] & HANDLE_TYPE_POSIX_FD != 0 {
+        l.exportable.insert(id);
+    }
     put(handle, id as u64);
     SUCCESS
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const HANDLE_TYPE_POSIX_FD: c_int = 1;
+
+/// Forgets the contents of handle `id` once it is neither held nor mapped.
+fn drop_contents(l: &mut Local, id: usize) {
+    if !l.handles.contains_key(&id) && !l.mapped.values().any(|&(m, _)| m == id) {
+        l.hdata.remove(&id);
+        l.shared.remove(&id);
+    }
+}
+
+/// A memfd of `bytes` mapped shared: the contents of VMM memory that
+/// another process may map too.
+fn memfd(bytes: u64) -> Option<(std::fs::File, memmap2::MmapMut)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a C string literal; memfd_create returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(c"sim-gpu-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(bytes).ok()?;
+    mapped(file)
+}
+
+/// `file` mapped shared, read-write.
+fn mapped(file: std::fs::File) -> Option<(std::fs::File, memmap2::MmapMut)> {
+    // SAFETY: a memfd of the simulated driver's: its size changes only
+    // through `set_len` above, before the mapping.
+    let map = unsafe { memmap2::MmapMut::map_mut(&file) }.ok()?;
+    Some((file, map))
+}
+
+/// `cuMemExportToShareableHandle`: a POSIX file descriptor for memory made
+/// with that handle type (a memfd holding its contents from now on).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    out: *mut c_void,
+    handle: u64,
+    kind: c_int,
+    _flags: u64,
+) -> CUresult {
+    use std::os::fd::AsRawFd;
+    let mut l = local();
+    tri!(ready(&l));
+    let id = handle as usize;
+    let Some(a) = l.handles.get(&id).copied() else {
+        return INVALID_HANDLE;
+    };
+    if kind != HANDLE_TYPE_POSIX_FD || !l.exportable.contains(&id) || out.is_null() {
+        return INVALID_VALUE;
+    }
+    if !l.shared.contains_key(&id) {
+        let Some((file, mut map)) = memfd(a.bytes) else {
+            return OUT_OF_MEMORY;
+        };
+        if let Some(v) = l.hdata.remove(&id) {
+            map[..v.len()].copy_from_slice(&v);
+        }
+        l.shared.insert(id, (file, map));
+    }
+    let Some((file, _)) = l.shared.get(&id) else {
+        return INVALID_HANDLE;
+    };
+    // SAFETY: dup of a descriptor this table owns.
+    let fd = unsafe { libc::dup(file.as_raw_fd()) };
+    if fd < 0 {
+        return OUT_OF_MEMORY;
+    }
+    if put(out.cast::<c_int>(), fd) {
+        SUCCESS
+    } else {
+        INVALID_VALUE
+    }
+}
+
+/// `cuMemImportFromShareableHandle`: a handle to the memory behind another
+/// process's file descriptor. The memory is the exporter's: the card does
+/// not count it again (size 0 here).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    kind: c_int,
+) -> CUresult {
+    use std::os::fd::FromRawFd;
+    let mut l = local();
+    let (ctx, dev) = tri!(current(&l));
+    if kind != HANDLE_TYPE_POSIX_FD || handle.is_null() {
+        return INVALID_VALUE;
+    }
+    let fd = os_handle as usize as c_int;
+    // SAFETY: dup of the caller's descriptor (its own stays the caller's).
+    let own = unsafe { libc::dup(fd) };
+    if own < 0 {
+        return INVALID_VALUE;
+    }
+    // SAFETY: `own` is a fresh descriptor owned by nothing else.
+    let file = unsafe { std::fs::File::from_raw_fd(own) };
+    let Some(shared) = mapped(file) else {
+        return INVALID_VALUE;
+    };
+    let id = l.new_id();
+    l.handles.insert(id, Alloc { dev, bytes: 0, ctx });
+    l.shared.insert(id, shared);
+    put(handle, id as u64);
+    SUCCESS
+}
+
+/// The legacy IPC handle, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle(pub [u8; 64]);
+
+/// `cuIpcOpenMemHandle`: opening another process's legacy IPC handle is
+/// not simulated (processes share no device addresses here).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    _p: *mut Dptr,
+    _h: IpcHandle,
+    _flags: c_uint,
+) -> CUresult {
+    INVALID_VALUE
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(p: *mut Dptr, h: IpcHandle, flags: c_uint) -> CUresult {
+    // SAFETY: the caller's own arguments, passed on.
+    unsafe { cuIpcOpenMemHandle_v2(p, h, flags) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcCloseMemHandle(_p: Dptr) -> CUresult {
+    INVALID_VALUE
 }
 
 fn release_handle(id: usize) -> CUresult {
@@ -51,10 +198,9 @@ fn release_handle(id: usize) -> CUresult {
     match l.handles.remove(&id) {
         Some(a) => {
             phys_free(a.dev, a.bytes);
+            l.exportable.remove(&id);
             // Still mapped: its contents stay readable until unmapped.
-            if !l.mapped.values().any(|&(h, _)| h == id) {
-                l.hdata.remove(&id);
-            }
+            drop_contents(&mut l, id);
             SUCCESS
         }
         None => INVALID_VALUE,
@@ -125,9 +271,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: Dptr, bytes: usize) -> CUresult {
         .collect();
     for (a, h) in gone {
         l.mapped.remove(&a);
-        if !l.handles.contains_key(&h) && !l.mapped.values().any(|&(m, _)| m == h) {
-            l.hdata.remove(&h);
-        }
+        drop_contents(&mut l, h);
     }
     SUCCESS
 }
