@@ -205,6 +205,12 @@ fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_
     assert_eq!(c.get("open_rc"), "0", "{}", c.stderr);
     assert_eq!(c.get("open_intact"), "1", "{}", c.stderr);
     assert_eq!(c.get("write_rc"), "0", "{}", c.stderr);
+    // Opened again: the same address, and the mapping stays until the
+    // last close.
+    assert_eq!(c.get("reopen_rc"), "0", "{}", c.stderr);
+    assert_eq!(c.get("reopen_same"), "1", "{}", c.stderr);
+    assert_eq!(c.get("first_close_rc"), "0", "{}", c.stderr);
+    assert_eq!(c.get("still_mapped"), "1", "{}", c.stderr);
     assert_eq!(c.get("close_rc"), "0", "{}", c.stderr);
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
@@ -244,6 +250,45 @@ fn a_handle_that_names_no_shared_block_fails_cleanly() {
     assert_eq!(c.get("open_rc"), "1", "{}", c.stderr);
     assert!(
         c.stderr.contains("the exporting process does not answer"),
+        "{}",
+        c.stderr
+    );
+}
+
+#[test]
+fn a_block_freed_after_its_export_is_shared_no_more() {
+    use std::io::{BufRead, BufReader};
+    let _serial = serial();
+    let node = Node::new();
+    let mut a = node.spawn(
+        "a",
+        &[VMM, ("CUCLIENT_SHARE_FREE_FIRST", "1")],
+        &["share", "67108864", "10", "/dev/null/never"],
+    );
+    let mut out = BufReader::new(a.stdout.take().unwrap());
+    let mut head = String::new();
+    while !head.contains("ready=1") {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let hex = head
+        .lines()
+        .find_map(|l| l.strip_prefix("handle="))
+        .unwrap_or_else(|| panic!("no handle:\n{head}"))
+        .to_string();
+    assert!(head.contains("share_rc=0"), "{head}");
+    assert!(head.contains("first_free_rc=0"), "{head}");
+    // a still runs (and answers), but no longer shares that block.
+    let c = node.run("c", &[VMM], &["open", &hex, "67108864", "/dev/null"]);
+    let _ = a.kill();
+    let _ = a.wait();
+    assert!(c.status.success(), "{}", c.stderr);
+    assert_eq!(c.get("open_rc"), "1", "{}", c.stderr);
+    assert!(
+        c.stderr.contains("no longer shares that block"),
         "{}",
         c.stderr
     );

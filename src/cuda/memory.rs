@@ -314,7 +314,7 @@ pub fn ipc_open_mem_handle(
     call: &impl Fn() -> CUresult,
     dptr: Out<CUdeviceptr>,
     handle: IpcMemHandle,
-    _flags: c_uint,
+    flags: c_uint,
 ) -> CUresult {
     if !crate::oversub::shared::names_ours(&handle.reserved) {
         return call();
@@ -322,7 +322,7 @@ pub fn ipc_open_mem_handle(
     if dptr.is_null() {
         return CUresult::ERROR_INVALID_VALUE;
     }
-    match crate::oversub::shared::open(&handle.reserved) {
+    match crate::oversub::shared::open(&handle.reserved, flags) {
         Ok(base) => {
             dptr.put(base);
             CUresult::SUCCESS

@@ -18,9 +18,9 @@ impl CUresult {
     pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
     /// `CUDA_ERROR_STUB_LIBRARY`: what the toolkit's stub libcuda returns.
     pub const ERROR_STUB_LIBRARY: Self = Self(34);
+    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
     /// `CUDA_ERROR_ILLEGAL_STATE`: a checkpoint call in the wrong state,
     /// and our answer to calls of a process whose restore failed.
-    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
     pub const ERROR_ILLEGAL_STATE: Self = Self(401);
     pub const ERROR_NOT_FOUND: Self = Self(500);
     pub const ERROR_NOT_READY: Self = Self(600);

@@ -58,14 +58,18 @@ pub(super) fn start(h: &Here, priority: i32) {
 }
 
 /// Publishes its quantum while it can give a turn, 0 while it cannot
-/// (none set, or the host memory bound would refuse its suspension):
+/// (none set, the host memory bound would refuse its suspension, or it
+/// has nothing to move):
 /// waiters on its card wait for a turn only where one can come (each
 /// tick).
 pub(super) fn advertise(h: &Here) {
     let s = settings();
     let mine: u64 = h.entry().cards().iter().map(|&(_, b)| b).sum();
     let fits = h.board.host_bytes(Some(h.entry)).saturating_add(mine) <= s.host_limit;
-    let q = if fits { s.quantum_ms } else { 0 };
+    // (A process whose VMM memory is all shared with another has nothing
+    // a suspension may move: shared.rs.)
+    let movable = !super::shared::any() || super::backing::mapped_bytes() > 0;
+    let q = if fits && movable { s.quantum_ms } else { 0 };
     h.entry()
         .set_quantum_ms(u32::try_from(q).unwrap_or(u32::MAX));
 }

@@ -17,29 +17,38 @@
 //! not use the checkpoint API: suspend.rs).
 #![forbid(unsafe_code)]
 
-use std::hash::{BuildHasher, RandomState};
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rustix::net::sockopt::Timeout;
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
 use super::backing;
 use crate::cuda::sys::*;
 use crate::cuda::{driver, real};
 use crate::ffi::Out;
-use crate::lock::{Listed, Lock, Name, keep};
+use crate::lock::{Listed, Lock, Name};
 
 /// The first bytes of a handle that names a shared VMM-backed block.
 const MAGIC: [u8; 8] = *b"vgpuIPC1";
-/// How long a peer waits for the exporter's answer.
+/// How long a peer waits for the exporter's answer, its connection
+/// included.
 const ANSWER_BOUND: Duration = Duration::from_secs(5);
+/// How long the exporter waits for a peer's token: far less than a
+/// peer's bound, so that one that never sends holds others up briefly.
+const TOKEN_BOUND: Duration = Duration::from_millis(500);
+/// A pause after a failed accept (out of descriptors: the connection
+/// stays queued, and the next accept would fail at once).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the driver takes.
+pub const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// What a handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,10 +94,12 @@ fn socket_name(id: u64) -> String {
     format!("vgpu-ipc-{id:016x}")
 }
 
-/// A random 64-bit number (std's hasher keys come from the OS).
-fn random() -> u64 {
-    let n = RandomState::new().hash_one((std::process::id(), crate::clock::monotonic_ns()));
-    n.max(1)
+/// A random 64-bit number from the kernel (never 0). Err: none to be had.
+fn random() -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| format!("no random number ({e})"))?;
+    Ok(u64::from_le_bytes(b).max(1))
 }
 
 /// One exported block.
@@ -118,15 +129,18 @@ static EXPORTS: Lock<Exports> = Lock::new(
     },
 );
 
-/// One block of another process mapped here.
+/// One block of another process mapped here, opened `opens` times (as
+/// the driver's, a handle opened again answers the same address).
 #[derive(Clone, Copy)]
 struct Import {
+    named: Named,
     base: CUdeviceptr,
-    mapped: u64,
     handle: CUmemGenericAllocationHandle,
+    opens: u32,
 }
 
-static IMPORTS: Lock<Vec<Import>> = Lock::new(Vec::new(), keep);
+/// A forked child has none (CUDA is not its to use).
+static IMPORTS: Lock<Vec<Import>> = Lock::new(Vec::new(), Vec::clear);
 
 /// This module's locks, for the fork handlers (`fork.rs`).
 pub(super) fn locks() -> [Listed; 2] {
@@ -155,32 +169,40 @@ pub fn export(p: CUdeviceptr) -> Result<[u8; 64], String> {
         }
         .to_bytes()
     };
-    let id = {
-        let mut e = EXPORTS.lock();
-        if e.id == 0 {
-            e.id = listen()?;
-        }
+    {
+        let e = EXPORTS.lock();
         if let Some(x) = e.list.iter().find(|x| x.base == b.base) {
             return Ok(named(e.id, x));
         }
-        e.id
-    };
+    }
     // (No lock across the driver call.)
     let fd = real::mem_export_fd(handle)
         .map_err(|rc| format!("its memory cannot be exported as a file descriptor ({rc})"))?;
-    backing::set_shared(b.base);
+    // Not into programs this one starts (a spawned child skips the fork
+    // handlers): the descriptor would keep the memory alive there.
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| format!("its descriptor cannot be kept from child programs ({e})"))?;
+    let token = random()?;
     let mut e = EXPORTS.lock();
     if let Some(x) = e.list.iter().find(|x| x.base == b.base) {
         // Another thread exported it meanwhile: its handle stands.
-        return Ok(named(id, x));
+        return Ok(named(e.id, x));
     }
+    // Freed meanwhile (a program's race): nothing to share.
+    if backing::find(b.base).and_then(|x| x.handle) != Some(handle) {
+        return Err("the block was freed meanwhile".to_string());
+    }
+    if e.id == 0 {
+        e.id = listen()?;
+    }
+    backing::set_shared(b.base);
     let x = Export {
         base: b.base,
-        token: random(),
+        token,
         mapped: b.mapped,
         fd,
     };
-    let bytes = named(id, &x);
+    let bytes = named(e.id, &x);
     e.list.push(x);
     drop(e);
     log::info!(
@@ -200,7 +222,7 @@ pub(super) fn forget(base: CUdeviceptr) {
 /// Binds this process's socket and starts the thread that answers on
 /// it; its id.
 fn listen() -> Result<u64, String> {
-    let id = random();
+    let id = random()?;
     let addr = SocketAddr::from_abstract_name(socket_name(id).as_bytes())
         .map_err(|e| format!("no socket name ({e})"))?;
     let listener =
@@ -214,7 +236,15 @@ fn listen() -> Result<u64, String> {
 
 /// The answering thread: one short exchange per peer.
 fn serve(listener: &UnixListener) {
-    for peer in listener.incoming().flatten() {
+    loop {
+        let peer = match listener.accept() {
+            Ok((peer, _)) => peer,
+            Err(e) => {
+                log::debug!("VGPU_OVERSUBSCRIBE_VMM: no peer accepted ({e})");
+                std::thread::sleep(ACCEPT_PAUSE);
+                continue;
+            }
+        };
         let answered = std::panic::catch_unwind(|| answer(&peer));
         if let Ok(Err(e)) = answered {
             log::debug!("VGPU_OVERSUBSCRIBE_VMM: a peer asking for shared memory: {e}");
@@ -222,31 +252,46 @@ fn serve(listener: &UnixListener) {
     }
 }
 
-/// Reads a token; sends the descriptor of the block it names, or "no".
+/// Reads a token (within [`TOKEN_BOUND`] in all); sends "ok", the
+/// block's size and its descriptor, or "no".
 fn answer(peer: &UnixStream) -> std::io::Result<()> {
-    peer.set_read_timeout(Some(ANSWER_BOUND))?;
     peer.set_write_timeout(Some(ANSWER_BOUND))?;
     let mut reader = peer;
     let mut token = [0u8; 8];
-    reader.read_exact(&mut token)?;
+    let mut got = 0;
+    let end = Instant::now() + TOKEN_BOUND;
+    while got < token.len() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        peer.set_read_timeout(Some(left))?;
+        match reader.read(&mut token[got..])? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
     let token = u64::from_le_bytes(token);
-    let fd = EXPORTS
+    let found = EXPORTS
         .lock()
         .list
         .iter()
         .find(|x| x.token == token)
-        .map(|x| x.fd.try_clone());
-    let Some(fd) = fd.transpose()? else {
+        .map(|x| x.fd.try_clone().map(|fd| (fd, x.mapped)));
+    let Some((fd, mapped)) = found.transpose()? else {
         let mut writer = peer;
         return writer.write_all(b"no");
     };
+    let mut word = [0u8; 10];
+    word[..2].copy_from_slice(b"ok");
+    word[2..].copy_from_slice(&mapped.to_le_bytes());
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [fd.as_fd()];
     control.push(SendAncillaryMessage::ScmRights(&fds));
     rustix::net::sendmsg(
         peer,
-        &[IoSlice::new(b"ok")],
+        &[IoSlice::new(&word)],
         &mut control,
         SendFlags::empty(),
     )?;
@@ -260,16 +305,24 @@ pub fn names_ours(handle: &[u8; 64]) -> bool {
 }
 
 /// Maps the block `handle` names (`names_ours`) here, readable and
-/// writable by the current context's device; its address.
-pub fn open(handle: &[u8; 64]) -> Result<CUdeviceptr, CUresult> {
+/// writable by the current context's device; its address. A handle this
+/// process opened already answers the same address, once more.
+pub fn open(handle: &[u8; 64], flags: u32) -> Result<CUdeviceptr, CUresult> {
     let named = Named::from_bytes(handle).ok_or(CUresult::ERROR_INVALID_VALUE)?;
+    if flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let dev = driver::current_ordinal().ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    if let Some(i) = IMPORTS.lock().iter_mut().find(|i| i.named == named) {
+        i.opens = i.opens.saturating_add(1);
+        return Ok(i.base);
+    }
     let fd = fetch(named).map_err(|why| {
         log::warn!(
             "VGPU_OVERSUBSCRIBE_VMM: cuIpcOpenMemHandle of a shared VMM-backed block: {why}"
         );
         CUresult::ERROR_INVALID_VALUE
     })?;
-    let dev = driver::current_ordinal().ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
     let handle = real::mem_import_fd(fd.as_fd())?;
     drop(fd);
     let mut base: CUdeviceptr = 0;
@@ -283,12 +336,33 @@ pub fn open(handle: &[u8; 64]) -> Result<CUdeviceptr, CUresult> {
         let _ = real::cuMemAddressFree(base, named.mapped as usize);
         return Err(rc);
     }
-    IMPORTS.lock().push(Import {
+    let mut g = IMPORTS.lock();
+    if let Some(i) = g.iter_mut().find(|i| i.named == named) {
+        // Another thread opened it meanwhile: its mapping stands.
+        i.opens = i.opens.saturating_add(1);
+        let kept = i.base;
+        drop(g);
+        unmap(base, named.mapped, handle);
+        return Ok(kept);
+    }
+    g.push(Import {
+        named,
         base,
-        mapped: named.mapped,
         handle,
+        opens: 1,
     });
     Ok(base)
+}
+
+/// Undoes [`open`]'s mapping.
+fn unmap(base: CUdeviceptr, mapped: u64, handle: CUmemGenericAllocationHandle) -> CUresult {
+    let unmap = real::cuMemUnmap(base, mapped as usize);
+    let release = real::cuMemRelease(handle);
+    let free = real::cuMemAddressFree(base, mapped as usize);
+    [unmap, release, free]
+        .into_iter()
+        .find(|rc| !rc.is_ok())
+        .unwrap_or(CUresult::SUCCESS)
 }
 
 /// Maps `handle` at `base`, read-write for `dev`.
@@ -317,20 +391,36 @@ fn map(
     Ok(())
 }
 
-/// The descriptor of the block `named` names, from its exporter.
+/// The descriptor of the block `named` names, from its exporter, within
+/// [`ANSWER_BOUND`] in all (a connection included: one to a full queue
+/// waits as a send does).
 fn fetch(named: Named) -> Result<OwnedFd, String> {
-    let addr = SocketAddr::from_abstract_name(socket_name(named.id).as_bytes())
-        .map_err(|e| format!("no socket name ({e})"))?;
-    let peer = UnixStream::connect_addr(&addr)
-        .map_err(|e| format!("the exporting process does not answer ({e})"))?;
+    let end = Instant::now() + ANSWER_BOUND;
     let io = |e: std::io::Error| format!("the exporting process did not answer ({e})");
-    peer.set_read_timeout(Some(ANSWER_BOUND)).map_err(io)?;
-    peer.set_write_timeout(Some(ANSWER_BOUND)).map_err(io)?;
+    let addr = SocketAddrUnix::new_abstract_name(socket_name(named.id).as_bytes())
+        .map_err(|e| format!("no socket name ({e})"))?;
+    let sock = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| io(e.into()))?;
+    rustix::net::sockopt::set_socket_timeout(&sock, Timeout::Send, Some(ANSWER_BOUND))
+        .map_err(|e| io(e.into()))?;
+    rustix::net::connect(&sock, &addr)
+        .map_err(|e| format!("the exporting process does not answer ({e})"))?;
+    let peer = UnixStream::from(sock);
     let mut writer = &peer;
     writer.write_all(&named.token.to_le_bytes()).map_err(io)?;
+    let left = end.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io(std::io::ErrorKind::TimedOut.into()));
+    }
+    peer.set_read_timeout(Some(left)).map_err(io)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut word = [0u8; 2];
+    let mut word = [0u8; 10];
     rustix::net::recvmsg(
         &peer,
         &mut [IoSliceMut::new(&mut word)],
@@ -342,30 +432,37 @@ fn fetch(named: Named) -> Result<OwnedFd, String> {
         RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
         _ => None,
     });
-    match fd {
-        Some(fd) if &word == b"ok" => Ok(fd),
+    let size = <[u8; 8]>::try_from(&word[2..]).map(u64::from_le_bytes);
+    match (fd, size) {
+        (Some(fd), Ok(size)) if word.starts_with(b"ok") && size == named.mapped => Ok(fd),
+        (Some(_), Ok(size)) if word.starts_with(b"ok") => Err(format!(
+            "the exporting process shares {size} bytes there, not the handle's {}",
+            named.mapped
+        )),
         _ => Err("the exporting process no longer shares that block".to_string()),
     }
 }
 
-/// `cuIpcCloseMemHandle` of a block `open` mapped (None: not one).
+/// `cuIpcCloseMemHandle` of a block `open` mapped (None: not one): the
+/// mapping goes with its last close.
 pub fn close(p: CUdeviceptr) -> Option<CUresult> {
-    let i = {
+    let gone = {
         let mut g = IMPORTS.lock();
         let at = g.iter().position(|x| x.base == p)?;
-        g.remove(at)
+        match g.get_mut(at) {
+            Some(i) if i.opens > 1 => {
+                i.opens -= 1;
+                None
+            }
+            _ => Some(g.remove(at)),
+        }
+    };
+    let Some(i) = gone else {
+        return Some(CUresult::SUCCESS);
     };
     // As the driver's close, after the work that may still use it.
     let _ = real::cuCtxSynchronize();
-    let unmap = real::cuMemUnmap(i.base, i.mapped as usize);
-    let release = real::cuMemRelease(i.handle);
-    let free = real::cuMemAddressFree(i.base, i.mapped as usize);
-    Some(
-        [unmap, release, free]
-            .into_iter()
-            .find(|rc| !rc.is_ok())
-            .unwrap_or(CUresult::SUCCESS),
-    )
+    Some(unmap(i.base, i.named.mapped, i.handle))
 }
 
 #[cfg(test)]
@@ -393,8 +490,68 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_gets_the_descriptor_for_its_token_past_a_silent_one_and_nothing_for_another() {
+        use std::io::{Seek, Write as _};
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"shared bytes").unwrap();
+        let token = random().unwrap();
+        let id = {
+            let mut e = EXPORTS.lock();
+            e.id = listen().unwrap();
+            e.list.push(Export {
+                base: 0x7000_0000_0000,
+                token,
+                mapped: 2 << 20,
+                fd: OwnedFd::from(file.try_clone().unwrap()),
+            });
+            e.id
+        };
+        // One that connects and never sends holds the answers back at
+        // most TOKEN_BOUND.
+        let silent = UnixStream::connect_addr(
+            &SocketAddr::from_abstract_name(socket_name(id).as_bytes()).unwrap(),
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        let named = Named {
+            id,
+            token,
+            mapped: 2 << 20,
+        };
+        let fd = fetch(named).unwrap();
+        assert!(t0.elapsed() < ANSWER_BOUND, "{:?}", t0.elapsed());
+        // The same open file: what the exporter wrote is there.
+        let mut got = std::fs::File::from(fd);
+        got.rewind().unwrap();
+        let mut text = String::new();
+        got.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "shared bytes");
+        // Another token, another size, another exporter: refused.
+        let err = fetch(Named {
+            token: token ^ 1,
+            ..named
+        })
+        .unwrap_err();
+        assert!(err.contains("no longer shares"), "{err}");
+        let err = fetch(Named {
+            mapped: 4 << 20,
+            ..named
+        })
+        .unwrap_err();
+        assert!(err.contains("not the handle's"), "{err}");
+        let err = fetch(Named {
+            id: id ^ 1,
+            ..named
+        })
+        .unwrap_err();
+        assert!(err.contains("does not answer"), "{err}");
+        drop(silent);
+        EXPORTS.lock().list.clear();
+    }
+
+    #[test]
     fn ids_and_tokens_differ() {
-        let a: Vec<u64> = (0..64).map(|_| random()).collect();
+        let a: Vec<u64> = (0..64).map(|_| random().unwrap()).collect();
         let mut b = a.clone();
         b.sort_unstable();
         b.dedup();

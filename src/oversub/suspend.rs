@@ -182,16 +182,6 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
             None => return true,
         },
     };
-    // A process that shares VMM memory with another (shared.rs) moves
-    // only its unshared VMM blocks, never through the checkpoint API;
-    // with none to move, it is not suspended.
-    let shares = super::shared::any();
-    if shares && super::backing::mapped_bytes() == 0 {
-        crate::warn_once!(
-            "CUDA_OVERSUBSCRIBE: this process shares VMM-backed memory with another through legacy IPC and holds no other VMM-backed block: it is not suspended"
-        );
-        return true;
-    }
     // A want on the board is another process's word: suspend only for a
     // shortage this process sees itself (its NVML answers while it runs),
     // and never for a want no card could hold (a hostile u64::MAX).
@@ -211,6 +201,16 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
             fmt_bytes(wanted),
             vgpu_shm::format_uuid(&card),
             fmt_bytes(free)
+        );
+        return true;
+    }
+    // A process that shares VMM memory with another (shared.rs) moves
+    // only its unshared VMM blocks, never through the checkpoint API: it
+    // is suspended only where those make the room wanted.
+    let shares = super::shared::any();
+    if shares && super::backing::mapped_bytes() < wanted - free {
+        crate::warn_once!(
+            "CUDA_OVERSUBSCRIBE: this process shares VMM-backed memory with another through legacy IPC, and its other VMM-backed blocks would not make the room wanted: it is not suspended"
         );
         return true;
     }
@@ -335,6 +335,11 @@ fn suspend(
         match beating(Some(attach), || super::mover::move_out(card)) {
             Ok(m) => moved_from = m,
             Err(why) => return undo(why),
+        }
+        // (A block shared meanwhile stays: with nothing moved, a process
+        // that shares is not suspended.)
+        if moved_from.is_empty() && super::shared::any() {
+            return undo("all its VMM-backed memory is shared with another process".to_string());
         }
     }
     let moved: u64 = moved_from.iter().map(|&(_, b)| b).sum();

@@ -1070,11 +1070,19 @@ static int cmd_share(size_t bytes, double secs, const char *done) {
     CUresult rc = cu.cuIpcGetMemHandle(h, x);
     printf("share_rc=%d\nhandle=", rc);
     for (int i = 0; i < 64; i++) printf("%02x", h[i]);
+    /* CUCLIENT_SHARE_FREE_FIRST=1: the block is freed at once (a peer's
+     * open must then fail cleanly). */
+    const char *free_first = getenv("CUCLIENT_SHARE_FREE_FIRST");
+    if (free_first && *free_first == '1') {
+        printf("\nfirst_free_rc=%d", cu.cuMemFree_v2(x));
+        x = 0;
+    }
     printf("\nready=1\n");
     fflush(stdout);
     double end = now_s() + secs;
     while (now_s() < end && access(done, F_OK) != 0) usleep(10000);
     printf("peer_done=%d\n", access(done, F_OK) == 0);
+    if (!x) return 0;
     CUresult brc = cu.cuMemcpyDtoH_v2(back, x, bytes);
     fill_pattern(w, n, 12);
     printf("share_back_rc=%d\npeer_wrote=%d\n", brc, brc == CUDA_SUCCESS && !memcmp(w, back, bytes));
@@ -1113,6 +1121,15 @@ static int cmd_open(const char *hex, size_t bytes, const char *done) {
     fill_pattern(w, n, 12);
     printf("write_rc=%d\n", cu.cuMemcpyHtoD_v2(p, w, bytes));
     printf("sync_rc=%d\n", cu.cuCtxSynchronize());
+    /* Opened again, as the driver does: the same address, counted; the
+     * first close leaves it mapped. */
+    CUdeviceptr again = 0;
+    CUresult arc = cu.cuIpcOpenMemHandle_v2(&again, h, 1);
+    printf("reopen_rc=%d reopen_same=%d\n", arc, again == p);
+    if (!arc) {
+        printf("first_close_rc=%d\n", cu.cuIpcCloseMemHandle(p));
+        printf("still_mapped=%d\n", cu.cuMemcpyDtoH_v2(back, p, 4096) == CUDA_SUCCESS);
+    }
     printf("close_rc=%d\n", cu.cuIpcCloseMemHandle(p));
     FILE *f = fopen(done, "w");
     if (f) fclose(f);

@@ -253,6 +253,10 @@ pub unsafe extern "C" fn cuMemMap(
     if bytes == 0 || l.mapped.iter().any(|(&a, &(_, n))| a < end && ptr < a + n) {
         return INVALID_VALUE;
     }
+    // Shared memory (exported or imported): no more than its memfd holds.
+    if l.shared.get(&id).is_some_and(|(_, m)| bytes > m.len()) {
+        return INVALID_VALUE;
+    }
     l.mapped.insert(ptr, (id, bytes as u64));
     SUCCESS
 }
