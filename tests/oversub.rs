@@ -137,6 +137,34 @@ fn a_stuck_nvml_child_gets_a_sibling_and_the_process_is_still_suspended() {
 }
 
 #[test]
+fn where_a_fresh_nvml_starts_slowly_a_checkpointed_process_still_finds_its_room() {
+    // A checkpointed process judges its room on a child process's NVML
+    // figure, used while half a second old. Where NVML takes longer than
+    // that to start (seconds on a node of many cards), a figure stamped
+    // when the child was made was stale on arrival, and the process
+    // waited for room it had (run 116 on an H200: minutes). Stamped when
+    // the child asks, it restores at once.
+    let _serial = serial();
+    let node = Node::new();
+    let keep = keeper("5");
+    let a = node.spawn(
+        "a",
+        &[
+            ("SIM_GPU_NVML_INIT_MS", "800"),
+            ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000"),
+        ],
+        &args(&keep),
+    );
+    let b = node.crowd_out();
+    assert_eq!(finish(b).get("hold_rc"), "0");
+    let a = finish(a);
+    assert_intact(&a);
+    assert!(a.stderr.contains("suspended this process"), "{}", a.stderr);
+    assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+    assert!(!a.stderr.contains("still waiting for room"), "{}", a.stderr);
+}
+
+#[test]
 fn a_first_call_vgpu_does_not_hook_or_never_sees_restores_the_process_too() {
     // The driver's lock blocks every call of a suspended process. A PyTorch
     // job whose first call after its idle spell was one without a hook

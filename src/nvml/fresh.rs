@@ -7,7 +7,7 @@
 //! The child is a bare `clone` (no fork handlers: vgpu's take its locks,
 //! the driver's might wait on the checkpoint lock); it loads NVML afresh
 //! in a new link-map namespace (`dlmopen`: its own descriptors, none of
-//! this process's state, none of vgpu's hooks), asks, writes nine bytes
+//! this process's state, none of vgpu's hooks), asks, writes its answer
 //! into a pipe and `_exit`s. A child may wait for ever on a lock another
 //! thread held at the clone, so one that is slow gets a sibling; the
 //! parent takes the first answer within a bound and then kills them. A
@@ -47,9 +47,9 @@ pub fn locks() -> [Listed; 1] {
 }
 
 /// Free bytes on `uuid` as a fresh child process's NVML says, within
-/// `wait`, and when the child that answered was made (`CLOCK_MONOTONIC`
-/// ns: its figure is no older); None when none answered (or NVML cannot
-/// say).
+/// `wait`, and when the child that answered asked (`CLOCK_MONOTONIC` ns,
+/// after NVML's start; when it was made where it says no sensible time);
+/// None when none answered (or NVML cannot say).
 ///
 /// A child that has not answered after [`HEDGE_AFTER`] gets a sibling,
 /// up to [`CHILDREN`]: a bare clone copies no lock state, so a child
@@ -177,21 +177,30 @@ fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<(u64, u64)>
             continue;
         }
         for p in polls.iter().filter(|p| p.revents != 0) {
-            // A child writes its nine bytes at once (under PIPE_BUF, so
-            // they arrive together) or dies without them.
-            let mut buf = [0u8; 9];
+            // A child writes its answer at once (under PIPE_BUF, so it
+            // arrives whole) or dies without it.
+            let mut buf = [0u8; ANSWER_BYTES];
             // SAFETY: reading into a buffer we own.
             let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
             if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             if n == buf.len() as isize {
-                let free = u64::from_le_bytes(buf[1..].try_into().ok()?);
+                let free = u64::from_le_bytes(buf[1..9].try_into().ok()?);
+                let asked = u64::from_le_bytes(buf[9..].try_into().ok()?);
                 let made = kids
                     .iter()
                     .find(|k| k.fd == p.fd)
                     .map_or(0, |k| k.cloned_ns);
-                return Some((buf[0] == 1).then_some((free, made)));
+                // When it asked, if that is after its clone and not yet
+                // to come; else when it was made.
+                let now = crate::clock::monotonic_ns();
+                let at = if asked >= made && asked <= now {
+                    asked
+                } else {
+                    made
+                };
+                return Some((buf[0] == 1).then_some((free, at)));
             }
             if let Some(k) = kids.iter_mut().find(|k| k.fd == p.fd) {
                 k.open = false;
@@ -226,12 +235,22 @@ fn reap_old() -> usize {
     v.len()
 }
 
-/// The child: a fresh NVML, one question, nine bytes, `_exit`.
+/// What a child writes: a word saying whether NVML answered, the free
+/// bytes, and when it asked (`CLOCK_MONOTONIC` ns: under `PIPE_BUF`, so
+/// it arrives whole).
+const ANSWER_BYTES: usize = 17;
+
+/// The child: a fresh NVML, one question, [`ANSWER_BYTES`] bytes,
+/// `_exit`. The figure is stamped when the question is asked, after
+/// NVML's start (which takes seconds on a node of many cards: stamped at
+/// the clone, every figure there was stale on arrival, and a
+/// checkpointed process on an H200 waited minutes for room it had, run
+/// 116).
 ///
 /// # Safety
 /// Only in the child of the bare clone above.
 unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
-    let mut out = [0u8; 9];
+    let mut out = [0u8; ANSWER_BYTES];
     // SAFETY: dlmopen/dlsym with NUL-terminated names; each symbol is
     // NVML's with the signature named (nvml.h); the pointers passed are
     // ours; write and _exit are plain system calls.
@@ -251,9 +270,13 @@ unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
                 let mem: MemFn = std::mem::transmute::<*mut c_void, MemFn>(mem);
                 let mut dev: NvmlDevice = std::ptr::null_mut();
                 let mut m = Memory::default();
-                if init() == 0 && by_uuid(uuid.as_ptr(), &mut dev) == 0 && mem(dev, &mut m) == 0 {
-                    out[0] = 1;
-                    out[1..].copy_from_slice(&m.free.to_le_bytes());
+                if init() == 0 && by_uuid(uuid.as_ptr(), &mut dev) == 0 {
+                    let asked = crate::clock::monotonic_ns();
+                    if mem(dev, &mut m) == 0 {
+                        out[0] = 1;
+                        out[1..9].copy_from_slice(&m.free.to_le_bytes());
+                        out[9..].copy_from_slice(&asked.to_le_bytes());
+                    }
                 }
             }
         }

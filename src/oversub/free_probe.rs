@@ -81,8 +81,8 @@ pub fn free_asked_after(
                 .name("vgpu-nvml-free".into())
                 .spawn(move || {
                     let at = crate::clock::monotonic_ns();
-                    // (A child's figure is as old as the child that gave
-                    // it: a sibling made later answers fresher.)
+                    // (A child's figure is as old as its question, asked
+                    // once its NVML started.)
                     let answer = if checkpointed {
                         crate::nvml::fresh::free_memory(&card, crate::nvml::fresh::ANSWER_WAIT)
                     } else {

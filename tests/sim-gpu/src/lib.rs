@@ -47,6 +47,8 @@
 //! a graph's node, each time it is added),
 //! `SIM_GPU_HOST_PROC_FD`, `SIM_GPU_NVML=0` (NVML fails to initialise,
 //! as where the driver's NVML is missing),
+//! `SIM_GPU_NVML_INIT_MS` (NVML starts this slowly in vgpu's fresh
+//! NVML children, as on a node of many cards),
 //! `SIM_GPU_NO_FD_HANDLES=1` (`cuMemCreate` refuses memory exportable as a
 //! file descriptor: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) and
 //! `SIM_GPU_NVML_LOCKED=1` (NVML's memory queries wait while the process

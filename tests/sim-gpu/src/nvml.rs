@@ -410,22 +410,19 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Util
 /// as a child cloned while a lock it needs was held does; it makes
 /// `<file>` to say so, and later ones answer.
 fn stalls_in_the_first_fresh_child() {
+    // `SIM_GPU_NVML_INIT_MS`: NVML starts this slowly in a fresh child
+    // (as on a node of many cards).
+    if let Some(ms) = std::env::var("SIM_GPU_NVML_INIT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        && in_a_fresh_child()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let Some(path) = std::env::var_os("SIM_GPU_NVML_STALL_FIRST") else {
         return;
     };
-    let mut lmid: libc::Lmid_t = 0;
-    // SAFETY: dlopen with RTLD_NOLOAD finds this library (as its own
-    // namespace names it) or returns NULL; dlinfo writes an Lmid_t.
-    let own = unsafe {
-        let h = libc::dlopen(
-            c"libnvidia-ml.so.1".as_ptr(),
-            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-        );
-        !h.is_null()
-            && libc::dlinfo(h, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) == 0
-            && lmid != libc::LM_ID_BASE
-    };
-    if own
+    if in_a_fresh_child()
         && std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -435,6 +432,23 @@ fn stalls_in_the_first_fresh_child() {
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
+    }
+}
+
+/// Whether this copy of the library was loaded in a namespace of its own
+/// (`dlmopen`: vgpu's fresh NVML child).
+fn in_a_fresh_child() -> bool {
+    let mut lmid: libc::Lmid_t = 0;
+    // SAFETY: dlopen with RTLD_NOLOAD finds this library (as its own
+    // namespace names it) or returns NULL; dlinfo writes an Lmid_t.
+    unsafe {
+        let h = libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        );
+        !h.is_null()
+            && libc::dlinfo(h, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) == 0
+            && lmid != libc::LM_ID_BASE
     }
 }
 
