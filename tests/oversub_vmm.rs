@@ -136,38 +136,6 @@ fn with_vmm_a_block_exported_by_legacy_ipc_and_an_array_stay_on_the_card_intact(
 }
 
 #[test]
-fn with_vmm_where_the_driver_cannot_share_vmm_memory_an_export_fails_once_and_the_rest_checkpoints()
-{
-    let _serial = serial();
-    // A driver that makes no VMM memory exportable as a file descriptor:
-    // the first export, of a VMM-backed block, fails as the driver's
-    // would; the block after it is an ordinary one, and it and the array
-    // move by the checkpoint API after the copies.
-    let (a, copies) = crowd(
-        &[
-            VMM,
-            ("SIM_GPU_NO_FD_HANDLES", "1"),
-            ("CUCLIENT_KEEP_IPC", "67108864"),
-            ("CUCLIENT_KEEP_ARRAY", "268435456"),
-        ],
-        "67108864",
-    );
-    assert_eq!(a.get("array_rc"), "0", "{}", a.stderr);
-    assert_eq!(a.get("ipc_first_rc"), "1", "{}", a.stderr);
-    assert_eq!(a.get("ipc_rc"), "0", "{}", a.stderr);
-    assert_eq!(a.get("ipc_intact"), "1", "{}\n{}", a.stdout, a.stderr);
-    assert_eq!(a.get("array_destroy_rc"), "0", "{}", a.stderr);
-    assert_eq!(copies, 1, "{}", a.stderr);
-    assert!(a.stderr.contains("of it by VMM copies"), "{}", a.stderr);
-    assert!(
-        a.stderr
-            .contains("its memory cannot be exported as a file descriptor"),
-        "{}",
-        a.stderr
-    );
-}
-
-#[test]
 fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_sees_the_other() {
     use std::io::{BufRead, BufReader, Read};
     let _serial = serial();

@@ -2,8 +2,10 @@
 //! step 2): a VMM-backed cuMemAlloc_v2 block answers its asked size to
 //! cuMemGetAddressRange and to `cuPointerGetAttribute(s)`'s range and
 //! context (the driver says the mapped, rounded size and NULL), and
-//! legacy IPC of one fails as the driver says, after which the process's
-//! blocks are ordinary ones that can be exported.
+//! legacy IPC of one works (vgpu shares it by its file descriptor,
+//! oversub/shared.rs); where the driver makes no VMM memory exportable,
+//! it fails as the driver says, after which the process's blocks are
+//! ordinary ones that can be exported.
 
 mod common;
 
@@ -11,7 +13,8 @@ use common::oversub::Node;
 use common::*;
 
 #[test]
-fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_blocks() {
+fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_to_ordinary_blocks()
+{
     let _serial = serial();
     let node = Node::new();
     // 3 MiB + 5 bytes: the mapping is 4 MiB.
@@ -34,7 +37,27 @@ fn a_vmm_backed_block_answers_its_asked_size_and_ipc_falls_back_to_ordinary_bloc
     assert_eq!(r.get("attrs_ctx_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ctx_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("ctx_ok"), "1", "{}", r.stdout);
+    assert_eq!(r.get("ipc_rc"), "0", "{}", r.stderr);
+    assert_eq!(r.get("ipc_after_rc"), "0", "{}", r.stderr);
+    // A driver that makes no VMM memory exportable as a descriptor: the
+    // first export fails as the driver's would, with a warning; the next
+    // block is an ordinary one, exported at once.
+    let r = node.run(
+        "c",
+        &[
+            ("VGPU_OVERSUBSCRIBE_VMM", "true"),
+            ("SIM_GPU_NO_FD_HANDLES", "1"),
+        ],
+        &["vmmhide", "3145733"],
+    );
+    assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
     assert_eq!(r.get("ipc_rc"), "1", "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("its memory cannot be exported as a file descriptor"),
+        "{}",
+        r.stderr
+    );
     assert!(
         r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM=false"),
         "{}",
