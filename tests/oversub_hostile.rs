@@ -78,8 +78,10 @@ fn crowd_out(node: &Node, hold: &str) -> Child {
         ],
         &["hold", "2147483648", hold],
     );
+    // (The count, not the state: a process whose idle spell ends at once
+    // is restoring by the time a loaded host lists the board.)
     assert!(
-        wait_until(10.0, || node.board().contains("state=suspended")),
+        wait_until(10.0, || node.board().contains("suspensions=1")),
         "{}",
         node.board()
     );

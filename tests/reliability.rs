@@ -219,7 +219,15 @@ fn python_pool_children_are_limited_counted_and_return_memory() {
         })
         .ok();
         // Three children hold 500 MiB and a 128 MiB context each: 1884 MiB.
-        assert_eq!(r.u64("granted_first"), 3, "{method}: {}", r.stderr);
+        // (Each child's two return codes are in `rcs`: a first one refused
+        // once under load on CI, without vgpu saying why.)
+        assert_eq!(
+            r.u64("granted_first"),
+            3,
+            "{method}: {}\n{}",
+            r.stdout,
+            r.stderr
+        );
         assert_eq!(
             r.u64("granted_second"),
             0,

@@ -56,7 +56,8 @@ def main():
             release.set()
             results = pending.get(timeout=60)
     print(f"granted_first={sum(r[0] == 0 for r in results)} granted_second={sum(r[1] == 0 for r in results)} "
-          f"refused_second_oom={sum(r[1] == 2 for r in results)} region_used_while_held={used}")
+          f"refused_second_oom={sum(r[1] == 2 for r in results)} region_used_while_held={used} "
+          f"rcs={','.join(f'{a}/{b}' for a, b in results)}")
 
 
 if __name__ == "__main__":
