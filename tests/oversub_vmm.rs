@@ -137,7 +137,7 @@ fn with_vmm_a_block_exported_by_legacy_ipc_and_an_array_stay_on_the_card_intact(
 
 #[test]
 fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_sees_the_other() {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::Read;
     let _serial = serial();
     let node = Node::new();
     let done = node.sim.dir.path().join("peer-done");
@@ -149,20 +149,7 @@ fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_
         &[VMM, ("CUCLIENT_SHARE_BESIDE", "1073741824")],
         &["share", "67108864", "40", done],
     );
-    let mut out = BufReader::new(a.stdout.take().unwrap());
-    let mut head = String::new();
-    while !head.contains("ready=1") {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let hex = head
-        .lines()
-        .find_map(|l| l.strip_prefix("handle="))
-        .unwrap_or_else(|| panic!("no handle:\n{head}"))
-        .to_string();
+    let (mut out, head, hex) = shared_handle(&mut a);
     assert!(head.contains("share_rc=0"), "{head}");
     // b crowds a out: its 1 GiB goes to the host; the shared block stays.
     let b = node.crowd_out();
@@ -225,7 +212,6 @@ fn a_handle_that_names_no_shared_block_fails_cleanly() {
 
 #[test]
 fn a_block_freed_after_its_export_is_shared_no_more() {
-    use std::io::{BufRead, BufReader};
     let _serial = serial();
     let node = Node::new();
     let mut a = node.spawn(
@@ -233,20 +219,7 @@ fn a_block_freed_after_its_export_is_shared_no_more() {
         &[VMM, ("CUCLIENT_SHARE_FREE_FIRST", "1")],
         &["share", "67108864", "10", "/dev/null/never"],
     );
-    let mut out = BufReader::new(a.stdout.take().unwrap());
-    let mut head = String::new();
-    while !head.contains("ready=1") {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let hex = head
-        .lines()
-        .find_map(|l| l.strip_prefix("handle="))
-        .unwrap_or_else(|| panic!("no handle:\n{head}"))
-        .to_string();
+    let (_out, head, hex) = shared_handle(&mut a);
     assert!(head.contains("share_rc=0"), "{head}");
     assert!(head.contains("first_free_rc=0"), "{head}");
     // a still runs (and answers), but no longer shares that block.
@@ -260,6 +233,33 @@ fn a_block_freed_after_its_export_is_shared_no_more() {
         "{}",
         c.stderr
     );
+}
+
+/// Reads a `share` process's output up to its `ready=1`: the reader (for
+/// the rest), what came before, and the handle it printed.
+fn shared_handle(
+    a: &mut Child,
+) -> (
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+    String,
+) {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(a.stdout.take().unwrap());
+    let mut head = String::new();
+    while !head.contains("ready=1") {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let hex = head
+        .lines()
+        .find_map(|l| l.strip_prefix("handle="))
+        .unwrap_or_else(|| panic!("no handle:\n{head}"))
+        .to_string();
+    (out, head, hex)
 }
 
 fn hex_of(b: &[u8]) -> String {

@@ -152,6 +152,10 @@ pub fn locks() -> impl Iterator<Item = Listed> {
 /// `cuMemFree_v2` of `p` if it is a VMM-backed block (None: not one):
 /// freed, and no longer shared.
 pub fn free_backed(p: crate::cuda::sys::CUdeviceptr) -> Option<CUresult> {
+    // (Nothing is VMM-backed without oversubscription: no lock taken.)
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
     // (Before the release: a block made at this address next must not
     // find its export.)
     shared::forget(p);
