@@ -12,14 +12,16 @@ and 90 % alone; SM 30 beside an unlimited process; then the period's
 trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
 and whether two 50 % containers still find their turns). About 6 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to
-every case but the trade.
+every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
+trade's periods; `LATENCY_TRADE_ONLY=1` runs the native 1 ms steps and
+the trade alone.
 """
 import os
 
 SECS, WARM = 4, 1.5
 # The trade's periods (ms): the default, and the short ones a latency-
 # sensitive container might set.
-PERIODS = (100, 20, 10)
+PERIODS = tuple(int(p) for p in os.environ.get("LATENCY_PERIODS", "100,20,10").split(","))
 HALVES_SECS = 10
 STEPS = [100_000, 1_000_000, 10_000_000]
 TORCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latency_torch.py")
@@ -115,6 +117,8 @@ def trade(s, sec, native):
 def latency(s):
     sec = "latency"
     spin = [(ns, [s.client(), "steps", str(ns), "132", str(SECS), str(WARM)]) for ns in STEPS]
+    if os.environ.get("LATENCY_TRADE_ONLY") == "1":
+        spin = [(ns, cmd) for ns, cmd in spin if ns == 1_000_000]
     ms = lambda ns: f"{ns / 1e6:g} ms"  # noqa: E731
     native = {}
     for ns, cmd in spin:
@@ -122,6 +126,9 @@ def latency(s):
         native[ns] = r
         s.record(sec, f"native, {ms(ns)} steps: p50, p99, max ms", f"{r['p50_ms']:.3f}, {r['p99_ms']:.3f}, "
                  f"{r['max_ms']:.3f}", "-", rc == 0)
+    if os.environ.get("LATENCY_TRADE_ONLY") == "1":
+        trade(s, sec, native[1_000_000])
+        return
     case(s, sec, "SM 30 alone", 30, None, spin, native, ms)
     case(s, sec, "SM 30 beside a busy 60% container", 30, "60", spin, native, ms)
     for lim in (10, 50, 90):

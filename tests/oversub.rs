@@ -110,7 +110,7 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
     assert!(a.stderr.contains("suspended this process"), "{}", a.stderr);
     assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
     assert_eq!(a.stderr.matches("suspended this process").count(), 1);
-    assert_eq!(node.host_copies(), 0);
+    node.assert_no_copies_but_of(&[&b]);
 }
 
 #[test]

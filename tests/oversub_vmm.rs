@@ -61,7 +61,7 @@ fn crowd(env: &[(&str, &str)], data: &str) -> (Run, usize) {
         a.stdout,
         a.stderr
     );
-    assert_eq!(node.host_copies(), 0);
+    node.assert_no_copies_but_of(&[&b]);
     (a, copies)
 }
 

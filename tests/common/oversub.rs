@@ -45,6 +45,27 @@ impl Node {
             .count()
     }
 
+    /// Asserts that the checkpoint API holds no host copy but those of
+    /// `others` that exited suspended. Such a process (b, idle in its hold
+    /// once a asks its room back, where a loaded host stretched b's start
+    /// past a's idle spell) leaves its copy until its entry is claimed
+    /// again, as the kernel frees a dead process's memory.
+    pub fn assert_no_copies_but_of(&self, others: &[&Run]) {
+        let exited_suspended = others
+            .iter()
+            .filter(|r| {
+                r.stderr.matches("suspended this process").count()
+                    > r.stderr.matches("restored this process").count()
+            })
+            .count();
+        assert_eq!(
+            self.host_copies(),
+            exited_suspended,
+            "host copies left; the others' logs: {:?}",
+            others.iter().map(|r| &r.stderr).collect::<Vec<_>>()
+        );
+    }
+
     pub fn new() -> Node {
         Node::with_card("4g", "3g")
     }
