@@ -1111,20 +1111,25 @@ def oversub():
 
 
 def oversub_turns(sec, jobs):
-    """Part 2: a plain 60 GiB holder leaves ~80 GiB of the card; two
-    containers with 80 GiB quotas and CUDA_OVERSUBSCRIBE=true each run a
-    45 GiB PyTorch job (6 s of matmuls, 10 s idle, 3 rounds), the second
-    started 2 s later: they cannot both be on the card, so each waits for
-    the other's idle spell, which vgpu uses to suspend it."""
+    """Part 2: a plain holder leaves ~80 GiB of the card (60 GiB of an
+    H200's; none on an 80 GB H100); two containers with 80 GiB quotas and
+    CUDA_OVERSUBSCRIBE=true each run a 45 GiB PyTorch job (6 s of
+    matmuls, 10 s idle, 3 rounds), the second started 2 s later: they
+    cannot both be on the card, so each waits for the other's idle spell,
+    which vgpu uses to suspend it."""
     rc, out, _ = run([PY, jobs, "turns", "1", "5", "0", "1"], base_env(), 120, "turns-native")
     native = float(kv(out).get("tflops", "0") or 0)
     record(sec, "native bf16 8192^3 matmul throughput (no vgpu)", f"{native} TFLOPS", "measured", native > 0)
-    ballast = subprocess.Popen([client("link"), "hold", str(60 * GIB), "300"], env=base_env(),
-                               stdout=subprocess.PIPE, stderr=open(log_path("ballast"), "w"), text=True)
-    if not wait_line(ballast, "hold_rc=0", 60):
-        stop(ballast)
-        record(sec, "60 GiB ballast allocated", "no", "yes", False)
-        return
+    # (A fixed 60 GiB left an H100 19 GiB: no 45 GiB job could start.)
+    ballast_gib = int(nvml_total() / GIB) - 80
+    ballast = None
+    if ballast_gib >= 1:
+        ballast = subprocess.Popen([client("link"), "hold", str(ballast_gib * GIB), "300"], env=base_env(),
+                                   stdout=subprocess.PIPE, stderr=open(log_path("ballast"), "w"), text=True)
+        if not wait_line(ballast, "hold_rc=0", 60):
+            stop(ballast)
+            record(sec, f"{ballast_gib} GiB ballast allocated", "no", "yes", False)
+            return
     board = tempfile.mkdtemp(prefix="vgpu-board-")
     extra = oversub_env(board, quota="80g", wait_ms=90000, host_limit="100g")
     logs, procs = {}, {}
@@ -1146,7 +1151,8 @@ def oversub_turns(sec, jobs):
     for name, p in procs.items():
         outs[name] = finish_job(p, max(10, deadline - (time.time() - t0)), logs[name])
     record(sec, "turns: wall s until both jobs ended (or the deadline)", f"{time.time() - t0:.0f}", "measured", True)
-    stop(ballast)
+    if ballast:
+        stop(ballast)
     for name in ("a", "b"):
         rounds = [kv(l) for l in outs[name].splitlines() if l.startswith("round=")]
         err = open(logs[name]).read()

@@ -101,6 +101,10 @@ pub fn admit(
     // holders take turns (never shorter once longer).
     let mut bound = wait;
     let mut turns = false;
+    // Turns seen on at the last look: a bound grows only on two looks in
+    // a row (another waiter's reservation shows as held for a moment
+    // before its want does).
+    let mut turns_seen = false;
     let mut line = super::line::Defer::default();
     let rc = loop {
         // Outside the hook while it sleeps: its process may give its turn
@@ -116,7 +120,11 @@ pub fn admit(
         }
         let mut ahead = false;
         if let Some(h) = here() {
-            if super::line::turns_on(h, &card) {
+            let on =
+                super::line::turns_on(h, &card, bytes, || crate::nvml::client::free_memory(&card));
+            let confirmed = on && turns_seen;
+            turns_seen = on;
+            if confirmed {
                 turns = true;
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
                 if _pinning.is_none() {

@@ -155,18 +155,34 @@ fn ahead(h: &Here, card: &[u8; 16]) -> u64 {
     turns::ahead(&me, &others, card, &times(clock::monotonic_ns())).count() as u64
 }
 
-/// Whether turns are taken on `card`: another process holds memory there
-/// and gives turns (its quantum is not 0), or one is already moving out
-/// or back.
-pub(super) fn turns_on(h: &Here, card: &[u8; 16]) -> bool {
-    h.board.others(Some(h.entry)).any(|(_, e)| {
-        e.bytes_on(card) > 0
-            && match e.state() {
-                ProcState::Running => e.quantum_ms() != 0,
-                ProcState::Suspending | ProcState::Restoring => true,
-                _ => false,
-            }
-    })
+/// Whether turns are taken on `card` and could make room there for
+/// `bytes`: another process holds memory there and gives turns (its
+/// quantum is not 0), or one is already moving out or back, and what such
+/// processes hold there with what is free (`free`, asked only then)
+/// covers `bytes` (`turns::could_make_room`). Memory of processes outside
+/// oversubscription never comes free by turns: two waiters beside such a
+/// holder, each with only its context on the card, otherwise waited out
+/// each other's turns instead of their own bound (run 120, an H100).
+pub(super) fn turns_on(
+    h: &Here,
+    card: &[u8; 16],
+    bytes: u64,
+    free: impl FnOnce() -> Option<u64>,
+) -> bool {
+    let giving = h
+        .board
+        .others(Some(h.entry))
+        .filter(|(_, e)| match e.state() {
+            ProcState::Running => e.quantum_ms() != 0,
+            ProcState::Suspending | ProcState::Restoring => true,
+            _ => false,
+        })
+        .map(|(_, e)| e.held_on(card))
+        .filter(|&held| held > 0)
+        .fold(None, |sum: Option<u64>, held| {
+            Some(sum.unwrap_or(0).saturating_add(held))
+        });
+    giving.is_some_and(|held| turns::could_make_room(free(), held, bytes))
 }
 
 /// How much longer than its own bound a wait on `card` may last for its

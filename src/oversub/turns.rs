@@ -148,6 +148,14 @@ pub fn card_to_yield(me: &Party, others: &[Party], t: &Times) -> Option<[u8; 16]
     })
 }
 
+/// Whether turns could make room for `bytes` on a card where the
+/// processes that give turns hold `held` and `free` is free (None: NVML
+/// did not say, so they might): what others outside the turns hold never
+/// comes free by them.
+pub fn could_make_room(free: Option<u64>, held: u64, bytes: u64) -> bool {
+    free.is_none_or(|f| f.saturating_add(held) >= bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +336,22 @@ mod tests {
             turns[next] += 1;
         }
         assert_eq!(turns, [3, 3, 3]);
+    }
+
+    #[test]
+    fn turns_make_room_only_from_what_their_holders_hold_and_what_is_free() {
+        const GIB: u64 = 1 << 30;
+        // A 45 GiB job beside a holder with 45.5 GiB on the card.
+        assert!(could_make_room(
+            Some(19 * GIB),
+            45 * GIB + GIB / 2,
+            45 * GIB
+        ));
+        // Beside one with only its context there (its own 45 GiB still a
+        // reservation) and a holder outside the turns: never.
+        assert!(!could_make_room(Some(19 * GIB), GIB / 2, 45 * GIB));
+        // Exactly enough is enough; NVML silent, the turns may.
+        assert!(could_make_room(Some(GIB), GIB, 2 * GIB));
+        assert!(could_make_room(None, 0, 45 * GIB));
     }
 }

@@ -199,6 +199,17 @@ impl BoardEntry {
             .map_or(0, |(_, b)| b)
     }
 
+    /// What it holds on `card`: its bytes there less what it still waits
+    /// for there (a waiting allocation's bytes are published before they
+    /// are granted).
+    pub fn held_on(&self, card: &[u8; 16]) -> u64 {
+        let waiting = self
+            .wants()
+            .filter(|(c, _)| c == card)
+            .map_or(0, |(_, b)| b);
+        self.bytes_on(card).saturating_sub(waiting)
+    }
+
     /// Records `bytes` on `card` (taking a free card place the first time).
     pub fn set_bytes_on(&self, card: &[u8; 16], bytes: u64) {
         let w = uuid_words(card);
