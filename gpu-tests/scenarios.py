@@ -1027,9 +1027,12 @@ def ballast_leaving(sec, room, secs, name):
     return None
 
 
-def oversub_env(board, quota, wait_ms, host_limit, log_level=2):
+def oversub_env(board, quota, wait_ms, host_limit, log_level=None):
     """A container's environment with CUDA_OVERSUBSCRIBE on the shared
-    `board`: 1 s idle before it may be suspended."""
+    `board`: 1 s idle before it may be suspended. Logs at
+    `OVERSUB_LOG_LEVEL` (2, info, unless set)."""
+    if log_level is None:
+        log_level = int(os.environ.get("OVERSUB_LOG_LEVEL", "2"))
     return {"CUDA_DEVICE_MEMORY_LIMIT": quota, "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": str(wait_ms),
             "VGPU_OVERSUBSCRIBE_HOST_LIMIT": host_limit, "LIBCUDA_LOG_LEVEL": str(log_level)}
