@@ -307,7 +307,6 @@ fn waiters_that_turns_could_never_make_room_for_fail_at_their_own_bound() {
     let _ = ballast.kill();
     let _ = ballast.wait();
     drop(out);
-    assert!(still_held, "the plain holder ended early");
     for r in &runs {
         assert_eq!(r.get("hold_rc"), "2", "{}", r.stderr);
         assert!(
@@ -318,5 +317,11 @@ fn waiters_that_turns_could_never_make_room_for_fail_at_their_own_bound() {
         );
     }
     // Each waited its own 3 s; a turn of the other's would add minutes.
-    assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "{elapsed:?}: {}\n{}",
+        runs[0].stderr,
+        runs[1].stderr
+    );
+    assert!(still_held, "the plain holder ended early");
 }

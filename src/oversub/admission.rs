@@ -20,6 +20,10 @@ use crate::cuda::sys::CUresult;
 use crate::log::fmt_bytes;
 
 const RETRY: Duration = Duration::from_millis(20);
+/// How long turns must be seen on, look after look, before a wait counts
+/// on them: longer than a watcher tick (100 ms), which publishes what a
+/// refused allocation gave back.
+const TURNS_CONFIRM: Duration = Duration::from_millis(250);
 
 /// Lets a restore that is moving memory onto `card` finish first (until
 /// `deadline`, the allocation's own `VGPU_OVERSUBSCRIBE_WAIT_MS`): it
@@ -101,17 +105,25 @@ pub fn admit(
     // holders take turns (never shorter once longer).
     let mut bound = wait;
     let mut turns = false;
-    // Turns seen on at the last look: a bound grows only on two looks in
-    // a row (another waiter's reservation shows as held for a moment
-    // before its want does).
-    let mut turns_seen = false;
+    // Since when turns have been seen on, look after look: a bound grows
+    // only once they held for [`TURNS_CONFIRM`] (another waiter's
+    // reservation shows as held until its want is published, and a
+    // refused one's until the quota gives it back and a tick publishes
+    // that).
+    let mut turns_since: Option<std::time::Instant> = None;
     let mut line = super::line::Defer::default();
     let rc = loop {
         // Outside the hook while it sleeps: its process may give its turn
         // meanwhile (suspended, it is restored before it tries again).
         if let Err(rc) = super::inside::outside(
             || {
-                std::thread::sleep(RETRY.min(bound.saturating_sub(start.elapsed())));
+                let left = bound.saturating_sub(start.elapsed());
+                // (Past the bound only while turns are being confirmed.)
+                std::thread::sleep(if left.is_zero() {
+                    RETRY
+                } else {
+                    RETRY.min(left)
+                });
                 moves_done();
             },
             super::restore::resume,
@@ -122,9 +134,12 @@ pub fn admit(
         if let Some(h) = here() {
             let on =
                 super::line::turns_on(h, &card, bytes, || crate::nvml::client::free_memory(&card));
-            let confirmed = on && turns_seen;
-            turns_seen = on;
-            if confirmed {
+            turns_since = if on {
+                Some(turns_since.unwrap_or_else(std::time::Instant::now))
+            } else {
+                None
+            };
+            if turns_since.is_some_and(|t| t.elapsed() >= TURNS_CONFIRM) {
                 turns = true;
                 bound = bound.max(wait.saturating_add(super::line::turn_wait(h, &card)));
                 if _pinning.is_none() {
@@ -160,7 +175,9 @@ pub fn admit(
             }
             break rc;
         }
-        if start.elapsed() >= bound {
+        // (Turns seen but not yet confirmed: a few more looks, so that a
+        // wait shorter than the confirmation can still find its turn.)
+        if start.elapsed() >= bound && (turns || turns_since.is_none()) {
             log::warn!(
                 "out of memory on {uuid}: the card is full (not the quota): {} did not fit after waiting {} ms for idle processes to be suspended{} (VGPU_OVERSUBSCRIBE_WAIT_MS{}); returning CUDA_ERROR_OUT_OF_MEMORY",
                 fmt_bytes(bytes),
@@ -176,9 +193,15 @@ pub fn admit(
         }
     };
     // Granted, the reservation already on the board is held for real;
-    // refused, the quota gives it back and the next tick publishes that.
+    // refused, the quota gives it back after this returns: its bytes leave
+    // the board first, with the want, so that no waiter takes them for
+    // memory held (the next tick publishes the slot's total again).
     if let Some(h) = here() {
-        h.entry().take_want(bytes);
+        let e = h.entry();
+        if rc == CUresult::ERROR_OUT_OF_MEMORY {
+            e.set_bytes_on(&card, e.bytes_on(&card).saturating_sub(bytes));
+        }
+        e.take_want(bytes);
     }
     WAITING.fetch_sub(1, Ordering::AcqRel);
     rc

@@ -157,7 +157,8 @@ fn ahead(h: &Here, card: &[u8; 16]) -> u64 {
 
 /// Whether turns are taken on `card` and could make room there for
 /// `bytes`: another process holds memory there and gives turns (its
-/// quantum is not 0), or one is already moving out or back, and what such
+/// quantum is not 0), or one is already moving out or back (a restore
+/// once its claim is made), and what such
 /// processes hold there with what is free (`free`, asked only then)
 /// covers `bytes` (`turns::could_make_room`). Memory of processes outside
 /// oversubscription never comes free by turns: two waiters beside such a
@@ -179,9 +180,7 @@ pub(super) fn turns_on(
         })
         .map(|(_, e)| e.held_on(card))
         .filter(|&held| held > 0)
-        .fold(None, |sum: Option<u64>, held| {
-            Some(sum.unwrap_or(0).saturating_add(held))
-        });
+        .reduce(u64::saturating_add);
     giving.is_some_and(|held| turns::could_make_room(free(), held, bytes))
 }
 

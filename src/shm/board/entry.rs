@@ -201,7 +201,10 @@ impl BoardEntry {
 
     /// What it holds on `card`: its bytes there less what it still waits
     /// for there (a waiting allocation's bytes are published before they
-    /// are granted).
+    /// are granted). The want names one card, the first waiter's: a
+    /// process waiting on two cards at once reads as holding less on the
+    /// first (the strict side: a waiter counts less on its turns). Its
+    /// context is not in its bytes either.
     pub fn held_on(&self, card: &[u8; 16]) -> u64 {
         let waiting = self
             .wants()
