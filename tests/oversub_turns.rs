@@ -129,10 +129,15 @@ fn with_vmm_a_context_stays_on_the_card_where_the_next_holder_fits_beside_it() {
     // blocks alone and the context's checkpoint (about 3 s of a 4 s
     // switch on an H100, run 102) is skipped.
     // (b may wait 20 s: a's first turn also grows its arena, and each
-    // move copies 3.25 GiB of this machine's memory.)
+    // move copies 3.25 GiB of this machine's memory.) a runs 24 s: in
+    // one CI run filling its 3.25 GiB arena with huge pages took over
+    // 11 s (this machine's virtual memory fills huge pages at 0.4-1.5
+    // GB/s), and a, keeping the card until the arena was ready, ended
+    // its 12 s of work first without a turn given.
     let (a, b) = take_turns_on(
         Node::with_card("6656m", "4g"),
         13 * GIB / 4,
+        2 * BURSTS,
         &[
             ("VGPU_OVERSUBSCRIBE_VMM", "true"),
             ("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000"),
@@ -164,9 +169,12 @@ fn with_vmm_a_turn_ends_once_the_host_arena_is_pinned() {
     // card until it is, and its switch copies through the ready arena
     // instead of pinning with the card idle (run 111: a first 33 GiB
     // suspension took 11.2 s, most of it pinning).
+    // (a runs 24 s: its arena, filled at this machine's 0.4-1.5 GB/s
+    // and then pinned, must be ready before it ends.)
     let (a, _) = take_turns_on(
         Node::new(),
         23 * GIB / 10,
+        2 * BURSTS,
         &[
             ("VGPU_OVERSUBSCRIBE_VMM", "true"),
             ("SIM_GPU_PIN_MS_PER_GIB", "1000"),
@@ -192,11 +200,16 @@ fn with_vmm_a_turn_ends_once_the_host_arena_is_pinned() {
 /// Two busy jobs (with `extra` settings) on a card that holds one at a
 /// time take turns, each finishing with its data intact; their runs.
 fn take_turns(extra: &[(&str, &str)]) -> (Run, Run) {
-    take_turns_on(Node::new(), 23 * GIB / 10, extra)
+    take_turns_on(Node::new(), 23 * GIB / 10, BURSTS, extra)
 }
 
-/// [`take_turns`] on `node`, each job holding `total` bytes.
-fn take_turns_on(node: Node, total: u64, extra: &[(&str, &str)]) -> (Run, Run) {
+/// Bursts of 1.5 s each job runs: 12 s of work holds the card past b's
+/// 8 s wait.
+const BURSTS: usize = 8;
+
+/// [`take_turns`] on `node`, each job holding `total` bytes, a running
+/// `a_bursts` bursts.
+fn take_turns_on(node: Node, total: u64, a_bursts: usize, extra: &[(&str, &str)]) -> (Run, Run) {
     let _serial = serial();
     let mut env = vec![
         ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000"),
@@ -207,11 +220,9 @@ fn take_turns_on(node: Node, total: u64, extra: &[(&str, &str)]) -> (Run, Run) {
         ("LIBCUDA_LOG_LEVEL", "2"),
     ];
     env.extend_from_slice(extra);
-    // 12 s of work each: a holds the card past b's 8 s.
-    const BURSTS: usize = 8;
     let (ja, jb) = (
-        job_of(total, "7", "1500", "8"),
-        job_of(total, "9", "1500", "8"),
+        job_of(total, "7", "1500", &a_bursts.to_string()),
+        job_of(total, "9", "1500", &BURSTS.to_string()),
     );
     let mut a = node.spawn("a", &env, &args(&ja));
     std::thread::sleep(Duration::from_millis(1000));
@@ -225,7 +236,7 @@ fn take_turns_on(node: Node, total: u64, extra: &[(&str, &str)]) -> (Run, Run) {
     eprintln!("board: {seen:?}");
     // Before turns: b's allocation failed after 8 s, a still busy.
     assert_all_intact(&b, BURSTS);
-    assert_all_intact(&a, BURSTS);
+    assert_all_intact(&a, a_bursts);
     // b waited for its memory and was granted it (before turns it failed
     // after its wait). How long is not judged: its own wait plus the
     // turns ahead of it, and under load one 2.3 GiB move out took 8.5 s.
