@@ -11,6 +11,20 @@ pub fn init(level: log::LevelFilter) {
         .filter_level(level)
         .target(env_logger::Target::Stderr)
         .format(|buf, record| {
+            // Debug lines carry the monotonic clock (the same in every
+            // process of the machine), to line up several processes'.
+            if record.level() >= log::Level::Debug {
+                let ms = crate::clock::monotonic_ns() / 1_000_000;
+                return writeln!(
+                    buf,
+                    "[vgpu {} {}.{:03}] {}: {}",
+                    std::process::id(),
+                    ms / 1000,
+                    ms % 1000,
+                    record.level(),
+                    record.args()
+                );
+            }
             writeln!(
                 buf,
                 "[vgpu {}] {}: {}",

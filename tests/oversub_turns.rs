@@ -89,13 +89,13 @@ fn assert_all_intact(r: &Run, bursts: usize) {
 
 #[test]
 fn two_busy_jobs_the_card_cannot_hold_together_take_turns_and_keep_their_data() {
-    let (a, _) = take_turns(&[]);
+    let (a, _) = take_turns(BURSTS, &[]);
     assert!(!a.stderr.contains("VMM"), "{}", a.stderr);
 }
 
 #[test]
 fn with_vmm_busy_jobs_take_turns_by_their_own_copies_and_the_context_goes_too() {
-    let (a, b) = take_turns(&[("VGPU_OVERSUBSCRIBE_VMM", "true")]);
+    let (a, b) = take_turns(VMM_BURSTS, &[("VGPU_OVERSUBSCRIBE_VMM", "true")]);
     for r in [&a, &b] {
         // Every turn given moved the VMM blocks by copies, and the
         // checkpoint API took the context: the next holder's working set
@@ -129,15 +129,11 @@ fn with_vmm_a_context_stays_on_the_card_where_the_next_holder_fits_beside_it() {
     // blocks alone and the context's checkpoint (about 3 s of a 4 s
     // switch on an H100, run 102) is skipped.
     // (b may wait 20 s: a's first turn also grows its arena, and each
-    // move copies 3.25 GiB of this machine's memory.) a runs 24 s: in
-    // one CI run filling its 3.25 GiB arena with huge pages took over
-    // 11 s (this machine's virtual memory fills huge pages at 0.4-1.5
-    // GB/s), and a, keeping the card until the arena was ready, ended
-    // its 12 s of work first without a turn given.
+    // move copies 3.25 GiB of this machine's memory.)
     let (a, b) = take_turns_on(
         Node::with_card("6656m", "4g"),
         13 * GIB / 4,
-        2 * BURSTS,
+        VMM_BURSTS,
         &[
             ("VGPU_OVERSUBSCRIBE_VMM", "true"),
             ("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000"),
@@ -169,12 +165,10 @@ fn with_vmm_a_turn_ends_once_the_host_arena_is_pinned() {
     // card until it is, and its switch copies through the ready arena
     // instead of pinning with the card idle (run 111: a first 33 GiB
     // suspension took 11.2 s, most of it pinning).
-    // (a runs 24 s: its arena, filled at this machine's 0.4-1.5 GB/s
-    // and then pinned, must be ready before it ends.)
     let (a, _) = take_turns_on(
         Node::new(),
         23 * GIB / 10,
-        2 * BURSTS,
+        VMM_BURSTS,
         &[
             ("VGPU_OVERSUBSCRIBE_VMM", "true"),
             ("SIM_GPU_PIN_MS_PER_GIB", "1000"),
@@ -199,13 +193,19 @@ fn with_vmm_a_turn_ends_once_the_host_arena_is_pinned() {
 
 /// Two busy jobs (with `extra` settings) on a card that holds one at a
 /// time take turns, each finishing with its data intact; their runs.
-fn take_turns(extra: &[(&str, &str)]) -> (Run, Run) {
-    take_turns_on(Node::new(), 23 * GIB / 10, BURSTS, extra)
+fn take_turns(a_bursts: usize, extra: &[(&str, &str)]) -> (Run, Run) {
+    take_turns_on(Node::new(), 23 * GIB / 10, a_bursts, extra)
 }
 
 /// Bursts of 1.5 s each job runs: 12 s of work holds the card past b's
 /// 8 s wait.
 const BURSTS: usize = 8;
+/// a's bursts where it gives its turns by VMM copies: 36 s, so that its
+/// host arena is ready before it ends (a's turn waits for it). This
+/// machine's virtual memory fills huge pages at 0.2-1.5 GB/s: under load
+/// a's 2.5-3.25 GiB arena took 12-13 s, longer than 12 s of work, and a
+/// ended without a turn given (two CI runs).
+const VMM_BURSTS: usize = 3 * BURSTS;
 
 /// [`take_turns`] on `node`, each job holding `total` bytes, a running
 /// `a_bursts` bursts.

@@ -51,10 +51,10 @@ pub fn locks() -> [Listed; 1] {
 /// after NVML's start; when it was made where it says no sensible time);
 /// None when none answered (or NVML cannot say).
 ///
-/// A child that has not answered after [`HEDGE_AFTER`] gets a sibling,
-/// up to [`CHILDREN`]: a bare clone copies no lock state, so a child
-/// made while another thread held the allocator's or the loader's lock
-/// waits on it forever (seen once on CI: a child usually answers in
+/// A child that has not answered [`HEDGE_AFTER`] after its clone gets a
+/// sibling, up to [`CHILDREN`]: a bare clone copies no lock state, so a
+/// child made while another thread held the allocator's or the loader's
+/// lock waits on it forever (seen once on CI: a child usually answers in
 /// 1-6 ms, this one not in 2 s). The first answer counts.
 pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
     if reap_old() + CHILDREN > MAX_UNREAPED {
@@ -66,18 +66,17 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
     let deadline = t0 + wait;
     let mut kids: Vec<Child> = Vec::with_capacity(CHILDREN);
     let mut answer = None;
+    // How long the clones took (the parent's share of a child's time).
+    let mut cloning = Duration::ZERO;
     for n in 1..=CHILDREN {
+        let cloning_from = Instant::now();
         match spawn(&text) {
             Some(kid) => kids.push(kid),
             None if kids.is_empty() => return None,
             None => {}
         }
-        let until = if n < CHILDREN {
-            (t0 + HEDGE_AFTER * n as u32).min(deadline)
-        } else {
-            deadline
-        };
-        if let Some(a) = first_answer(&mut kids, until) {
+        cloning += cloning_from.elapsed();
+        if let Some(a) = first_answer(&mut kids, hedge_until(n, Instant::now(), deadline)) {
             answer = a;
             break;
         }
@@ -86,9 +85,10 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
         }
     }
     log::debug!(
-        "{} child process(es) for NVML's free memory: {answer:?} in {} ms (bound {} ms)",
+        "{} child process(es) for NVML's free memory: {answer:?} in {} ms ({} ms of it cloning; bound {} ms)",
         kids.len(),
         t0.elapsed().as_millis(),
+        cloning.as_millis(),
         wait.as_millis()
     );
     for kid in kids {
@@ -100,6 +100,23 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
         reap(kid.pid);
     }
     answer
+}
+
+/// Until when the children made so far are waited for, the `n`th just
+/// made (its clone returned at `cloned`): [`HEDGE_AFTER`] more, then a
+/// sibling; the last until `deadline`. Counted from the clone's return:
+/// cloning a process that holds a checkpoint of tens of GiB takes the
+/// parent a second or more, and counted from the question every wait had
+/// passed before its child ran. Three children were made each time, and
+/// the first's answer, read after the third's clone, was stale on
+/// arrival: checkpointed processes on an H100 waited 45-250 s to restore
+/// onto an empty card (runs 122-123).
+fn hedge_until(n: usize, cloned: Instant, deadline: Instant) -> Instant {
+    if n < CHILDREN {
+        (cloned + HEDGE_AFTER).min(deadline)
+    } else {
+        deadline
+    }
 }
 
 /// One child asking NVML: its pid, the read end of its pipe, when it was
@@ -282,5 +299,25 @@ unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
         }
         libc::write(fd, out.as_ptr().cast(), out.len());
         libc::_exit(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sibling_is_made_only_after_the_last_clone_had_its_time_to_answer() {
+        let t0 = Instant::now();
+        let deadline = t0 + ANSWER_WAIT;
+        // A clone that took 1.4 s (a process holding a 46 GiB checkpoint)
+        // still gets its HEDGE_AFTER to answer, not none.
+        let cloned = t0 + Duration::from_millis(1400);
+        assert_eq!(hedge_until(1, cloned, deadline), cloned + HEDGE_AFTER);
+        assert_eq!(hedge_until(2, cloned, deadline), cloned + HEDGE_AFTER);
+        // The last child waits out the bound; none waits past it.
+        assert_eq!(hedge_until(CHILDREN, cloned, deadline), deadline);
+        let late = deadline - Duration::from_millis(100);
+        assert_eq!(hedge_until(1, late, deadline), deadline);
     }
 }

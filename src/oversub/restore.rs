@@ -99,29 +99,54 @@ fn short_of_room(
 /// refuses loses the process. Without room the claim is taken back. One
 /// claim at a time on the node, so two restores never count on the same
 /// room. The room judged, or None when no claim was made.
-fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Option<u64> {
-    let _node = restore_room::restore_lock(h).ok()?;
+fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Result<u64, &'static str> {
+    let _node = restore_room::restore_lock(h).map_err(|()| "the node's restore lock is held")?;
     let e = h.entry();
     for &(card, bytes) in saved {
         e.set_bytes_on(&card, bytes);
     }
     std::thread::sleep(CLAIM_SETTLE);
     let after = clock::monotonic_ns();
-    let (short, judged) = short_of_room(h, saved, CLAIM_NVML_WAIT, waited, after);
+    let (short, judged) = short_of_room(h, saved, claim_nvml_wait(), waited, after);
     if short.is_some() {
         for &(card, _) in saved {
             e.set_bytes_on(&card, 0);
         }
-        return None;
+        return Err("the claim's own figure shows no room");
     }
     e.set_want(&[0; 16], 0);
-    Some(judged)
+    Ok(judged)
+}
+
+/// Where a waiting restore is held, said at debug level as it changes
+/// (with the log's timestamps: which gate holds a slow restore).
+#[derive(Default)]
+struct Gate(Option<&'static str>);
+
+impl Gate {
+    fn at(&mut self, gate: &'static str, detail: impl FnOnce() -> String) {
+        if self.0 != Some(gate) {
+            self.0 = Some(gate);
+            log::debug!("CUDA_OVERSUBSCRIBE: restore held: {gate} ({})", detail());
+        }
+    }
 }
 
 /// How long a claim lets an allocation that passed its check before the
 /// claim reach the driver, before room is judged anew.
 const CLAIM_SETTLE: Duration = Duration::from_millis(50);
-/// How long a claim waits for its new figure (a child process's NVML).
+/// How long a claim waits for its new figure (a child process's NVML):
+/// twice what the last figure took, at least [`CLAIM_NVML_WAIT`] and at
+/// most what a child may take ([`ANSWER_WAIT`]): the clone of a process
+/// holding a large checkpoint took 1.4-1.9 s on an H100 (run 123), and a
+/// claim that times out waits its turn at the lock again.
+///
+/// [`ANSWER_WAIT`]: crate::nvml::fresh::ANSWER_WAIT
+fn claim_nvml_wait() -> Duration {
+    (2 * super::free_probe::last_took()).clamp(CLAIM_NVML_WAIT, crate::nvml::fresh::ANSWER_WAIT)
+}
+
+/// The least a claim waits for its new figure.
 const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a restore waits for its own figure (a child process's NVML)
@@ -261,6 +286,7 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
     let mut said = Instant::now();
     let mut next_try = Instant::now();
     let mut line = super::line::Defer::default();
+    let mut gate = Gate::default();
     let first_card = saved
         .iter()
         .find(|&&(_, b)| b > 0)
@@ -271,15 +297,29 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         if let Some(a) = attach {
             a.tick();
         }
-        let (short, _) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
+        let (short, least) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
         // Room it could take: first those ahead of it in line (turns.rs).
         let ahead = short.is_none() && line.let_first(h, &first_card, || true);
-        if short.is_some() {
+        if let Some(card) = short {
             line.pause();
+            gate.at("no room", || {
+                format!(
+                    "{} judged free on {}; the last NVML figure took {} ms",
+                    fmt_bytes(least),
+                    vgpu_shm::format_uuid(&card),
+                    super::free_probe::last_took().as_millis()
+                )
+            });
+        } else if ahead {
+            gate.at("a waiter ahead in line", String::new);
         }
         if short.is_none() && !ahead && Instant::now() >= next_try {
             let claiming = Instant::now();
-            if let Some(judged) = claim_room(h, &saved, since_first()) {
+            let claimed = claim_room(h, &saved, since_first());
+            if let Err(why) = claimed {
+                gate.at(why, || format!("{} ms", claiming.elapsed().as_millis()));
+            }
+            if let Ok(judged) = claimed {
                 phases = (claiming, Instant::now());
                 MOVING.store(true, Ordering::Release);
                 // A move of tens of GiB takes up to a minute: the region
