@@ -36,8 +36,8 @@ const MAX_UNREAPED: usize = 6;
 /// How long the children may take to answer: a fresh NVML takes
 /// seconds on a node of many cards.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
-/// At most this many children per question, a new one each
-/// [`HEDGE_AFTER`] while none has answered.
+/// At most this many children per question, a new one where none has
+/// answered [`HEDGE_AFTER`] (or its clone's time) after the last clone.
 const CHILDREN: usize = 3;
 const HEDGE_AFTER: Duration = Duration::from_millis(500);
 
@@ -63,35 +63,16 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
     // Everything a child needs is made before its clone.
     let text = CString::new(vgpu_shm::format_uuid(uuid)).ok()?;
     let t0 = Instant::now();
-    let deadline = t0 + wait;
-    let mut kids: Vec<Child> = Vec::with_capacity(CHILDREN);
-    let mut answer = None;
-    // How long the clones took (the parent's share of a child's time).
-    let mut cloning = Duration::ZERO;
-    for n in 1..=CHILDREN {
-        let cloning_from = Instant::now();
-        match spawn(&text) {
-            Some(kid) => kids.push(kid),
-            None if kids.is_empty() => return None,
-            None => {}
-        }
-        cloning += cloning_from.elapsed();
-        if let Some(a) = first_answer(&mut kids, hedge_until(n, Instant::now(), deadline)) {
-            answer = a;
-            break;
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
-    }
+    let asked = ask(|| spawn(&text), t0 + wait);
     log::debug!(
-        "{} child process(es) for NVML's free memory: {answer:?} in {} ms ({} ms of it cloning; bound {} ms)",
-        kids.len(),
+        "{} child process(es) for NVML's free memory: {:?} in {} ms ({} ms of it cloning; bound {} ms)",
+        asked.kids.len(),
+        asked.answer,
         t0.elapsed().as_millis(),
-        cloning.as_millis(),
+        asked.cloning.as_millis(),
         wait.as_millis()
     );
-    for kid in kids {
+    for kid in asked.kids {
         // SAFETY: closing a read end we own; the child is ours to kill.
         unsafe {
             libc::close(kid.fd);
@@ -99,21 +80,66 @@ pub fn free_memory(uuid: &[u8; 16], wait: Duration) -> Option<(u64, u64)> {
         }
         reap(kid.pid);
     }
-    answer
+    asked.answer
+}
+
+/// What the children of one question said.
+struct Asked {
+    /// Those made (their pipes still open: the caller closes them).
+    kids: Vec<Child>,
+    /// The freshest answer, if any came in time.
+    answer: Option<(u64, u64)>,
+    /// How long their clones took (the parent's share of their time).
+    cloning: Duration,
+}
+
+/// Makes children with `spawn` and waits for an answer by `deadline`:
+/// a sibling for each that has not answered in time ([`hedge_until`]),
+/// up to [`CHILDREN`], but none whose clone alone (as long as the last)
+/// would outlast the deadline.
+fn ask(mut spawn: impl FnMut() -> Option<Child>, deadline: Instant) -> Asked {
+    let mut asked = Asked {
+        kids: Vec::with_capacity(CHILDREN),
+        answer: None,
+        cloning: Duration::ZERO,
+    };
+    for n in 1..=CHILDREN {
+        let from = Instant::now();
+        match spawn() {
+            Some(kid) => asked.kids.push(kid),
+            None if asked.kids.is_empty() => break,
+            None => {}
+        }
+        let took = from.elapsed();
+        asked.cloning += took;
+        let mut until = hedge_until(n, Instant::now(), took, deadline);
+        if n < CHILDREN && until + took >= deadline {
+            until = deadline;
+        }
+        if let Some(a) = first_answer(&mut asked.kids, until) {
+            asked.answer = a;
+            break;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    asked
 }
 
 /// Until when the children made so far are waited for, the `n`th just
-/// made (its clone returned at `cloned`): [`HEDGE_AFTER`] more, then a
-/// sibling; the last until `deadline`. Counted from the clone's return:
-/// cloning a process that holds a checkpoint of tens of GiB takes the
-/// parent a second or more, and counted from the question every wait had
-/// passed before its child ran. Three children were made each time, and
-/// the first's answer, read after the third's clone, was stale on
-/// arrival: checkpointed processes on an H100 waited 45-250 s to restore
-/// onto an empty card (runs 122-123).
-fn hedge_until(n: usize, cloned: Instant, deadline: Instant) -> Instant {
+/// made (its clone returned at `cloned`, after taking `took`): the
+/// longer of [`HEDGE_AFTER`] and its clone's time more, then a sibling;
+/// the last until `deadline`. Counted from the clone's return: cloning a
+/// process that holds a checkpoint of tens of GiB takes the parent up to
+/// a second, and counted from the question every wait had passed before
+/// its child ran. Three children were made each time, and the first's
+/// answer, read after the third's clone, was stale on arrival:
+/// checkpointed processes on an H100 waited 45-250 s to restore onto an
+/// empty card (runs 122-123).
+fn hedge_until(n: usize, cloned: Instant, took: Duration, deadline: Instant) -> Instant {
     if n < CHILDREN {
-        (cloned + HEDGE_AFTER).min(deadline)
+        (cloned + HEDGE_AFTER.max(took)).min(deadline)
     } else {
         deadline
     }
@@ -161,18 +187,16 @@ fn spawn(uuid: &CStr) -> Option<Child> {
     })
 }
 
-/// The first answer of `kids` by `until`: Some((free, when its child was
-/// made)), or Some(None) when NVML could not say or every child died
-/// without a word; None when none has answered yet.
+/// The freshest answer of `kids` by `until` (looked for once more at
+/// `until`): Some((free, when its child asked)), or Some(None) when NVML
+/// could not say or every child died without a word; None when none has
+/// answered yet.
 fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<(u64, u64)>> {
     loop {
         if kids.iter().all(|k| !k.open) {
             return Some(None);
         }
         let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
         let mut polls: Vec<libc::pollfd> = kids
             .iter()
             .filter(|k| k.open)
@@ -187,42 +211,88 @@ fn first_answer(kids: &mut [Child], until: Instant) -> Option<Option<(u64, u64)>
             libc::poll(
                 polls.as_mut_ptr(),
                 polls.len() as libc::nfds_t,
-                left.as_millis().max(1) as c_int,
+                c_int::try_from(left.as_millis()).unwrap_or(c_int::MAX),
             )
         };
         if rc <= 0 {
+            if left.is_zero() {
+                return None;
+            }
             continue;
         }
+        // Several may have answered while the parent was cloning: the
+        // newest figure counts.
+        let mut best: Option<(u64, u64)> = None;
+        let mut cannot_say = false;
         for p in polls.iter().filter(|p| p.revents != 0) {
-            // A child writes its answer at once (under PIPE_BUF, so it
-            // arrives whole) or dies without it.
-            let mut buf = [0u8; ANSWER_BYTES];
-            // SAFETY: reading into a buffer we own.
-            let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n == buf.len() as isize {
-                let free = u64::from_le_bytes(buf[1..9].try_into().ok()?);
-                let asked = u64::from_le_bytes(buf[9..].try_into().ok()?);
-                let made = kids
-                    .iter()
-                    .find(|k| k.fd == p.fd)
-                    .map_or(0, |k| k.cloned_ns);
-                // When it asked, if that is after its clone and not yet
-                // to come; else when it was made.
-                let now = crate::clock::monotonic_ns();
-                let at = if asked >= made && asked <= now {
-                    asked
-                } else {
-                    made
-                };
-                return Some((buf[0] == 1).then_some((free, at)));
-            }
-            if let Some(k) = kids.iter_mut().find(|k| k.fd == p.fd) {
-                k.open = false;
+            match read_answer(p.fd) {
+                Read::Again => {}
+                Read::Said(answer, asked) => {
+                    let Some(kid) = kids.iter_mut().find(|k| k.fd == p.fd) else {
+                        continue;
+                    };
+                    kid.open = false;
+                    match answer {
+                        Some(free) => {
+                            let at = stamp(asked, kid.cloned_ns, crate::clock::monotonic_ns());
+                            if best.is_none_or(|(_, b)| at > b) {
+                                best = Some((free, at));
+                            }
+                        }
+                        None => cannot_say = true,
+                    }
+                }
+                Read::Gone => {
+                    if let Some(k) = kids.iter_mut().find(|k| k.fd == p.fd) {
+                        k.open = false;
+                    }
+                }
             }
         }
+        if best.is_some() || cannot_say {
+            return Some(best);
+        }
+    }
+}
+
+/// What a child's pipe gave.
+enum Read {
+    /// Interrupted: read again.
+    Again,
+    /// Its answer (free bytes where NVML could say) and when it asked.
+    Said(Option<u64>, u64),
+    /// Closed (or short) without an answer.
+    Gone,
+}
+
+fn read_answer(fd: c_int) -> Read {
+    // A child writes its answer at once (under PIPE_BUF, so it arrives
+    // whole) or dies without it.
+    let mut buf = [0u8; ANSWER_BYTES];
+    // SAFETY: reading into a buffer we own, its length passed with it.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+        return Read::Again;
+    }
+    if n != buf.len() as isize {
+        return Read::Gone;
+    }
+    let word = |r: std::ops::Range<usize>| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&buf[r]);
+        u64::from_le_bytes(w)
+    };
+    let asked = word(9..17);
+    Read::Said((buf[0] == 1).then(|| word(1..9)), asked)
+}
+
+/// When a figure was asked: its child's word, if that is after its clone
+/// (`made`) and not yet to come (`now`); else when the child was made.
+fn stamp(asked: u64, made: u64, now: u64) -> u64 {
+    if asked >= made && asked <= now {
+        asked
+    } else {
+        made
     }
 }
 
@@ -305,19 +375,143 @@ unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::IntoRawFd;
+
+    /// A child whose clone takes `clone`, and which answers `free` after
+    /// `answer` (or never, for None), stamped as it writes.
+    fn fake(clone: Duration, answer: Option<Duration>, free: u64) -> Option<Child> {
+        std::thread::sleep(clone);
+        let (r, mut w) = std::io::pipe().ok()?;
+        let cloned_ns = crate::clock::monotonic_ns();
+        std::thread::spawn(move || {
+            let Some(after) = answer else {
+                // Never answers while the question lasts.
+                std::thread::sleep(Duration::from_secs(30));
+                return;
+            };
+            std::thread::sleep(after);
+            let mut out = [0u8; ANSWER_BYTES];
+            out[0] = 1;
+            out[1..9].copy_from_slice(&free.to_le_bytes());
+            out[9..].copy_from_slice(&crate::clock::monotonic_ns().to_le_bytes());
+            let _ = std::io::Write::write_all(&mut w, &out);
+        });
+        Some(Child {
+            pid: 0,
+            fd: r.into_raw_fd(),
+            cloned_ns,
+            open: true,
+        })
+    }
+
+    fn close(asked: Asked) -> Option<(u64, u64)> {
+        for k in &asked.kids {
+            // SAFETY: the read end made by `fake`, closed once.
+            unsafe { libc::close(k.fd) };
+        }
+        asked.answer
+    }
 
     #[test]
-    fn a_sibling_is_made_only_after_the_last_clone_had_its_time_to_answer() {
+    fn a_slow_clone_gets_its_own_time_and_its_answer_arrives_fresh() {
+        // Clones of 0.7 s (a process holding a large checkpoint), NVML
+        // answering 50 ms after: counted from the question, three
+        // children were made and the first answer was read 1.4 s late.
+        let slow = Duration::from_millis(700);
+        let mut made = 0;
+        let asked = ask(
+            || {
+                made += 1;
+                fake(slow, Some(Duration::from_millis(50)), 42)
+            },
+            Instant::now() + ANSWER_WAIT,
+        );
+        let kids = asked.kids.len();
+        let read_at = crate::clock::monotonic_ns();
+        let (free, at) = close(asked).expect("an answer");
+        assert_eq!((made, kids, free), (1, 1, 42));
+        // Read while fresh (free_probe.rs uses a figure for 500 ms).
+        assert!(
+            read_at - at < 500_000_000,
+            "read {} ms late",
+            (read_at - at) / 1_000_000
+        );
+    }
+
+    #[test]
+    fn silent_children_are_given_siblings_within_the_bound() {
         let t0 = Instant::now();
-        let deadline = t0 + ANSWER_WAIT;
-        // A clone that took 1.4 s (a process holding a 46 GiB checkpoint)
-        // still gets its HEDGE_AFTER to answer, not none.
-        let cloned = t0 + Duration::from_millis(1400);
-        assert_eq!(hedge_until(1, cloned, deadline), cloned + HEDGE_AFTER);
-        assert_eq!(hedge_until(2, cloned, deadline), cloned + HEDGE_AFTER);
-        // The last child waits out the bound; none waits past it.
-        assert_eq!(hedge_until(CHILDREN, cloned, deadline), deadline);
-        let late = deadline - Duration::from_millis(100);
-        assert_eq!(hedge_until(1, late, deadline), deadline);
+        let bound = Duration::from_millis(1500);
+        let mut made = 0;
+        let asked = ask(
+            || {
+                made += 1;
+                fake(Duration::from_millis(100), None, 0)
+            },
+            t0 + bound,
+        );
+        assert_eq!(asked.kids.len(), CHILDREN);
+        assert!(close(asked).is_none());
+        assert_eq!(made, CHILDREN);
+        // The bound holds (a loaded machine's late wake-ups aside), not a
+        // child's whole ANSWER_WAIT more.
+        assert!(t0.elapsed() < bound + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn no_sibling_is_cloned_that_would_outlast_the_bound() {
+        // Clones of 1 s: a second, made after the first's 1 s wait, would
+        // end at 3 s, the bound, so the first child has the whole bound,
+        // and its late answer (at 2.3 s) counts.
+        let mut made = 0;
+        let asked = ask(
+            || {
+                made += 1;
+                fake(
+                    Duration::from_millis(1000),
+                    Some(Duration::from_millis(1300)),
+                    7,
+                )
+            },
+            Instant::now() + Duration::from_millis(3000),
+        );
+        assert_eq!(close(asked).map(|(f, _)| f), Some(7));
+        assert_eq!(made, 1);
+    }
+
+    #[test]
+    fn of_answers_waiting_together_the_newest_counts() {
+        let mut kids: Vec<Child> = [(5u64, 1_000u64), (9, 2_000), (3, 1_500)]
+            .into_iter()
+            .filter_map(|(free, asked)| {
+                let (r, mut w) = std::io::pipe().ok()?;
+                let mut out = [0u8; ANSWER_BYTES];
+                out[0] = 1;
+                out[1..9].copy_from_slice(&free.to_le_bytes());
+                out[9..].copy_from_slice(&asked.to_le_bytes());
+                std::io::Write::write_all(&mut w, &out).ok()?;
+                Some(Child {
+                    pid: 0,
+                    fd: r.into_raw_fd(),
+                    cloned_ns: 0,
+                    open: true,
+                })
+            })
+            .collect();
+        assert_eq!(kids.len(), 3);
+        let got = first_answer(&mut kids, Instant::now());
+        for k in &kids {
+            // SAFETY: the read ends made above, closed once.
+            unsafe { libc::close(k.fd) };
+        }
+        assert_eq!(got, Some(Some((9, 2_000))));
+    }
+
+    #[test]
+    fn a_figure_is_stamped_when_asked_unless_that_is_impossible() {
+        assert_eq!(stamp(150, 100, 200), 150);
+        // Before its clone, or from the future: when it was made.
+        assert_eq!(stamp(50, 100, 200), 100);
+        assert_eq!(stamp(250, 100, 200), 100);
     }
 }

@@ -18,11 +18,13 @@ use crate::lock::{CondLock, Listed, Name};
 /// An answer is used while it is this fresh.
 const FRESH_NS: u64 = 500_000_000;
 
-/// How long the last answered query took, asked to answered (ns).
+/// How long the last query through child processes took, asked to
+/// answered (ns; their whole bound where none answered).
 static LAST_TOOK_NS: AtomicU64 = AtomicU64::new(0);
 
-/// How long the last answered query took: a child process's clone grows
-/// with the checkpoint it copies (1.4 s for 46 GiB on an H100).
+/// How long the last query through child processes took: their clones
+/// grow with the checkpoint they copy (0.4-0.9 s for 46 GiB on an H100,
+/// run 125).
 pub fn last_took() -> Duration {
     Duration::from_nanos(LAST_TOOK_NS.load(Ordering::Relaxed))
 }
@@ -90,7 +92,7 @@ pub fn free_asked_after(
             let spawned = std::thread::Builder::new()
                 .name("vgpu-nvml-free".into())
                 .spawn(move || {
-                    let asked = Instant::now();
+                    let started = Instant::now();
                     let at = crate::clock::monotonic_ns();
                     // (A child's figure is as old as its question, asked
                     // once its NVML started.)
@@ -103,7 +105,9 @@ pub fn free_asked_after(
                     p.asking = false;
                     if let Some((free, at)) = answer {
                         p.last = Some((card, free, at));
-                        let took = u64::try_from(asked.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    }
+                    if checkpointed {
+                        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         LAST_TOOK_NS.store(took, Ordering::Relaxed);
                     }
                     PROBE.notify_all();

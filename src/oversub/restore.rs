@@ -61,17 +61,49 @@ pub(super) fn margin(bytes: u64) -> u64 {
     (512 << 20) + bytes / 50
 }
 
-/// The first card without room for what this process saved there (cards
-/// it held nothing on need none), and the room judged on each (room.rs:
-/// this process's own figure only, asked at or after `after`). `waited`:
-/// how long this restore has waited so far.
+/// A card without room for what this process saved there.
+struct Short {
+    card: [u8; 16],
+    /// The room judged there; None without a fresh figure of its own.
+    room: Option<u64>,
+    needed: u64,
+}
+
+impl Short {
+    /// Where it holds a restore, and why (for [`Gate`]).
+    fn gate(&self) -> (&'static str, String) {
+        let card = vgpu_shm::format_uuid(&self.card);
+        match self.room {
+            Some(room) => (
+                "no room",
+                format!(
+                    "{} judged free on {card}, {} needed",
+                    fmt_bytes(room),
+                    fmt_bytes(self.needed)
+                ),
+            ),
+            None => (
+                "no fresh NVML figure",
+                format!(
+                    "on {card}; the last one took {} ms",
+                    super::free_probe::last_took().as_millis()
+                ),
+            ),
+        }
+    }
+}
+
+/// The least room judged on the cards this process saved memory on
+/// (room.rs: its own figure only, asked at or after `after`; cards it held
+/// nothing on need none), or the first card without room. `waited`: how
+/// long this restore has waited so far.
 fn short_of_room(
     h: &Here,
     saved: &[([u8; 16], u64)],
     wait: Duration,
     waited: Duration,
     after: u64,
-) -> (Option<[u8; 16]>, u64) {
+) -> Result<u64, Short> {
     let mut least = u64::MAX;
     for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
         // A child process asks only where this process's NVML waits for
@@ -79,13 +111,14 @@ fn short_of_room(
         // a pinned arena of 15 GiB never answered on an H100 (run 103),
         // and both busy jobs then waited for good.
         let checkpointed = super::mover::CHECKPOINTED.load(Ordering::Acquire);
-        let r = restore_room::room_on(h, &card, (wait, waited), after, checkpointed);
-        least = least.min(r);
-        if r < bytes.saturating_add(margin(bytes)) {
-            return (Some(card), least);
+        let room = restore_room::room_on(h, &card, (wait, waited), after, checkpointed);
+        let needed = bytes.saturating_add(margin(bytes));
+        match room {
+            Some(r) if r >= needed => least = least.min(r),
+            _ => return Err(Short { card, room, needed }),
         }
     }
-    (None, least)
+    Ok(least)
 }
 
 /// Claims the room on the board, under the node's restore lock (waited
@@ -98,7 +131,7 @@ fn short_of_room(
 /// (its want already gone from the board), and a restore the driver
 /// refuses loses the process. Without room the claim is taken back. One
 /// claim at a time on the node, so two restores never count on the same
-/// room. The room judged, or None when no claim was made.
+/// room. The room judged, or why no claim was made.
 fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Result<u64, &'static str> {
     let _node = restore_room::restore_lock(h).map_err(|()| "the node's restore lock is held")?;
     let e = h.entry();
@@ -107,15 +140,21 @@ fn claim_room(h: &Here, saved: &[([u8; 16], u64)], waited: Duration) -> Result<u
     }
     std::thread::sleep(CLAIM_SETTLE);
     let after = clock::monotonic_ns();
-    let (short, judged) = short_of_room(h, saved, claim_nvml_wait(), waited, after);
-    if short.is_some() {
-        for &(card, _) in saved {
-            e.set_bytes_on(&card, 0);
+    match short_of_room(h, saved, claim_nvml_wait(), waited, after) {
+        Ok(judged) => {
+            e.set_want(&[0; 16], 0);
+            Ok(judged)
         }
-        return Err("the claim's own figure shows no room");
+        Err(short) => {
+            for &(card, _) in saved {
+                e.set_bytes_on(&card, 0);
+            }
+            Err(match short.room {
+                Some(_) => "the claim's own figure shows no room",
+                None => "no NVML figure came within the claim's wait",
+            })
+        }
     }
-    e.set_want(&[0; 16], 0);
-    Ok(judged)
 }
 
 /// Where a waiting restore is held, said at debug level as it changes
@@ -137,17 +176,25 @@ impl Gate {
 const CLAIM_SETTLE: Duration = Duration::from_millis(50);
 /// How long a claim waits for its new figure (a child process's NVML):
 /// twice what the last figure took, at least [`CLAIM_NVML_WAIT`] and at
-/// most what a child may take ([`ANSWER_WAIT`]): the clone of a process
-/// holding a large checkpoint took 1.4-1.9 s on an H100 (run 123), and a
-/// claim that times out waits its turn at the lock again.
+/// most what a child may take ([`ANSWER_WAIT`]): a child's figure for a
+/// process holding a 46 GiB checkpoint took 0.4-0.9 s on an H100 (run
+/// 125; its clone most of it), more on a node whose NVML starts slowly,
+/// and a claim that times out waits its turn at the lock again.
 ///
 /// [`ANSWER_WAIT`]: crate::nvml::fresh::ANSWER_WAIT
 fn claim_nvml_wait() -> Duration {
-    (2 * super::free_probe::last_took()).clamp(CLAIM_NVML_WAIT, crate::nvml::fresh::ANSWER_WAIT)
+    (2 * super::free_probe::last_took()).clamp(CLAIM_NVML_WAIT, ANSWER_WAIT)
 }
+
+use crate::nvml::fresh::ANSWER_WAIT;
 
 /// The least a claim waits for its new figure.
 const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
+
+// A claim holds the node's restore lock for less than others wait for it
+// (one card: a settle and one figure), so none claims beside it.
+const _: () =
+    assert!(CLAIM_SETTLE.as_nanos() + ANSWER_WAIT.as_nanos() < super::room::LOCK_BOUND.as_nanos());
 
 /// How long a restore waits for its own figure (a child process's NVML)
 /// in one look; it looks again every 20 ms.
@@ -297,19 +344,13 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         if let Some(a) = attach {
             a.tick();
         }
-        let (short, least) = short_of_room(h, &saved, NVML_WAIT, since_first(), 0);
+        let short = short_of_room(h, &saved, NVML_WAIT, since_first(), 0).err();
         // Room it could take: first those ahead of it in line (turns.rs).
         let ahead = short.is_none() && line.let_first(h, &first_card, || true);
-        if let Some(card) = short {
+        if let Some(s) = &short {
             line.pause();
-            gate.at("no room", || {
-                format!(
-                    "{} judged free on {}; the last NVML figure took {} ms",
-                    fmt_bytes(least),
-                    vgpu_shm::format_uuid(&card),
-                    super::free_probe::last_took().as_millis()
-                )
-            });
+            let (at, why) = s.gate();
+            gate.at(at, || why);
         } else if ahead {
             gate.at("a waiter ahead in line", String::new);
         }
@@ -338,6 +379,7 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
                         for &(card, _) in &saved {
                             h.entry().set_bytes_on(&card, 0);
                         }
+                        gate = Gate::default();
                         log::info!(
                             "CUDA_OVERSUBSCRIBE: the VMM-backed memory found no room on the card ({rc}): this process stays suspended and tries again"
                         );
@@ -365,7 +407,9 @@ pub(super) fn restore_now(attach: Option<&Attach>, h: &Here) {
         if clock::monotonic_ns() >= RESTORE_UNTIL.load(Ordering::Acquire) {
             return give_up(h);
         }
-        let card = short.unwrap_or(saved.first().map_or([0; 16], |&(c, _)| c));
+        let card = short
+            .as_ref()
+            .map_or(saved.first().map_or([0; 16], |&(c, _)| c), |s| s.card);
         e.set_want(&card, total);
         if said.elapsed() >= Duration::from_secs(10) {
             said = Instant::now();

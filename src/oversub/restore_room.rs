@@ -62,7 +62,7 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 /// child process where it is `checkpointed`),
 /// less restores in flight there for the first [`CLAIM_BOUND`](super::state::CLAIM_BOUND) of the
 /// wait (`waited`: since the first try after the suspension) and running
-/// processes' waiting allocations for its first [`WANTS_BOUND`]. 0
+/// processes' waiting allocations for its first [`WANTS_BOUND`]. None
 /// without a figure of its own.
 pub(super) fn room_on(
     h: &Here,
@@ -70,19 +70,17 @@ pub(super) fn room_on(
     (wait, waited): (Duration, Duration),
     after: u64,
     checkpointed: bool,
-) -> u64 {
+) -> Option<u64> {
     observe(h, card, clock::monotonic_ns());
-    let Some((free, at)) = free_probe::free_asked_after(*card, after, wait, checkpointed) else {
-        return 0;
-    };
+    let (free, at) = free_probe::free_asked_after(*card, after, wait, checkpointed)?;
     let claimed = claimed_after(&CLAIMS.lock(), card, at);
-    judged(
+    Some(judged(
         (free, at),
         clock::monotonic_ns(),
         waited,
         super::state::settings().claim_bound,
         (claimed, wanted_on(h, card)),
-    )
+    ))
 }
 
 /// The node's restore lock, or leave to claim without it: a process that

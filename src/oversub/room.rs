@@ -23,8 +23,10 @@ use std::time::Duration;
 
 /// Running processes' waits count this long into a restore's wait.
 pub const WANTS_BOUND: Duration = Duration::from_secs(10);
-/// The node's restore lock is waited for this long in all.
-pub const LOCK_BOUND: Duration = Duration::from_secs(2);
+/// The node's restore lock is waited for this long in all: longer than
+/// a claim may hold it waiting for its figure (restore.rs), so that a
+/// claim that waits for a slow NVML child does not let others skip it.
+pub const LOCK_BOUND: Duration = Duration::from_secs(6);
 /// This process's own figure is used while it is this fresh.
 pub(super) const FRESH_NS: u64 = 500_000_000;
 /// A claim seen this long before the figure was read may have landed

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod oversub;
+pub mod turns;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
