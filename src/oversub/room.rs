@@ -24,7 +24,7 @@ use std::time::Duration;
 /// Running processes' waits count this long into a restore's wait.
 pub const WANTS_BOUND: Duration = Duration::from_secs(10);
 /// The node's restore lock is waited for this long in all: longer than
-/// a claim may hold it waiting for its figure (restore.rs), so that a
+/// a claim may hold it waiting for its figure (claim.rs), so that a
 /// claim that waits for a slow NVML child does not let others skip it.
 pub const LOCK_BOUND: Duration = Duration::from_secs(6);
 /// This process's own figure is used while it is this fresh.

@@ -356,7 +356,7 @@ fn suspend(
     // 98). Not taken back later: a holder that outgrows the spare room
     // waits, and gets out of memory after its wait.
     let context_goes = busy && {
-        let need = wanted.saturating_add(super::restore::margin(wanted));
+        let need = wanted.saturating_add(super::claim::margin(wanted));
         !crate::nvml::client::memory(&card)
             .is_some_and(|(free, _)| super::policy::context_may_stay(free, need))
     };
