@@ -37,6 +37,10 @@ PY = sys.executable
 PROBE = os.path.join(ROOT, "gpu-tests/torch_probe.py")
 GIB, MIB = 1 << 30, 1 << 20
 SIM = None  # simulated-GPU driver dir, or None on a real GPU
+# The node's SM board, as HAMi's /tmp/vgpulock: one directory every
+# container of the run sees (VGPU_SM_BOARD_DIR in the environment wins).
+SM_BOARD = tempfile.mkdtemp(prefix="vgpu-sm-board-")
+os.chmod(SM_BOARD, 0o1777)
 
 ROWS = []
 _log_n = [0]
@@ -52,6 +56,7 @@ def record(section, check, value, target, ok):
 def base_env():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "GPU_CORE", "SIM_GPU"))}
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("VGPU_SM_BOARD_DIR", SM_BOARD)
     if SIM:
         env["LD_LIBRARY_PATH"] = SIM
         env["SIM_GPU_STATE"] = os.path.join(SIM, "sim.state")

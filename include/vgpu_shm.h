@@ -16,7 +16,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 2u
-#define VGPU_SHM_VERSION_MINOR 4u
+#define VGPU_SHM_VERSION_MINOR 5u
 #define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
@@ -63,7 +63,8 @@ typedef struct vgpu_shm_device {
     uint64_t turn_shared_ns;    /* when a probe last ran beside another context, 0 never (2.2) */
     uint64_t held_ns;           /* GPU ns admitted launches typically hold, ever (2.3) */
     uint64_t alone_ns;          /* when the leader last saw no other container on it, 0 none (2.4) */
-    uint64_t reserved[7];
+    uint64_t paced_ns;          /* when the leader last found the limits on the device leaving room to pace beside others, 0 none (2.5) */
+    uint64_t reserved[6];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -77,6 +77,12 @@ pub struct Config {
     /// `VGPU_SM_PERIOD_MS`: the period of the turns beside other
     /// containers (`limiter/turns.rs`; None: the default, 100 ms).
     pub sm_period_ms: Option<u64>,
+    /// `VGPU_SM_TURNS`: whether a limited container beside others takes
+    /// turns (`limiter/pacing.rs`; default auto).
+    pub sm_turns: Turns,
+    /// `VGPU_SM_BOARD_DIR`: the node's SM board's directory (None: the
+    /// default, `/tmp/vgpulock` where it is a mount point).
+    pub sm_board_dir: Option<PathBuf>,
     pub log_level: LevelFilter,
     /// Mode of a region file this process creates (`VGPU_REGION_MODE`).
     pub region_mode: u32,
@@ -92,6 +98,30 @@ pub struct Config {
     /// Bad values of variables that cannot weaken a limit (log level,
     /// switches): reported, and the default used.
     pub warnings: Vec<ConfigError>,
+}
+
+/// `VGPU_SM_TURNS`: whether a limited container takes turns beside others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turns {
+    /// Turns unless the node's SM board shows room to pace (the default).
+    Auto,
+    /// Always turns beside others (`true`: before the board).
+    Always,
+    /// Never: paced beside others too (`false`), whatever they sum to.
+    Never,
+}
+
+impl Turns {
+    /// `auto`, `true` or `false` (and the usual spellings of the two).
+    pub fn parse(v: &str) -> Option<Turns> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(Turns::Auto),
+            other => parse_bool(other).map(|on| match on {
+                true => Turns::Always,
+                false => Turns::Never,
+            }),
+        }
+    }
 }
 
 /// Oversubscription settings (docs/oversubscription.md).
@@ -211,6 +241,8 @@ impl Default for Config {
             oversubscribe: false,
             oversub: Oversub::default(),
             sm_period_ms: None,
+            sm_turns: Turns::Auto,
+            sm_board_dir: None,
             log_level: LevelFilter::Warn,
             region_mode: vgpu_shm::DEFAULT_CREATE_MODE,
             region_any_owner: false,
@@ -342,6 +374,23 @@ impl Config {
             }
             ms
         });
+        let sm_turns = match trusted_text("VGPU_SM_TURNS") {
+            None => Turns::Auto,
+            Some(v) => Turns::parse(&v).unwrap_or_else(|| {
+                warnings.push(bad("VGPU_SM_TURNS", v, "auto, true or false"));
+                Turns::Auto
+            }),
+        };
+        let sm_board_dir = trusted("VGPU_SM_BOARD_DIR")
+            .filter(|v| !v.is_empty())
+            .and_then(|v| {
+                if std::path::Path::new(&v).is_absolute() {
+                    return Some(PathBuf::from(v));
+                }
+                let v = v.to_string_lossy().into_owned();
+                warnings.push(bad("VGPU_SM_BOARD_DIR", v, ABSOLUTE));
+                None
+            });
         if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_HOST_LIMIT") {
             match parse_bytes(&v) {
                 Some(0) | None => warnings.push(bad("VGPU_OVERSUBSCRIBE_HOST_LIMIT", v, BYTES)),
@@ -417,6 +466,8 @@ impl Config {
                 .unwrap_or(false),
             oversub,
             sm_period_ms,
+            sm_turns,
+            sm_board_dir,
             log_level: trusted_text("LIBCUDA_LOG_LEVEL")
                 .and_then(|v| parse_level(&v))
                 .unwrap_or(LevelFilter::Warn),

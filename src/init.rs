@@ -146,6 +146,7 @@ impl Runtime {
         if let Some(ms) = config.sm_period_ms {
             crate::limiter::turns::set_period_ms(ms);
         }
+        crate::limiter::pacing::configure(config.sm_turns, config.sm_board_dir.clone());
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());
         match found {

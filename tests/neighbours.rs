@@ -151,12 +151,21 @@ fn share_turns_and_solo(
     secs: u32,
     mode: &str,
 ) -> (Vec<Share>, Vec<Option<serde_json::Value>>, f64) {
+    share_on(Sim::new(1, "8g"), limits, secs, mode)
+}
+
+/// [`share_turns_and_solo`] on `sim`.
+fn share_on(
+    sim: Sim,
+    limits: &[Option<u32>],
+    secs: u32,
+    mode: &str,
+) -> (Vec<Share>, Vec<Option<serde_json::Value>>, f64) {
     let solo = if mode == DENSE {
         DEVICE_RATE
     } else {
         solo_rate_jittered(mode, 0)
     };
-    let sim = Sim::new(1, "8g");
     let children: Vec<Child> = limits
         .iter()
         .enumerate()
@@ -531,9 +540,14 @@ fn a_container_in_its_own_pid_namespace_is_not_alone_beside_a_neighbour() {
 /// a `period_ms` period, for 10 s: (steps' share of the GPU, p50, p99,
 /// max in ms, the neighbour's share).
 fn steps_beside_sixty(period_ms: u32) -> (f64, f64, f64, f64, f64) {
-    let solo = DEVICE_RATE;
     let mut sim = Sim::new(1, "8g");
     sim.set("VGPU_SM_PERIOD_MS", &period_ms.to_string());
+    steps_beside_sixty_on(sim, period_ms)
+}
+
+/// [`steps_beside_sixty`] on `sim`, whose period is `period_ms`.
+fn steps_beside_sixty_on(sim: Sim, period_ms: u32) -> (f64, f64, f64, f64, f64) {
+    let solo = DEVICE_RATE;
     let neighbour = container_for(&sim, "n", Some(60), 12);
     let mut steps = sim.client_cmd(
         Path3::ProcAddr,
@@ -580,4 +594,61 @@ fn steps_beside_a_busy_neighbour_wait_at_most_a_short_period() {
         (beside - 0.60).abs() <= 0.05,
         "the neighbour got {beside:.3}"
     );
+}
+
+/// A simulated node whose containers share an SM board (HAMi's
+/// `/tmp/vgpulock`, here a directory of the test's own).
+fn with_a_board() -> Sim {
+    let mut sim = Sim::new(1, "8g");
+    let board = sim.dir.path().join("vgpulock");
+    std::fs::create_dir(&board).unwrap();
+    sim.set("VGPU_SM_BOARD_DIR", board.to_str().unwrap());
+    sim
+}
+
+/// Issue 29: where the containers' limits leave part of the GPU free
+/// (30 + 60), the node's SM board tells each so, and they pace their
+/// shares evenly side by side, as alone, instead of taking turns: a
+/// 1 ms step at 30 % waits about its share, not one step in thirty the
+/// rest of a 100 ms period (p99 70 ms in turns, the test above).
+#[test]
+fn where_the_limits_leave_room_the_containers_pace_side_by_side() {
+    let _serial = serial();
+    let (out, turns, _) = share_on(with_a_board(), &[Some(30), Some(60)], SECS, DENSE);
+    for t in &turns {
+        let t = t.as_ref().expect("turns shown");
+        assert_eq!(t["paced"], true, "{t}");
+    }
+    assert_each_gets_its_limit(&out);
+    let (share, _, p99, _, beside) = steps_beside_sixty_on(with_a_board(), 100);
+    // (Wall time on a loaded machine: 2x the ideal is 6.7 ms.)
+    assert!(p99 <= 12.0, "p99 {p99:.2} ms paced beside 60 %");
+    assert!(
+        (0.26..=0.33).contains(&share),
+        "the steps held {share:.3} of the GPU at 30 %"
+    );
+    assert!(
+        (beside - 0.60).abs() <= 0.05,
+        "the neighbour got {beside:.3}"
+    );
+}
+
+/// Where the limits fill the GPU, pacing side by side would lose what
+/// the context switches cost (0.455 each for two 50 % containers on an
+/// H200): with a board too they take turns, and keep their shares.
+#[test]
+fn limits_that_fill_the_gpu_take_turns_beside_a_board_too() {
+    let _serial = serial();
+    let (halves, turns, _) = share_on(with_a_board(), &[Some(50), Some(50)], 20, DENSE);
+    for t in &turns {
+        let t = t.as_ref().expect("turns shown");
+        assert_eq!(t["paced"], false, "{t}");
+    }
+    for (_, fraction, secs) in &halves {
+        assert!(
+            *fraction >= 0.47,
+            "50 %: got {fraction:.3}; per second {secs:.3?}"
+        );
+    }
+    assert_each_gets_its_limit(&halves);
 }

@@ -354,3 +354,21 @@ fn with_vmm_the_default_quantum_is_the_one_its_switch_rate_gives_and_a_set_one_s
         DEFAULT_QUANTUM_MS
     );
 }
+
+#[test]
+fn the_sm_turns_setting_reads_auto_true_and_false_and_a_bad_one_warns() {
+    assert_eq!(Turns::parse("auto"), Some(Turns::Auto));
+    assert_eq!(Turns::parse(" AUTO "), Some(Turns::Auto));
+    assert_eq!(Turns::parse("true"), Some(Turns::Always));
+    assert_eq!(Turns::parse("0"), Some(Turns::Never));
+    assert_eq!(Turns::parse("sometimes"), None);
+    assert_eq!(cfg(&[]).unwrap().sm_turns, Turns::Auto);
+    let c = cfg(&[("VGPU_SM_TURNS", "false")]).unwrap();
+    assert_eq!((c.sm_turns, c.warnings.len()), (Turns::Never, 0));
+    let c = cfg(&[("VGPU_SM_TURNS", "sometimes")]).unwrap();
+    assert_eq!((c.sm_turns, c.warnings.len()), (Turns::Auto, 1));
+    let c = cfg(&[("VGPU_SM_BOARD_DIR", "relative/dir")]).unwrap();
+    assert_eq!((c.sm_board_dir, c.warnings.len()), (None, 1));
+    let c = cfg(&[("VGPU_SM_BOARD_DIR", "/tmp/vgpulock")]).unwrap();
+    assert_eq!(c.sm_board_dir, Some("/tmp/vgpulock".into()));
+}

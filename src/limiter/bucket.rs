@@ -83,7 +83,7 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
         return Admit::Now(lease_ns);
     }
     let anchor = entry.turns_in_force();
-    if anchor != 0 && !entry.alone(now) {
+    if anchor != 0 && !entry.alone(now) && !super::pacing::paces_beside_others(entry, now) {
         let scale = turn_scale_milli(entry);
         return admit_in_turns(entry, anchor, percent, scale, (least_ns, lease_ns), now);
     }

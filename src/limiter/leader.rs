@@ -19,7 +19,8 @@
 //! own time (see `estimate`), then pace the bucket on their own. Who
 //! counts as a neighbour, and for how long, is `neighbours`. Every control
 //! period it also notes in the region whether the container is alone on
-//! the device, for the turns (`alone_ns`, [`alone_on`]).
+//! the device, for the turns (`alone_ns`, [`alone_on`]), and whether the
+//! limits on it leave room to pace beside others (`pacing`).
 
 use std::collections::HashMap;
 
@@ -67,6 +68,8 @@ struct Device {
     neighbours: Neighbours,
     /// Whether they counted as present at the last control period.
     neighbours_present: bool,
+    /// Whether the container paces beside others (the node's SM board).
+    pacing: super::pacing::Pacing,
     /// (when, scale ×1000) of the last control steps, round robin.
     history: [(u64, u32); HISTORY],
     next: usize,
@@ -193,6 +196,7 @@ impl Leader {
         state.last_control_ns = now;
         let alone = alone_on(attach, dev) == Some(true);
         entry.note_alone(alone, now);
+        state.pacing.tick(entry, &entry.uuid(), percent, now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;

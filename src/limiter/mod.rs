@@ -16,6 +16,7 @@
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `neighbours`: whether other containers share a device (pure)
+//! - `pacing`: beside others, pace or take turns (the node's SM board)
 //! - `turns`: windows on the shared clock, so that containers sharing a
 //!   GPU run in turns instead of time-slicing (pure)
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod judge;
 pub mod launch;
 pub mod leader;
 pub mod neighbours;
+pub mod pacing;
 pub mod probes;
 pub mod turns;
 

@@ -50,6 +50,11 @@ pub(crate) fn prepare(dir: &Path) -> io::Result<OwnedFd> {
         Err(e) => return Err(e),
         Ok(_) => {}
     }
+    open_checked(dir)
+}
+
+/// Opens the directory `dir`, which must exist, after the checks above.
+pub(crate) fn open_checked(dir: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
     // SAFETY: open with a NUL-terminated path; the descriptor is owned

@@ -53,6 +53,7 @@ impl Region {
                 // one's future.
                 d.turn_shared_ns.store(0, Ordering::Release);
                 d.alone_ns.store(0, Ordering::Release);
+                d.paced_ns.store(0, Ordering::Release);
             }
         }
         record(h, now);

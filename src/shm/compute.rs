@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::layout::{DeviceEntry, TURN_ALONE_NS, TURN_SHARED_NS, TURNS_PAUSED};
+use crate::layout::{DeviceEntry, TURN_ALONE_NS, TURN_PACED_NS, TURN_SHARED_NS, TURNS_PAUSED};
 
 use crate::lease;
 
@@ -129,6 +129,20 @@ impl DeviceEntry {
     pub fn note_alone(&self, alone: bool, now: u64) {
         self.alone_ns
             .store(if alone { now.max(1) } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// Notes what the leader found at `now`: room on the device for the
+    /// container to pace its share beside others (`paced`), or not.
+    pub fn note_paced(&self, paced: bool, now: u64) {
+        self.paced_ns
+            .store(if paced { now.max(1) } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// Whether the leader found room to pace beside others in the
+    /// [`TURN_PACED_NS`] before `now`.
+    pub fn paced(&self, now: u64) -> bool {
+        let at = self.paced_ns.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) < TURN_PACED_NS
     }
 
     /// Whether the leader found the container alone on the device in the

@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 4;
+pub const VERSION_MINOR: u32 = 5;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -163,8 +163,14 @@ pub struct DeviceEntry {
     /// recent ([`TURN_ALONE_NS`]), a probe of the container's windows that
     /// lost time lost it to the container's own work on another stream.
     pub alone_ns: AtomicU64,
+    /// When the device's leader last found, on the node's SM board, that
+    /// the limits of every busy container on the device leave room for
+    /// them to run side by side (CLOCK_MONOTONIC ns, 0: not, or not known;
+    /// 2.5). While it is recent ([`TURN_PACED_NS`]), the container paces
+    /// its share evenly beside others instead of taking turns.
+    pub paced_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 7],
+    pub _reserved: [AtomicU64; 6],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -182,6 +188,9 @@ pub const TURN_SHARED_NS: u64 = 10_000_000_000;
 /// that a leader that died leaves no stale word (a successor takes over
 /// after 3 s; windows in between are judged as beside others).
 pub const TURN_ALONE_NS: u64 = 2_000_000_000;
+/// How long after [`DeviceEntry::paced_ns`] the container paces beside
+/// others: as [`TURN_ALONE_NS`].
+pub const TURN_PACED_NS: u64 = 2_000_000_000;
 
 /// One process of the container.
 #[repr(C)]
@@ -309,6 +318,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, turn_shared_ns) == 176);
     assert!(offset_of!(DeviceEntry, held_ns) == 184);
     assert!(offset_of!(DeviceEntry, alone_ns) == 192);
+    assert!(offset_of!(DeviceEntry, paced_ns) == 200);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

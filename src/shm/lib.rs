@@ -32,6 +32,8 @@
 //! - [`sigbus`]: a SIGBUS in a mapped region's pages is repaired, not fatal
 //! - [`board`]: the node's oversubscription board (who holds, waits, is suspended)
 //! - `board_dir`: its directory, checked (no symlink, a safe owner and mode)
+//! - [`sm_board`]: the node's SM board (each limited container's SM limit
+//!   per GPU, for pacing beside others)
 //!
 //! Layers, from the top: a file imports only from its own layer or below
 //! (`tests/layers.rs` reads this list and checks every import; a module
@@ -41,7 +43,7 @@
 //! 3. region: region, devices, slots, quota, compute, private, boot,
 //!    hami::mirror, hami::feedback, hami::fill
 //! 4. file: format, file, error, sigbus, lock, space, lease, board,
-//!    board_dir
+//!    board_dir, sm_board
 //! 5. layout: layout, hami::layout, hami::snapshot, index, procinfo
 
 #![warn(missing_docs)]
@@ -68,6 +70,7 @@ pub mod quota;
 pub mod region;
 pub mod sigbus;
 pub mod slots;
+pub mod sm_board;
 mod space;
 
 pub use copy::read_copy;

@@ -158,6 +158,11 @@ pub struct Turns {
     /// then is its own work on another stream, and its windows neither
     /// move nor leave time unspent.
     pub alone: bool,
+    /// Its leader found, in the last 2 s, that the SM limits of the busy
+    /// containers on the device (the node's SM board) leave room for them
+    /// to run side by side (layout 2.5): beside others its share is paced
+    /// evenly, as alone, not spent in windows.
+    pub paced: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,
 }

@@ -103,6 +103,7 @@ fn device(
             paused: d.turn_flag(TURNS_PAUSED),
             shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
             alone: d.alone(vgpu_shm::board::monotonic_ns()),
+            paced: d.paced(vgpu_shm::board::monotonic_ns()),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }

@@ -1,0 +1,385 @@
+//! The node's SM board: one small file per GPU
+//! (`vgpu-sm-<uuid>.board` in a directory every container sees, HAMi's
+//! `/tmp/vgpulock` by default) where each limited container publishes its
+//! SM limit on that GPU while it is busy, so that containers which share
+//! nothing else can tell whether their limits leave part of the GPU free.
+//! They then pace their shares evenly side by side instead of taking
+//! turns (issue 29; `limiter/pacing.rs` decides).
+//!
+//! Each slot is 16 bytes at `16 * i`: a magic word, the percent, and the
+//! CLOCK_MONOTONIC time it was last written. A slot is owned by whoever
+//! holds an OFD write lock on byte `LOCK_BASE + i` (past the data, so a
+//! lock never covers it); the kernel drops it with its holder. A slot
+//! counts only while it is locked by someone else and was written within
+//! [`FRESH_NS`] (a forked child that kept the descriptor keeps the lock,
+//! not the heartbeat).
+//!
+//! Everything here is read with `pread` and written with `pwrite`: no
+//! mapping, so a file cut short reads as empty slots, never a SIGBUS.
+//! Whoever can write the directory can write any slot; a reader clamps
+//! what it reads (at most [`SLOTS`] slots, each 1-100), and a slot that
+//! reads wrong counts as nothing. What a hostile writer can do with that
+//! is bounded in `limiter/pacing.rs`.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// `"VGSM"` read as a little-endian `u32`.
+const MAGIC: u32 = u32::from_le_bytes(*b"VGSM");
+/// Containers one GPU's board holds at once.
+pub const SLOTS: usize = 32;
+const SLOT_BYTES: u64 = 16;
+/// Where the slots' lock bytes begin (past any data).
+const LOCK_BASE: i64 = 1 << 20;
+/// How recently a slot must have been written to count: a few of its
+/// owner's control periods (one every half second).
+pub const FRESH_NS: u64 = 2_000_000_000;
+/// A slot written later than this past the reader's clock is not
+/// believed (another boot's clock, or a hand edit).
+const AHEAD_NS: u64 = 1_000_000_000;
+
+/// The board's default directory: HAMi's device plugin (and Koordinator's,
+/// and KAI's) mounts the node's `/tmp/vgpulock` into every container it
+/// gives a share of a GPU.
+pub const DEFAULT_DIR: &str = "/tmp/vgpulock";
+
+/// The board's file name for the GPU of `uuid`.
+pub fn file_name(uuid: &[u8; 16]) -> String {
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("vgpu-sm-{hex}.board")
+}
+
+/// Whether `dir` is a mount point in this process's mount namespace
+/// (`/proc/self/mountinfo`): a `/tmp/vgpulock` that a container made
+/// itself is not one, and would show it no other container.
+pub fn is_mount_point(dir: &Path) -> bool {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.to_string_lossy();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| unescape_mount(m) == want)
+}
+
+/// A mountinfo path, its `\ooo` escapes (space, tab, newline, backslash)
+/// undone.
+fn unescape_mount(m: &str) -> String {
+    let mut out = String::with_capacity(m.len());
+    let mut rest = m;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(c) => {
+                out.push(char::from(c));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the other containers on one GPU's board publish.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Others {
+    /// Their limits, summed (percent).
+    pub percent: u32,
+    /// How many publish.
+    pub count: u32,
+}
+
+/// One GPU's board, opened by a container's leader for that GPU.
+pub struct SmBoard {
+    /// The one descriptor: its open file description holds the slot's
+    /// lock, so it is never duplicated.
+    file: File,
+    path: PathBuf,
+    /// The slot this process owns, once claimed.
+    mine: Option<usize>,
+}
+
+impl SmBoard {
+    /// Opens (creating it, mode 0666) the board of the GPU `uuid` in
+    /// `dir`, after the directory's checks (no symbolic link, owned by
+    /// root or this user, not writable by others unless sticky).
+    pub fn open(dir: &Path, uuid: &[u8; 16]) -> io::Result<SmBoard> {
+        let name = file_name(uuid);
+        let dir_fd = crate::board_dir::open_checked(dir)?;
+        let file = crate::board_dir::open_in(&dir_fd, &name)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a plain file", dir.join(&name).display()),
+            ));
+        }
+        Ok(SmBoard {
+            file,
+            path: dir.join(name),
+            mine: None,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Publishes `percent` at time `now`, claiming a slot first if this
+    /// process has none (`Err`: every slot is held by someone else).
+    pub fn publish(&mut self, percent: u32, now: u64) -> io::Result<()> {
+        let slot = match self.mine {
+            Some(i) => i,
+            None => {
+                let i = (0..SLOTS)
+                    .find(|&i| self.lock(i, libc::F_OFD_SETLK))
+                    .ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::WouldBlock,
+                            format!("all {SLOTS} slots of {} are held", self.path.display()),
+                        )
+                    })?;
+                self.mine = Some(i);
+                i
+            }
+        };
+        let mut b = [0u8; SLOT_BYTES as usize];
+        b[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&percent.min(100).to_le_bytes());
+        b[8..].copy_from_slice(&now.to_le_bytes());
+        self.file.write_all_at(&b, slot as u64 * SLOT_BYTES)
+    }
+
+    /// What the other live, fresh slots publish at time `now`.
+    pub fn others(&self, now: u64) -> Others {
+        let mut all = [0u8; SLOTS * SLOT_BYTES as usize];
+        // A file cut short reads short: the rest stay zeros (no slot).
+        let got = read_up_to(&self.file, &mut all);
+        let mut o = Others::default();
+        for i in (0..SLOTS).filter(|&i| Some(i) != self.mine) {
+            let at = i * SLOT_BYTES as usize;
+            if at + SLOT_BYTES as usize > got {
+                break;
+            }
+            let Some(percent) = slot_percent(&all[at..at + SLOT_BYTES as usize], now) else {
+                continue;
+            };
+            if self.held_by_other(i) {
+                o.percent += percent;
+                o.count += 1;
+            }
+        }
+        o
+    }
+
+    /// Takes (`F_OFD_SETLK`) or tests (`F_OFD_GETLK`) the lock of slot `i`.
+    fn lock(&self, i: usize, cmd: libc::c_int) -> bool {
+        let mut fl = lock_of(i);
+        // SAFETY: fcntl on our open descriptor with a flock we own; an OFD
+        // lock needs l_pid 0 (set by lock_of).
+        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) };
+        rc == 0
+    }
+
+    /// Whether slot `i` is locked by another open file description.
+    fn held_by_other(&self, i: usize) -> bool {
+        let mut fl = lock_of(i);
+        // SAFETY: as in `lock`; F_OFD_GETLK writes the conflicting lock,
+        // if any, into `fl`.
+        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short
+    }
+}
+
+/// Slot bytes `b` as a percent that counts at `now`: the magic, 1-100, and
+/// written within [`FRESH_NS`] (and not from the future).
+fn slot_percent(b: &[u8], now: u64) -> Option<u32> {
+    let magic = u32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
+    let percent = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+    let at = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+    let fresh = at <= now.saturating_add(AHEAD_NS) && now.saturating_sub(at) <= FRESH_NS;
+    (magic == MAGIC && (1..=100).contains(&percent) && fresh).then_some(percent)
+}
+
+fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+fn lock_of(i: usize) -> libc::flock {
+    // SAFETY: flock is plain data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = LOCK_BASE + i as i64;
+    fl.l_len = 1;
+    fl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPU: [u8; 16] = [7; 16];
+    const NOW: u64 = 50_000_000_000;
+
+    #[test]
+    fn each_container_sees_the_others_live_and_fresh_limits_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = SmBoard::open(dir.path(), &GPU).unwrap();
+        let mut b = SmBoard::open(dir.path(), &GPU).unwrap();
+        let c = SmBoard::open(dir.path(), &GPU).unwrap();
+        a.publish(30, NOW).unwrap();
+        b.publish(60, NOW).unwrap();
+        assert_eq!(
+            a.others(NOW),
+            Others {
+                percent: 60,
+                count: 1
+            }
+        );
+        assert_eq!(
+            b.others(NOW),
+            Others {
+                percent: 30,
+                count: 1
+            }
+        );
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 90,
+                count: 2
+            }
+        );
+        // Stale: not written for longer than FRESH_NS.
+        assert_eq!(c.others(NOW + FRESH_NS + 1), Others::default());
+        // Gone: its descriptor closed (its process died), its lock with it.
+        drop(b);
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 30,
+                count: 1
+            }
+        );
+        // Another GPU's board is another file.
+        let other = SmBoard::open(dir.path(), &[8; 16]).unwrap();
+        assert_eq!(other.others(NOW), Others::default());
+    }
+
+    #[test]
+    fn written_wrong_cut_short_or_full_counts_as_nothing_and_never_fails_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = SmBoard::open(dir.path(), &GPU).unwrap();
+        let mut b = SmBoard::open(dir.path(), &GPU).unwrap();
+        let c = SmBoard::open(dir.path(), &GPU).unwrap();
+        a.publish(30, NOW).unwrap();
+        b.publish(60, NOW).unwrap();
+        let raw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.path())
+            .unwrap();
+        // b's slot (1): a percent over 100, then a time from the future.
+        let bad = |percent: u32, at: u64| {
+            let mut s = [0u8; 16];
+            s[..4].copy_from_slice(b"VGSM");
+            s[4..8].copy_from_slice(&percent.to_le_bytes());
+            s[8..].copy_from_slice(&at.to_le_bytes());
+            s
+        };
+        raw.write_all_at(&bad(250, NOW), 16).unwrap();
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 30,
+                count: 1
+            }
+        );
+        raw.write_all_at(&bad(60, NOW + 10 * AHEAD_NS), 16).unwrap();
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 30,
+                count: 1
+            }
+        );
+        raw.write_all_at(&[0xff; 16], 16).unwrap();
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 30,
+                count: 1
+            }
+        );
+        // Its owner writes it again at its next period.
+        b.publish(60, NOW).unwrap();
+        assert_eq!(
+            c.others(NOW),
+            Others {
+                percent: 90,
+                count: 2
+            }
+        );
+        // Cut short: nothing counts, nothing fails; republished, it counts.
+        raw.set_len(0).unwrap();
+        assert_eq!(c.others(NOW), Others::default());
+        b.publish(60, NOW).unwrap();
+        assert_eq!(c.others(NOW).count, 1);
+        // Every slot held by others: this one cannot publish, and says so.
+        let mut held = Vec::new();
+        for _ in 0..SLOTS {
+            let mut h = SmBoard::open(dir.path(), &GPU).unwrap();
+            if h.publish(10, NOW).is_ok() {
+                held.push(h);
+            }
+        }
+        let mut late = SmBoard::open(dir.path(), &GPU).unwrap();
+        let e = late.publish(10, NOW).unwrap_err();
+        assert!(e.to_string().contains("slots"), "{e}");
+    }
+
+    #[test]
+    fn mount_points_are_read_from_mountinfo() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(is_mount_point(Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(dir.path()));
+        assert!(!is_mount_point(&dir.path().join("missing")));
+        assert_eq!(unescape_mount("/a\\040b\\134c"), "/a b\\c");
+        assert_eq!(unescape_mount("/odd\\x"), "/odd\\x");
+    }
+
+    #[test]
+    fn a_symlinked_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let link = dir.path().join("vgpulock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(SmBoard::open(&link, &GPU).is_err());
+        assert!(!target.join(file_name(&GPU)).exists());
+    }
+}
