@@ -152,6 +152,11 @@ impl Pacing {
     }
 
     fn board(&mut self, uuid: &[u8; 16]) -> Option<&mut SmBoard> {
+        if self.board.as_ref().is_some_and(|b| !b.intact()) {
+            // Renamed or replaced: its users no longer see each other.
+            log::debug!("SM board replaced under this process: opened again");
+            self.board = None;
+        }
         if self.board.is_none() && !self.unusable {
             let dir = board_dir()?;
             match SmBoard::open(&dir, uuid) {

@@ -55,6 +55,18 @@ pub(crate) fn prepare(dir: &Path) -> io::Result<OwnedFd> {
 
 /// Opens the directory `dir`, which must exist, after the checks above.
 pub(crate) fn open_checked(dir: &Path) -> io::Result<OwnedFd> {
+    open_owned(dir, true)
+}
+
+/// [`open_checked`], but a directory anybody may write without the
+/// sticky bit will do (Volcano's device plugin makes `/tmp/vgpulock`
+/// 0777): for the SM board, where a file swapped under its users costs
+/// no more than a neighbour that takes no turns (`sm_board.rs`).
+pub(crate) fn open_shared(dir: &Path) -> io::Result<OwnedFd> {
+    open_owned(dir, false)
+}
+
+fn open_owned(dir: &Path, sticky_if_open: bool) -> io::Result<OwnedFd> {
     let c = CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
     // SAFETY: open with a NUL-terminated path; the descriptor is owned
@@ -80,7 +92,12 @@ pub(crate) fn open_checked(dir: &Path) -> io::Result<OwnedFd> {
     let meta = File::from(fd.try_clone()?).metadata()?;
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
-    check(dir, meta.uid(), meta.mode(), me)?;
+    let mode = if sticky_if_open {
+        meta.mode()
+    } else {
+        meta.mode() & !0o022
+    };
+    check(dir, meta.uid(), mode, me)?;
     Ok(fd)
 }
 
@@ -113,20 +130,28 @@ fn refused(dir: &Path, why: &str) -> io::Error {
 }
 
 /// Opens (creating, mode 0666 less nothing) `name` inside `dir`, never
-/// through a symbolic link.
+/// through a symbolic link. An existing file is opened without
+/// `O_CREAT`: in a sticky directory anybody may write, the kernel refuses
+/// `O_CREAT` on another user's file (`fs.protected_regular`).
 pub(crate) fn open_in(dir: &OwnedFd, name: &str) -> io::Result<File> {
     let c = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the name"))?;
-    // SAFETY: openat on a directory descriptor we own, with a
-    // NUL-terminated name; the descriptor returned is owned by the File.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o666 as libc::c_uint,
-        )
+    let open = |create: libc::c_int| {
+        // SAFETY: openat on a directory descriptor we own, with a
+        // NUL-terminated name; the descriptor returned is owned below.
+        unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDWR | create | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o666 as libc::c_uint,
+            )
+        }
     };
+    let mut fd = open(0);
+    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+        fd = open(libc::O_CREAT);
+    }
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -115,10 +115,10 @@ pub struct SmBoard {
 impl SmBoard {
     /// Opens (creating it, mode 0666) the board of the GPU `uuid` in
     /// `dir`, after the directory's checks (no symbolic link, owned by
-    /// root or this user, not writable by others unless sticky).
+    /// root or this user).
     pub fn open(dir: &Path, uuid: &[u8; 16]) -> io::Result<SmBoard> {
         let name = file_name(uuid);
-        let dir_fd = crate::board_dir::open_checked(dir)?;
+        let dir_fd = crate::board_dir::open_shared(dir)?;
         let file = crate::board_dir::open_in(&dir_fd, &name)?;
         let meta = file.metadata()?;
         if !meta.is_file() {
@@ -137,6 +137,18 @@ impl SmBoard {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the file at the path is still the one this process opened
+    /// (in a directory anybody may write, it can be renamed or replaced:
+    /// its users would no longer see each other).
+    pub fn intact(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(ours), Ok(named)) = (self.file.metadata(), std::fs::symlink_metadata(&self.path))
+        else {
+            return false;
+        };
+        (ours.dev(), ours.ino()) == (named.dev(), named.ino())
     }
 
     /// Publishes `percent` at time `now`, claiming a slot first if this
@@ -288,6 +300,10 @@ mod tests {
         // Another GPU's board is another file.
         let other = SmBoard::open(dir.path(), &[8; 16]).unwrap();
         assert_eq!(other.others(NOW), Others::default());
+        // Swapped under its users (its directory may be 0777): they see it.
+        assert!(c.intact());
+        std::fs::rename(c.path(), dir.path().join("moved")).unwrap();
+        assert!(!c.intact());
     }
 
     #[test]
