@@ -64,7 +64,8 @@ typedef struct vgpu_shm_device {
     uint64_t held_ns;           /* GPU ns admitted launches typically hold, ever (2.3) */
     uint64_t alone_ns;          /* when the leader last saw no other container on it, 0 none (2.4) */
     uint64_t paced_ns;          /* when the leader last found the limits on the device leaving room to pace beside others, 0 none (2.5) */
-    uint64_t reserved[6];
+    uint64_t sync_wait_ns;      /* ns its processes waited in synchronisations under an SM limit (2.5) */
+    uint64_t reserved[5];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -17,13 +17,30 @@ use crate::ffi::Out;
 use crate::limiter::probes::{self, Waits};
 use crate::oversub::in_call;
 
+/// [`probes::synchronise`], and the time it waited added to the
+/// device's `sync_wait_ns` where a limit is in force (`limiter::pacing`).
+fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
+    probes::synchronise(waits, || {
+        if !crate::duty::any(crate::duty::LIMIT) {
+            return call();
+        }
+        let entered = crate::clock::monotonic_ns();
+        let rc = call();
+        if let Some((attach, dev)) = super::launch::launch_device() {
+            let waited = crate::clock::monotonic_ns().saturating_sub(entered);
+            attach.region.device(dev).add_sync_wait_ns(waited);
+        }
+        rc
+    })
+}
+
 pub fn ctx_synchronize() -> CUresult {
-    probes::synchronise(Waits::All, || in_call(real::cuCtxSynchronize))
+    synchronise(Waits::All, || in_call(real::cuCtxSynchronize))
 }
 
 /// CUDA 13's (what its runtime's `cudaDeviceSynchronize` calls).
 pub fn ctx_synchronize_v2(ctx: CUcontext) -> CUresult {
-    probes::synchronise(Waits::All, || in_call(|| real::cuCtxSynchronize_v2(ctx)))
+    synchronise(Waits::All, || in_call(|| real::cuCtxSynchronize_v2(ctx)))
 }
 
 pub fn ctx_get_current(ctx: Out<CUcontext>) -> CUresult {
@@ -35,19 +52,19 @@ pub fn ctx_set_current(ctx: CUcontext) -> CUresult {
 }
 
 pub fn stream_synchronize(stream: CUstream) -> CUresult {
-    probes::synchronise(Waits::Stream(stream), || {
+    synchronise(Waits::Stream(stream), || {
         in_call(|| real::cuStreamSynchronize(stream))
     })
 }
 
 pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
-    probes::synchronise(Waits::Stream(stream), || {
+    synchronise(Waits::Stream(stream), || {
         in_call(|| real::cuStreamSynchronize_ptsz(stream))
     })
 }
 
 pub fn event_synchronize(event: CUevent) -> CUresult {
-    probes::synchronise(Waits::All, || in_call(|| real::cuEventSynchronize(event)))
+    synchronise(Waits::All, || in_call(|| real::cuEventSynchronize(event)))
 }
 
 pub fn memcpy(

@@ -138,6 +138,16 @@ impl DeviceEntry {
             .store(if paced { now.max(1) } else { 0 }, Ordering::Relaxed);
     }
 
+    /// Adds `ns` spent waiting in a synchronisation.
+    pub fn add_sync_wait_ns(&self, ns: u64) {
+        self.sync_wait_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds spent waiting in synchronisations, ever.
+    pub fn sync_wait_ns(&self) -> u64 {
+        self.sync_wait_ns.load(Ordering::Relaxed)
+    }
+
     /// Whether the leader found room to pace beside others in the
     /// [`TURN_PACED_NS`] before `now`.
     pub fn paced(&self, now: u64) -> bool {

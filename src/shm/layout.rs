@@ -169,8 +169,12 @@ pub struct DeviceEntry {
     /// 2.5). While it is recent ([`TURN_PACED_NS`]), the container paces
     /// its share evenly beside others instead of taking turns.
     pub paced_ns: AtomicU64,
+    /// Nanoseconds the container's processes spent in synchronisations
+    /// while an SM limit was in force (2.5): a loop that waits there most
+    /// of the time, yet gets less than its limit, is short of the GPU.
+    pub sync_wait_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 6],
+    pub _reserved: [AtomicU64; 5],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -319,6 +323,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, held_ns) == 184);
     assert!(offset_of!(DeviceEntry, alone_ns) == 192);
     assert!(offset_of!(DeviceEntry, paced_ns) == 200);
+    assert!(offset_of!(DeviceEntry, sync_wait_ns) == 208);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
