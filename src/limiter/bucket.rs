@@ -42,15 +42,6 @@ pub const BURST_NS: u64 = 4_000_000;
 /// 25 µs of GPU time.
 pub const PACE_NS: u64 = 250_000;
 
-/// Paced side by side with other containers, the least GPU time one
-/// lease holds: each lease that hands the GPU to the other context costs
-/// a switch (about 0.15 ms on an H100), so 0.05 ms kernels paced a
-/// quarter-millisecond of the schedule at a time lost a sixth of the GPU
-/// (30 + 60: 0.341 + 0.508, run 128), where 1 ms kernels, a lease each,
-/// kept their shares. At 30 % a millisecond is 3.3 ms of the schedule,
-/// the wait of a 1 ms step paced alone.
-pub const SIDE_BY_SIDE_NS: u64 = 1_000_000;
-
 /// The furthest ahead of now the shared schedule may stand: a `tat_ns`
 /// from before a reboot, another clock or a hand edit is clamped to it,
 /// so no launch ever waits more than one second of bucket depth (in
@@ -97,17 +88,16 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
         let scale = turn_scale_milli(entry);
         return admit_in_turns(entry, anchor, percent, scale, (least_ns, lease_ns), now);
     }
-    // Alone on the device (or with turns paused): no windows, the share
-    // is paced evenly, a lease of at most `PACE_NS` of the schedule at a
-    // time (a launch's whole cost at least). Side by side with others,
-    // as in turns, the share is converted by the fill (it spans its part
-    // of the time), and a lease holds at least `SIDE_BY_SIDE_NS`.
-    let (scale, least_lease) = match beside {
-        true => (turn_scale_milli(entry), SIDE_BY_SIDE_NS),
-        false => (entry.rate_scale_milli(), 0),
-    };
-    let paced = gpu_ns(PACE_NS, percent, scale).max(least_lease);
-    let granted = lease_ns.min(paced).max(least_ns);
+    // Alone on the device, with turns paused, or side by side where the
+    // limits leave room (`pacing`): no windows, the share is paced
+    // evenly, a lease of at most `PACE_NS` of the schedule at a time (a
+    // launch's whole cost at least). (Side by side, leases of at least
+    // 1 ms and shares converted by the fill, as in turns, cost a 1 ms
+    // step beside a 60 % container 0.9 ms more at its p99 and the
+    // neighbour 0.04 of its share, run 129; loops that hand the GPU over
+    // too often ask for turns instead.)
+    let scale = entry.rate_scale_milli();
+    let granted = lease_ns.min(gpu_ns(PACE_NS, percent, scale)).max(least_ns);
     let step = schedule_ns(granted, percent, scale);
     move_schedule(entry, now.saturating_add(MAX_AHEAD_NS), |tat| {
         if tat > now + BURST_NS {

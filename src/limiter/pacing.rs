@@ -20,6 +20,11 @@
 //! ([`paces_beside_others`]). Containers without limits take no turns
 //! either way and publish nothing.
 //!
+//! Side by side, loops that synchronise often hand the GPU over at every
+//! synchronisation, and each hand-over costs a switch: a container that
+//! waits for the GPU most of a control period yet gets under its limit
+//! asks for turns by publishing 100 % for a while ([`Pacing::tick`]).
+//!
 //! Without a board (no directory every container sees, or no slot in it)
 //! a container takes turns, as before. What a hostile writer of the board
 //! can do: claim a limit it does not have, which sends its neighbours to
