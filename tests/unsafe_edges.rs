@@ -66,6 +66,7 @@ const SHM_EDGES: &[&str] = &[
     "procinfo.rs",
     "region.rs",
     "sigbus.rs",
+    "sm_board.rs",
     "space.rs",
     "survival_tests.rs",
     "tests.rs",

@@ -101,18 +101,24 @@ const MAX_TURNS_HOLD_NS: u64 = 480_000_000_000;
 /// Side by side, the contexts' hand-overs cost what the limits leave
 /// free, and more where the loops hand over often: 30 + 60 of 0.05 ms
 /// kernels synchronised every 0.5 ms got 0.341 + 0.508 on an H100 (run
-/// 128). A container that waited in synchronisations over this part of
-/// a control period and got under [`SHORT_OF`] of its limit is short of
-/// the GPU, not of work (a host-bound loop waits there little).
-const SYNC_BOUND: f64 = 0.6;
+/// 128; the 60 % one waited in synchronisations 0.65 of the time). A
+/// container that waited there over this part of a control period,
+/// hardly for its bucket, and got under [`SHORT_OF`] of its limit is
+/// short of the GPU, not of work: a host-bound loop waits in
+/// synchronisations little, and a paced inference loop waits for its
+/// bucket (1 ms steps at 30 %: about 0.7 of the time).
+const SYNC_BOUND: f64 = 0.5;
+/// See [`SYNC_BOUND`].
+const BUCKET_BOUND: f64 = 0.1;
 /// See [`SYNC_BOUND`].
 const SHORT_OF: f64 = 0.93;
 
 /// Whether a container side by side, over a control period, was short of
 /// the GPU: it got `admitted` of the device (fraction) at limit `limit`
-/// (fraction), waiting `synced` of the time in synchronisations.
-fn short_of_the_gpu(admitted: f64, synced: f64, limit: f64) -> bool {
-    synced > SYNC_BOUND && admitted < SHORT_OF * limit
+/// (fraction), waiting `synced` of the time in synchronisations and
+/// `held` for its bucket.
+fn short_of_the_gpu(admitted: f64, synced: f64, held: f64, limit: f64) -> bool {
+    synced > SYNC_BOUND && held < BUCKET_BOUND && admitted < SHORT_OF * limit
 }
 
 /// One device's pacing state, kept by its leader.
@@ -128,6 +134,7 @@ pub struct Pacing {
     /// The last control period's time and synchronisation wait.
     last_tick_ns: u64,
     last_sync_wait_ns: u64,
+    last_bucket_wait_ns: u64,
     /// Until when the container asks for turns (short side by side).
     turns_until_ns: u64,
     /// How long it asked the last time (0: never).
@@ -143,12 +150,14 @@ impl Pacing {
     pub fn tick(&mut self, entry: &DeviceEntry, uuid: &[u8; 16], percent: u32, now: u64) {
         let admitted = entry.admitted_ns();
         let synced = entry.sync_wait_ns();
+        let held = entry.wait_ns();
         let period = now.saturating_sub(self.last_tick_ns);
         if self.last_tick_ns != 0 && period > 0 && entry.paced(now) && !entry.alone(now) {
             let share = |ns: u64| ns as f64 / period as f64;
             let got = share(admitted.saturating_sub(self.last_admitted_ns));
             let waited = share(synced.saturating_sub(self.last_sync_wait_ns));
-            if short_of_the_gpu(got, waited, f64::from(percent) / 100.0) {
+            let bucket = share(held.saturating_sub(self.last_bucket_wait_ns));
+            if short_of_the_gpu(got, waited, bucket, f64::from(percent) / 100.0) {
                 self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
                 self.turns_until_ns = now + self.hold_ns;
                 log::debug!(
@@ -159,6 +168,7 @@ impl Pacing {
         }
         self.last_tick_ns = now;
         self.last_sync_wait_ns = synced;
+        self.last_bucket_wait_ns = held;
         let asks_turns = now < self.turns_until_ns;
         let published = if asks_turns { 100 } else { percent };
         let paced = mode() == Turns::Auto && self.room(entry, uuid, published, now) && !asks_turns;
@@ -245,11 +255,14 @@ mod tests {
 
     #[test]
     fn short_of_the_gpu_is_waiting_for_it_and_getting_less_than_the_limit() {
-        // 0.05 ms kernels synchronised every 0.5 ms at 60 %: 0.508.
-        assert!(short_of_the_gpu(0.508, 0.9, 0.6));
+        // 0.05 ms kernels synchronised every 0.5 ms at 60 %: 0.425.
+        assert!(short_of_the_gpu(0.425, 0.65, 0.0, 0.6));
         // Its share: not short, however long it waits.
-        assert!(!short_of_the_gpu(0.60, 0.9, 0.6));
+        assert!(!short_of_the_gpu(0.60, 0.9, 0.0, 0.6));
         // A host-bound loop under its limit waits for the GPU little.
-        assert!(!short_of_the_gpu(0.20, 0.3, 0.3));
+        assert!(!short_of_the_gpu(0.20, 0.3, 0.0, 0.3));
+        // A paced inference loop on a loaded host, a little under its
+        // limit, waits for its bucket most of the time.
+        assert!(!short_of_the_gpu(0.273, 0.55, 0.5, 0.3));
     }
 }
