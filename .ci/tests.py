@@ -34,7 +34,7 @@ import time
 # Seconds per test binary, roughly (a loaded fresh-clone run, 009e7ab): the
 # order the lanes take them in, longest first.
 WEIGHT = {
-    "neighbours": 230, "oversub_turns_vmm": 175, "oversub_vmm": 119, "hami": 118,
+    "neighbours": 220, "oversub_turns_vmm": 175, "oversub_vmm": 119, "hami": 118,
     "memory_quota": 95, "oversub_turns": 80, "exporter": 93, "reliability": 92, "oversub_hostile": 89,
     "oversub": 86, "restarts": 81, "launch_limit": 68, "region_survival": 62,
     "utilization": 61, "fork": 50, "serve_attacks": 44, "podwatch": 41,

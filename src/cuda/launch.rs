@@ -69,7 +69,7 @@ thread_local! {
 
 /// The device entry a launch runs on: the one device this process uses,
 /// or the current context's (remembered per thread and context).
-pub(super) fn launch_device() -> Option<(&'static Attach, EntryIndex)> {
+fn launch_device() -> Option<(&'static Attach, EntryIndex)> {
     let attach = init::attach()?;
     if let Some(only) = process::only_device() {
         return Some((attach, only));

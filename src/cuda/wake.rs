@@ -17,20 +17,13 @@ use crate::ffi::Out;
 use crate::limiter::probes::{self, Waits};
 use crate::oversub::in_call;
 
-/// [`probes::synchronise`], and the time it waited added to the
-/// device's `sync_wait_ns` where a limit is in force (`limiter::pacing`).
+/// [`probes::synchronise`], the time it waited counted for the pacing
+/// beside other containers (`limiter::note_sync_wait`).
 fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
-    probes::synchronise(waits, || {
-        if !crate::duty::any(crate::duty::LIMIT) {
-            return call();
+    probes::synchronise(waits, call, |waited| {
+        if let Some(attach) = crate::init::attach() {
+            crate::limiter::note_sync_wait(attach, waited);
         }
-        let entered = crate::clock::monotonic_ns();
-        let rc = call();
-        if let Some((attach, dev)) = super::launch::launch_device() {
-            let waited = crate::clock::monotonic_ns().saturating_sub(entered);
-            attach.region.device(dev).add_sync_wait_ns(waited);
-        }
-        rc
     })
 }
 

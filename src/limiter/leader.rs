@@ -157,6 +157,10 @@ impl Leader {
             || !attach.region.enforces_sm_limit(dev)
             || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
         {
+            if state.leading {
+                // (Its slot on the SM board goes with its descriptor.)
+                state.pacing = Default::default();
+            }
             state.leading = false;
             return;
         }

@@ -59,6 +59,16 @@ pub fn any_limit() -> bool {
     duty::any(duty::LIMIT)
 }
 
+/// A synchronisation of this process waited `ns` for the GPU: counted on
+/// the one device the process uses, for `pacing` (a process on several
+/// devices is not counted: which device a wait was for is not known
+/// without asking the driver).
+pub fn note_sync_wait(attach: &Attach, ns: u64) {
+    if let Some(dev) = process::only_device() {
+        attach.region.device(dev).add_sync_wait_ns(ns);
+    }
+}
+
 /// Whether an SM limit is in force on device entry `dev`.
 pub fn enforced(dev: EntryIndex) -> bool {
     process::device(dev).limiter.enforced()

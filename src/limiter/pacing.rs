@@ -98,6 +98,9 @@ const TURNS_HOLD_NS: u64 = 30_000_000_000;
 /// See [`TURNS_HOLD_NS`].
 const MAX_TURNS_HOLD_NS: u64 = 480_000_000_000;
 
+/// How often a container without a board looks for one again.
+const RETRY_NS: u64 = 30_000_000_000;
+
 /// Side by side, the contexts' hand-overs cost what the limits leave
 /// free, and more where the loops hand over often: 30 + 60 of 0.05 ms
 /// kernels synchronised every 0.5 ms got 0.341 + 0.508 on an H100 (run
@@ -125,8 +128,11 @@ fn short_of_the_gpu(admitted: f64, synced: f64, held: f64, limit: f64) -> bool {
 #[derive(Default)]
 pub struct Pacing {
     board: Option<SmBoard>,
-    /// Opening the board failed (said once; not retried).
+    /// Opening the board failed (said once; tried again every
+    /// [`RETRY_NS`]).
     unusable: bool,
+    /// When to look for the board again.
+    retry_at_ns: u64,
     /// Publishing failed at the last try (said once).
     full: bool,
     last_admitted_ns: u64,
@@ -151,8 +157,15 @@ impl Pacing {
         let admitted = entry.admitted_ns();
         let synced = entry.sync_wait_ns();
         let held = entry.wait_ns();
+        if self.last_tick_ns == 0 {
+            // (Counters since the region was made: not this period's.)
+            (self.last_admitted_ns, self.last_sync_wait_ns) = (admitted, synced);
+            self.last_bucket_wait_ns = held;
+        }
         let period = now.saturating_sub(self.last_tick_ns);
-        if self.last_tick_ns != 0 && period > 0 && entry.paced(now) && !entry.alone(now) {
+        let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
+        if self.last_tick_ns != 0 && period > 0 && entry.paced(now) && !entry.alone(now) && !paused
+        {
             let share = |ns: u64| ns as f64 / period as f64;
             let got = share(admitted.saturating_sub(self.last_admitted_ns));
             let waited = share(synced.saturating_sub(self.last_sync_wait_ns));
@@ -164,15 +177,26 @@ impl Pacing {
                     "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
                     self.hold_ns / 1_000_000_000
                 );
+            } else if now > self.turns_until_ns.saturating_add(self.hold_ns) {
+                // Paced for longer than it last asked turns for: a later
+                // shortfall starts from the shortest hold again.
+                self.hold_ns = 0;
             }
         }
         self.last_tick_ns = now;
         self.last_sync_wait_ns = synced;
         self.last_bucket_wait_ns = held;
         let asks_turns = now < self.turns_until_ns;
-        let published = if asks_turns { 100 } else { percent };
-        let paced = mode() == Turns::Auto && self.room(entry, uuid, published, now) && !asks_turns;
-        entry.note_paced(paced, now);
+        // A container that takes turns publishes 100 %, so that the
+        // others keep out of its windows; one paced whatever the others
+        // do publishes its limit.
+        let published = match mode() {
+            Turns::Always => 100,
+            _ if asks_turns => 100,
+            _ => percent,
+        };
+        let room = self.room(entry, uuid, published, now);
+        entry.note_paced(mode() == Turns::Auto && room && !asks_turns, now);
     }
 
     /// Whether the busy containers' limits on the GPU leave room to pace.
@@ -183,7 +207,7 @@ impl Pacing {
             self.busy_until_ns = now + BUSY_HOLD_NS;
         }
         let busy = now < self.busy_until_ns;
-        let Some(board) = self.board(uuid) else {
+        let Some(board) = self.board(uuid, now) else {
             return false;
         };
         let published = if busy {
@@ -218,23 +242,24 @@ impl Pacing {
         paced
     }
 
-    fn board(&mut self, uuid: &[u8; 16]) -> Option<&mut SmBoard> {
+    fn board(&mut self, uuid: &[u8; 16], now: u64) -> Option<&mut SmBoard> {
         if self.board.as_ref().is_some_and(|b| !b.intact()) {
             // Renamed or replaced: its users no longer see each other.
             log::debug!("SM board replaced under this process: opened again");
             self.board = None;
         }
-        if self.board.is_none() && !self.unusable {
+        if self.board.is_none() && now >= self.retry_at_ns {
+            // (Not found, or not opened: looked for again in a while,
+            // not every period.)
+            self.retry_at_ns = now + RETRY_NS;
             let dir = board_dir()?;
             match SmBoard::open(&dir, uuid) {
                 Ok(b) => self.board = Some(b),
-                Err(e) => {
-                    self.unusable = true;
-                    log::warn!(
-                        "SM board in {}: {e}: a limited container takes turns beside others",
-                        dir.display()
-                    );
-                }
+                Err(e) if !std::mem::replace(&mut self.unusable, true) => log::warn!(
+                    "SM board in {}: {e}: a limited container takes turns beside others",
+                    dir.display()
+                ),
+                Err(_) => {}
             }
         }
         self.board.as_mut()

@@ -258,14 +258,21 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
 
 /// Runs a synchronisation (`call`) that waits for `waits`; with an SM
 /// limit in force, notes when it was entered and when it returned, if it
-/// succeeded ([`waited_for_the_gpu`]).
-pub fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
+/// succeeded ([`waited_for_the_gpu`]), and tells `waited` how long it
+/// waited.
+pub fn synchronise(
+    waits: Waits,
+    call: impl FnOnce() -> CUresult,
+    waited: impl FnOnce(u64),
+) -> CUresult {
     if !crate::duty::any(crate::duty::LIMIT) {
         return call();
     }
     let entered_ns = clock::monotonic_ns();
     let rc = call();
     if rc.is_ok() {
+        let returned_ns = clock::monotonic_ns();
+        waited(returned_ns.saturating_sub(entered_ns));
         let stream = match waits {
             Waits::All => None,
             Waits::Stream(s) => Some(s as usize),
@@ -273,7 +280,7 @@ pub fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
         SYNCED.with(|s| {
             s.set(Some(Synced {
                 entered_ns,
-                returned_ns: clock::monotonic_ns(),
+                returned_ns,
                 stream,
             }))
         });

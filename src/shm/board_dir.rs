@@ -143,7 +143,12 @@ pub(crate) fn open_in(dir: &OwnedFd, name: &str) -> io::Result<File> {
             libc::openat(
                 dir.as_raw_fd(),
                 c.as_ptr(),
-                libc::O_RDWR | create | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                libc::O_RDWR
+                    | create
+                    | libc::O_NOFOLLOW
+                    | libc::O_CLOEXEC
+                    | libc::O_NONBLOCK
+                    | libc::O_NOCTTY,
                 0o666 as libc::c_uint,
             )
         }

@@ -127,6 +127,14 @@ impl SmBoard {
                 format!("{} is not a plain file", dir.join(&name).display()),
             ));
         }
+        // Made by this user under a umask: containers of other users
+        // must write it too.
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid cannot fail and touches no memory of ours.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() == me && meta.mode() & 0o777 != 0o666 {
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+        }
         Ok(SmBoard {
             file,
             path: dir.join(name),
@@ -300,6 +308,10 @@ mod tests {
         // Another GPU's board is another file.
         let other = SmBoard::open(dir.path(), &[8; 16]).unwrap();
         assert_eq!(other.others(NOW), Others::default());
+        // Made 0666 whatever the umask, for containers of other users.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(c.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666);
         // Swapped under its users (its directory may be 0777): they see it.
         assert!(c.intact());
         std::fs::rename(c.path(), dir.path().join("moved")).unwrap();

@@ -49,7 +49,9 @@ impl Node {
     /// `others` that exited suspended. Such a process (b, idle in its hold
     /// once a asks its room back, where a loaded host stretched b's start
     /// past a's idle spell) leaves its copy until its entry is claimed
-    /// again, as the kernel frees a dead process's memory.
+    /// again, as the kernel frees a dead process's memory: by the time
+    /// this looks, another process may have claimed it (a loaded CI run
+    /// found none left), so those copies may be there or not.
     pub fn assert_no_copies_but_of(&self, others: &[&Run]) {
         let exited_suspended = others
             .iter()
@@ -58,10 +60,10 @@ impl Node {
                     > r.stderr.matches("restored this process").count()
             })
             .count();
-        assert_eq!(
-            self.host_copies(),
-            exited_suspended,
-            "host copies left; the others' logs: {:?}",
+        let copies = self.host_copies();
+        assert!(
+            copies <= exited_suspended,
+            "{copies} host copies left, {exited_suspended} processes exited suspended; the others' logs: {:?}",
             others.iter().map(|r| &r.stderr).collect::<Vec<_>>()
         );
     }
