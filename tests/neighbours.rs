@@ -653,3 +653,27 @@ fn loops_that_hand_the_gpu_over_often_go_back_to_turns() {
     }
     assert_each_gets_its_limit(&out);
 }
+
+/// Whoever can write the board's directory may put anything at a board's
+/// name: here a FIFO, where an open that waited for a writer would hang
+/// the container's leader. The container goes on (it takes turns beside
+/// others, alone it is paced as ever), says why once, and keeps its limit.
+#[test]
+fn a_fifo_in_place_of_the_board_hangs_nothing() {
+    let _serial = serial();
+    let sim = with_a_board();
+    // The simulated GPU's UUID (GPU-51516d67-9000-...), as the board names it.
+    let name = "vgpu-sm-51516d67900000000000000000000000.board";
+    let fifo = sim.dir.path().join("vgpulock").join(name);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    let child = container_running(&sim, "c", Some(30), 4, DENSE);
+    let r = finish(child).ok();
+    let share = r.f64("rate") / DEVICE_RATE;
+    assert!((share - 0.30).abs() <= 0.03, "got {share:.3}");
+    assert!(
+        r.stderr.contains("SM board in") && r.stderr.contains("not a plain file"),
+        "{}",
+        r.stderr
+    );
+}

@@ -98,6 +98,11 @@ const TURNS_HOLD_NS: u64 = 30_000_000_000;
 /// See [`TURNS_HOLD_NS`].
 const MAX_TURNS_HOLD_NS: u64 = 480_000_000_000;
 
+/// How long the board must show room before the container paces: a
+/// container shows there from its leader's second period (half a second
+/// to a second after it became busy).
+const ROOM_HOLD_NS: u64 = 1_500_000_000;
+
 /// How often a container without a board looks for one again.
 const RETRY_NS: u64 = 30_000_000_000;
 
@@ -133,6 +138,8 @@ pub struct Pacing {
     unusable: bool,
     /// When to look for the board again.
     retry_at_ns: u64,
+    /// Since when the board has shown room (0: it does not).
+    room_since_ns: u64,
     /// Publishing failed at the last try (said once).
     full: bool,
     last_admitted_ns: u64,
@@ -196,7 +203,15 @@ impl Pacing {
             _ => percent,
         };
         let room = self.room(entry, uuid, published, now);
-        entry.note_paced(mode() == Turns::Auto && room && !asks_turns, now);
+        // A neighbour that has just become busy shows on the board a
+        // period or two later: room must hold that long first.
+        self.room_since_ns = match (room, self.room_since_ns) {
+            (false, _) => 0,
+            (true, 0) => now,
+            (true, since) => since,
+        };
+        let settled = room && now.saturating_sub(self.room_since_ns) >= ROOM_HOLD_NS;
+        entry.note_paced(mode() == Turns::Auto && settled && !asks_turns, now);
     }
 
     /// Whether the busy containers' limits on the GPU leave room to pace.

@@ -428,7 +428,14 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         probes: timings,
         anchor_now: entry.turn_anchor(),
         moved_ns: entry.turn_moved_ns(),
-        alone: entry.alone(now),
+        // Paced side by side, the windows hold nothing of the container's
+        // (it runs beside the others all the time): judged as alone, they
+        // measure the fill and build no covered streak, cut and move,
+        // which would outlast the pacing (two 50 % containers that began
+        // paced, a second before each saw the other on the board, then
+        // took each other for neighbours that take no turns, and
+        // time-sliced at 0.454 each on a loaded CI host).
+        alone: entry.alone(now) || super::pacing::paces_beside_others(entry, now),
         shared: entry.turn_shared(now),
         fill_milli: entry.turn_fill_milli(),
         cut_ns: entry.turn_cut_ns(),
