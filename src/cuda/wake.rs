@@ -6,7 +6,7 @@
 //! flight (a process waiting in a synchronisation is not idle). A
 //! synchronisation that returns also tells the turns' probes that the
 //! thread waited for the GPU, which ran its work until then
-//! (`probes::synchronise`).
+//! (`synced::synchronise`).
 #![forbid(unsafe_code)]
 
 use std::ffi::{c_uchar, c_uint, c_void};
@@ -14,13 +14,13 @@ use std::ffi::{c_uchar, c_uint, c_void};
 use super::real;
 use super::sys::*;
 use crate::ffi::Out;
-use crate::limiter::probes::{self, Waits};
+use crate::limiter::synced::{self, Waits};
 use crate::oversub::in_call;
 
-/// [`probes::synchronise`], the time it waited counted for the pacing
+/// [`synced::synchronise`], the time it waited counted for the pacing
 /// beside other containers (`limiter::note_sync_wait`).
 fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
-    probes::synchronise(waits, call, |waited| {
+    synced::synchronise(waits, call, |waited| {
         if let Some(attach) = crate::init::attach() {
             crate::limiter::note_sync_wait(attach, waited);
         }

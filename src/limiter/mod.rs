@@ -13,6 +13,7 @@
 //! - `launch`: one limited launch: admission, timing sample, probe
 //! - `events`: launch timings with CUDA events, for `estimate`
 //! - `probes`: window timings for the turns, judged by `judge` (pure)
+//! - `synced`: this thread's last synchronisation, and how long it waited
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `neighbours`: whether other containers share a device (pure)
@@ -32,6 +33,7 @@ pub mod leader;
 pub mod neighbours;
 pub mod pacing;
 pub mod probes;
+pub mod synced;
 pub mod turns;
 
 use std::time::Duration;

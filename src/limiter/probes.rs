@@ -76,25 +76,6 @@ fn stale_ns() -> u64 {
     4 * turns::period_ns()
 }
 
-/// This thread's last synchronisation that succeeded.
-#[derive(Clone, Copy)]
-struct Synced {
-    /// When it was entered and when it returned (monotonic ns).
-    entered_ns: u64,
-    returned_ns: u64,
-    /// The stream it waited for; None for the whole context or an event.
-    stream: Option<usize>,
-}
-
-/// What a synchronisation waits for.
-#[derive(Clone, Copy)]
-pub enum Waits {
-    /// The current context (`cuCtxSynchronize`), or an event, which is
-    /// taken to be on the stream that is launching.
-    All,
-    Stream(CUstream),
-}
-
 /// A thread's open probe, given back when the thread exits with one open:
 /// its two events would otherwise be lost to the pool for good, two for
 /// every thread that ever launched under a limit.
@@ -129,7 +110,6 @@ impl Drop for OpenProbe {
 
 thread_local! {
     static OPEN: OpenProbe = const { OpenProbe(Cell::new(None)) };
-    static SYNCED: Cell<Option<Synced>> = const { Cell::new(None) };
 }
 
 /// Bumped in a forked child: probes opened before it are its parent's.
@@ -216,7 +196,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             && open.ctx == ctx
             && open.stream == stream as usize
             && (now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
-                || waited_for_the_gpu(open.last_ns, stream, now)
+                || super::synced::waited_for_the_gpu(open.last_ns, stream, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
             return Some(Token {
@@ -253,49 +233,6 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             cost_ns,
             close_ns,
         },
-    })
-}
-
-/// Runs a synchronisation (`call`) that waits for `waits`; with an SM
-/// limit in force, notes when it was entered and when it returned, if it
-/// succeeded ([`waited_for_the_gpu`]), and tells `waited` how long it
-/// waited.
-pub fn synchronise(
-    waits: Waits,
-    call: impl FnOnce() -> CUresult,
-    waited: impl FnOnce(u64),
-) -> CUresult {
-    if !crate::duty::any(crate::duty::LIMIT) {
-        return call();
-    }
-    let entered_ns = clock::monotonic_ns();
-    let rc = call();
-    if rc.is_ok() {
-        let returned_ns = clock::monotonic_ns();
-        waited(returned_ns.saturating_sub(entered_ns));
-        let stream = match waits {
-            Waits::All => None,
-            Waits::Stream(s) => Some(s as usize),
-        };
-        SYNCED.with(|s| {
-            s.set(Some(Synced {
-                entered_ns,
-                returned_ns,
-                stream,
-            }))
-        });
-        log::trace!("turns: a synchronisation returned");
-    }
-    rc
-}
-
-/// Whether the thread spent the pause from its last launch on `stream`
-/// (`last_ns`) to `now` waiting for the GPU, in a synchronisation that
-/// covers `stream` (`turns::waited_for_the_gpu`).
-fn waited_for_the_gpu(last_ns: u64, stream: CUstream, now: u64) -> bool {
-    SYNCED.with(Cell::get).is_some_and(|s| {
-        s.stream.is_none_or(|waited| waited == stream as usize)
-            && turns::waited_for_the_gpu(last_ns, s.entered_ns, s.returned_ns, now)
     })
 }
 

@@ -1,0 +1,78 @@
+//! This thread's last synchronisation (`cuCtxSynchronize`, its `_v2`,
+//! `cuStreamSynchronize`, `cuEventSynchronize`) under an SM limit: when it
+//! was entered and returned, for the probes (a pause spent waiting for
+//! the GPU keeps a probe open), and how long it waited, for the pacing
+//! beside other containers (`pacing`).
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+
+use super::turns;
+use crate::clock;
+use crate::cuda::sys::*;
+
+/// This thread's last synchronisation that succeeded.
+#[derive(Clone, Copy)]
+struct Synced {
+    /// When it was entered and when it returned (monotonic ns).
+    entered_ns: u64,
+    returned_ns: u64,
+    /// The stream it waited for; None for the whole context or an event.
+    stream: Option<usize>,
+}
+
+/// What a synchronisation waits for.
+#[derive(Clone, Copy)]
+pub enum Waits {
+    /// The current context (`cuCtxSynchronize`), or an event, which is
+    /// taken to be on the stream that is launching.
+    All,
+    Stream(CUstream),
+}
+
+thread_local! {
+    static SYNCED: Cell<Option<Synced>> = const { Cell::new(None) };
+}
+
+/// Runs a synchronisation (`call`) that waits for `waits`; with an SM
+/// limit in force, notes when it was entered and when it returned, if it
+/// succeeded ([`waited_for_the_gpu`]), and tells `waited` how long it
+/// waited.
+pub fn synchronise(
+    waits: Waits,
+    call: impl FnOnce() -> CUresult,
+    waited: impl FnOnce(u64),
+) -> CUresult {
+    if !crate::duty::any(crate::duty::LIMIT) {
+        return call();
+    }
+    let entered_ns = clock::monotonic_ns();
+    let rc = call();
+    if rc.is_ok() {
+        let returned_ns = clock::monotonic_ns();
+        waited(returned_ns.saturating_sub(entered_ns));
+        let stream = match waits {
+            Waits::All => None,
+            Waits::Stream(s) => Some(s as usize),
+        };
+        SYNCED.with(|s| {
+            s.set(Some(Synced {
+                entered_ns,
+                returned_ns,
+                stream,
+            }))
+        });
+        log::trace!("turns: a synchronisation returned");
+    }
+    rc
+}
+
+/// Whether the thread spent the pause from its last launch on `stream`
+/// (`last_ns`) to `now` waiting for the GPU, in a synchronisation that
+/// covers `stream` (`turns::waited_for_the_gpu`).
+pub(super) fn waited_for_the_gpu(last_ns: u64, stream: CUstream, now: u64) -> bool {
+    SYNCED.with(Cell::get).is_some_and(|s| {
+        s.stream.is_none_or(|waited| waited == stream as usize)
+            && turns::waited_for_the_gpu(last_ns, s.entered_ns, s.returned_ns, now)
+    })
+}
