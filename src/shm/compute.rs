@@ -127,15 +127,13 @@ impl DeviceEntry {
     /// Notes what the leader found at `now`: no process of another
     /// container on the device (`alone`), or some, or it could not tell.
     pub fn note_alone(&self, alone: bool, now: u64) {
-        self.alone_ns
-            .store(if alone { now.max(1) } else { 0 }, Ordering::Relaxed);
+        stamp(&self.alone_ns, alone, now);
     }
 
     /// Notes what the leader found at `now`: room on the device for the
     /// container to pace its share beside others (`paced`), or not.
     pub fn note_paced(&self, paced: bool, now: u64) {
-        self.paced_ns
-            .store(if paced { now.max(1) } else { 0 }, Ordering::Relaxed);
+        stamp(&self.paced_ns, paced, now);
     }
 
     /// Adds `ns` spent waiting in a synchronisation.
@@ -151,8 +149,7 @@ impl DeviceEntry {
     /// Whether the leader found room to pace beside others in the
     /// [`TURN_PACED_NS`] before `now`.
     pub fn paced(&self, now: u64) -> bool {
-        let at = self.paced_ns.load(Ordering::Relaxed);
-        at != 0 && now.saturating_sub(at) < TURN_PACED_NS
+        recent(&self.paced_ns, now, TURN_PACED_NS)
     }
 
     /// Whether the leader found the container alone on the device in the
@@ -260,4 +257,16 @@ impl DeviceEntry {
     ) -> bool {
         lease::elect(&self.leader, me, now_s, lease_s, alive)
     }
+}
+
+/// Stamps `word` with `now` where `on` (never 0, which reads "not"), else
+/// clears it: the leader's word on `alone_ns` and `paced_ns`.
+fn stamp(word: &std::sync::atomic::AtomicU64, on: bool, now: u64) {
+    word.store(if on { now.max(1) } else { 0 }, Ordering::Relaxed);
+}
+
+/// Whether `word` was stamped less than `bound` before `now`.
+fn recent(word: &std::sync::atomic::AtomicU64, now: u64, bound: u64) -> bool {
+    let at = word.load(Ordering::Relaxed);
+    at != 0 && now.saturating_sub(at) < bound
 }

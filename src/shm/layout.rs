@@ -194,7 +194,7 @@ pub const TURN_SHARED_NS: u64 = 10_000_000_000;
 pub const TURN_ALONE_NS: u64 = 2_000_000_000;
 /// How long after [`DeviceEntry::paced_ns`] the container paces beside
 /// others: as [`TURN_ALONE_NS`].
-pub const TURN_PACED_NS: u64 = 2_000_000_000;
+pub const TURN_PACED_NS: u64 = TURN_ALONE_NS;
 
 /// One process of the container.
 #[repr(C)]

@@ -210,7 +210,7 @@ impl SmBoard {
     fn lock(&self, i: usize, cmd: libc::c_int) -> bool {
         let mut fl = lock_of(i);
         // SAFETY: fcntl on our open descriptor with a flock we own; an OFD
-        // lock needs l_pid 0 (set by lock_of).
+        // lock needs l_pid 0 (as lock_of sets it).
         let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) };
         rc == 0
     }
@@ -249,13 +249,14 @@ fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
 }
 
 fn lock_of(i: usize) -> libc::flock {
-    // SAFETY: flock is plain data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = LOCK_BASE + i as i64;
-    fl.l_len = 1;
-    fl
+    libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: LOCK_BASE + i as i64,
+        l_len: 1,
+        // (An OFD lock needs 0 here.)
+        l_pid: 0,
+    }
 }
 
 #[cfg(test)]
@@ -265,46 +266,33 @@ mod tests {
     const GPU: [u8; 16] = [7; 16];
     const NOW: u64 = 50_000_000_000;
 
+    /// Three containers' boards of one GPU in `dir`: a publishes 30 %, b
+    /// 60 %, c nothing.
+    fn three(dir: &Path) -> (SmBoard, SmBoard, SmBoard) {
+        let mut a = SmBoard::open(dir, &GPU).unwrap();
+        let mut b = SmBoard::open(dir, &GPU).unwrap();
+        let c = SmBoard::open(dir, &GPU).unwrap();
+        a.publish(30, NOW).unwrap();
+        b.publish(60, NOW).unwrap();
+        (a, b, c)
+    }
+
+    fn seen(percent: u32, count: u32) -> Others {
+        Others { percent, count }
+    }
+
     #[test]
     fn each_container_sees_the_others_live_and_fresh_limits_only() {
         let dir = tempfile::tempdir().unwrap();
-        let mut a = SmBoard::open(dir.path(), &GPU).unwrap();
-        let mut b = SmBoard::open(dir.path(), &GPU).unwrap();
-        let c = SmBoard::open(dir.path(), &GPU).unwrap();
-        a.publish(30, NOW).unwrap();
-        b.publish(60, NOW).unwrap();
-        assert_eq!(
-            a.others(NOW),
-            Others {
-                percent: 60,
-                count: 1
-            }
-        );
-        assert_eq!(
-            b.others(NOW),
-            Others {
-                percent: 30,
-                count: 1
-            }
-        );
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 90,
-                count: 2
-            }
-        );
+        let (a, b, c) = three(dir.path());
+        assert_eq!(a.others(NOW), seen(60, 1));
+        assert_eq!(b.others(NOW), seen(30, 1));
+        assert_eq!(c.others(NOW), seen(90, 2));
         // Stale: not written for longer than FRESH_NS.
         assert_eq!(c.others(NOW + FRESH_NS + 1), Others::default());
         // Gone: its descriptor closed (its process died), its lock with it.
         drop(b);
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 30,
-                count: 1
-            }
-        );
+        assert_eq!(c.others(NOW), seen(30, 1));
         // Another GPU's board is another file.
         let other = SmBoard::open(dir.path(), &[8; 16]).unwrap();
         assert_eq!(other.others(NOW), Others::default());
@@ -321,11 +309,7 @@ mod tests {
     #[test]
     fn written_wrong_cut_short_or_full_counts_as_nothing_and_never_fails_the_reader() {
         let dir = tempfile::tempdir().unwrap();
-        let mut a = SmBoard::open(dir.path(), &GPU).unwrap();
-        let mut b = SmBoard::open(dir.path(), &GPU).unwrap();
-        let c = SmBoard::open(dir.path(), &GPU).unwrap();
-        a.publish(30, NOW).unwrap();
-        b.publish(60, NOW).unwrap();
+        let (a, mut b, c) = three(dir.path());
         let raw = std::fs::OpenOptions::new()
             .write(true)
             .open(a.path())
@@ -339,38 +323,14 @@ mod tests {
             s
         };
         raw.write_all_at(&bad(250, NOW), 16).unwrap();
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 30,
-                count: 1
-            }
-        );
+        assert_eq!(c.others(NOW), seen(30, 1));
         raw.write_all_at(&bad(60, NOW + 10 * AHEAD_NS), 16).unwrap();
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 30,
-                count: 1
-            }
-        );
+        assert_eq!(c.others(NOW), seen(30, 1));
         raw.write_all_at(&[0xff; 16], 16).unwrap();
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 30,
-                count: 1
-            }
-        );
+        assert_eq!(c.others(NOW), seen(30, 1));
         // Its owner writes it again at its next period.
         b.publish(60, NOW).unwrap();
-        assert_eq!(
-            c.others(NOW),
-            Others {
-                percent: 90,
-                count: 2
-            }
-        );
+        assert_eq!(c.others(NOW), seen(90, 2));
         // Cut short: nothing counts, nothing fails; republished, it counts.
         raw.set_len(0).unwrap();
         assert_eq!(c.others(NOW), Others::default());
