@@ -1496,8 +1496,8 @@ def oversub_vmm():
     checks. Same env knobs as oversub_busy (BUSY_GIB, BUSY_ROOM_GIB, ...).
     First, what the program sees of a VMM-backed block of 3 MiB + 5 bytes
     (a 4 MiB mapping): its asked range from cuMemGetAddressRange and from
-    the range pointer attributes, and its context, as cuMemAlloc's block
-    would answer."""
+    the range pointer attributes, its context and whether legacy IPC can
+    export it, as cuMemAlloc's block would answer."""
     sec = "oversub_vmm"
     extra = oversub_env(tempfile.mkdtemp(prefix="vgpu-board-"), quota="8g", wait_ms=1000, host_limit="4g")
     extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
@@ -1508,12 +1508,13 @@ def oversub_vmm():
         ok = rc == 0 and all(f.get(k + "_rc") == "0" and f.get(k + "_size") == "3145733"
                              for k in ("range", "attr", "attrs"))
         ok = ok and all(f.get(k) == "1" for k in ("range_base_ok", "attr_start_ok", "attrs_start_ok", "ctx_ok",
-                                                  "attrs_ctx_ok"))
+                                                  "attrs_ctx_ok", "capable", "capable_next_kept"))
         got += (f"; bases {f.get('range_base_ok')}{f.get('attr_start_ok')}{f.get('attrs_start_ok')}, "
-                f"contexts {f.get('ctx_ok')}{f.get('attrs_ctx_ok')}")
+                f"contexts {f.get('ctx_ok')}{f.get('attrs_ctx_ok')}; IPC capable {f.get('capable')} "
+                f"(an int: {f.get('capable_next_kept')})")
         record(sec, f"{tag}: a 3 MiB + 5 B block's range (rc/size): cuMemGetAddressRange; cuPointerGetAttribute; "
-                    f"cuPointerGetAttributes; the bases and the contexts right", got,
-               "0/3145733 each; 111, 11", ok)
+                    f"cuPointerGetAttributes; the bases and the contexts right; legacy IPC capable, "
+                    f"written as an int", got, "0/3145733 each; 111, 11; 1 (1)", ok)
     oversub_busy("oversub_vmm", vmm=True)
 
 

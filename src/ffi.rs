@@ -174,7 +174,7 @@ impl<T> Arg<*const T> for In<'_, T> {
 
 /// `cuPointerGetAttribute`'s `data`: an out-parameter whose type its
 /// `attribute` argument names (cuda.h), so it is written only through
-/// [`AttributeOut::put8`], for the attributes whose value is 8 bytes.
+/// [`AttributeOut::put`], for the attributes whose size it knows.
 #[repr(transparent)]
 pub struct AttributeOut<'a>(*mut c_void, PhantomData<&'a mut ()>);
 
@@ -183,16 +183,23 @@ impl AttributeOut<'_> {
     /// `DEVICE_POINTER` and `RANGE_START_ADDR` (`CUdeviceptr`s), `HOST_POINTER`
     /// (a pointer), `RANGE_SIZE` (a `size_t`).
     const EIGHT_BYTES: [c_int; 5] = [1, 3, 4, 11, 12];
+    /// Attributes whose value is an `int`: `IS_LEGACY_CUDA_IPC_CAPABLE`.
+    const INT: [c_int; 1] = [10];
 
-    /// Writes `v` as `attribute`'s value; false where that attribute's
-    /// value is not 8 bytes, or `data` is NULL.
-    pub fn put8(self, attribute: c_int, v: u64) -> bool {
-        if !Self::EIGHT_BYTES.contains(&attribute) {
-            return false;
+    /// Writes `v` as `attribute`'s value, in that value's size; false
+    /// where the size is not known here, `v` does not fit it, or `data` is
+    /// NULL.
+    pub fn put(self, attribute: c_int, v: u64) -> bool {
+        if Self::EIGHT_BYTES.contains(&attribute) {
+            // SAFETY: NULL or valid for the value `attribute` names (the
+            // driver API's contract, `Arg`), which is 8 bytes for these.
+            return unsafe { put(self.0.cast::<u64>(), v) };
         }
-        // SAFETY: NULL or valid for the value `attribute` names (the
-        // driver API's contract, `Arg`), which is 8 bytes for these.
-        unsafe { put(self.0.cast::<u64>(), v) }
+        match c_int::try_from(v) {
+            // SAFETY: as above; an `int` for these.
+            Ok(v) if Self::INT.contains(&attribute) => unsafe { put(self.0.cast::<c_int>(), v) },
+            _ => false,
+        }
     }
 }
 
@@ -303,9 +310,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attribute_arrays_stop_at_their_count_and_write_only_eight_byte_values() {
+    fn attribute_arrays_stop_at_their_count_and_write_values_in_their_size() {
         let attrs = [11, 10, 12];
-        let (mut start, mut capable, mut size) = (0u64, 7i32, 0u64);
+        let (mut start, mut capable, mut size) = (0u64, [7i32; 2], 0u64);
         let mut data: [*mut c_void; 3] = [
             (&raw mut start).cast(),
             (&raw mut capable).cast(),
@@ -323,10 +330,14 @@ mod tests {
         };
         for i in 0..3 {
             let (a, out) = (list.at(three, i).unwrap(), outs.at(three, i).unwrap());
-            out.put8(a, 40 + i as u64);
+            assert!(out.put(a, 40 + i as u64));
         }
-        // Attribute 10 (a 4-byte int) is not written with 8 bytes.
-        assert_eq!((start, capable, size), (40, 7, 42));
+        // Attribute 10 is an int: 4 bytes written, the next 4 kept.
+        assert_eq!((start, capable, size), (40, [41, 7], 42));
+        assert!(!outs.at(three, 1).unwrap().put(10, 1 << 40), "past an int");
+        // MEMORY_TYPE (2): a size not known here, nothing written.
+        assert!(!outs.at(three, 1).unwrap().put(2, 1));
+        assert_eq!(capable, [41, 7]);
         assert!(list.at(three, 3).is_none() && outs.at(three, 3).is_none());
         assert!(list.at(two, 2).is_none());
         // SAFETY: NULL is allowed.

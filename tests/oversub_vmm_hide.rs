@@ -37,6 +37,11 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
     assert_eq!(r.get("attrs_ctx_ok"), "1", "{}", r.stdout);
     assert_eq!(r.get("ctx_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("ctx_ok"), "1", "{}", r.stdout);
+    // Legacy IPC can export it (vgpu's export; the driver says 0), written
+    // as the int it is.
+    assert_eq!(r.get("capable_rc"), "0", "{}", r.stderr);
+    assert_eq!(r.get("capable"), "1", "{}", r.stdout);
+    assert_eq!(r.get("capable_next_kept"), "1", "{}", r.stdout);
     assert_eq!(r.get("ipc_rc"), "0", "{}", r.stderr);
     assert_eq!(r.get("ipc_after_rc"), "0", "{}", r.stderr);
     // A driver that makes no VMM memory exportable as a descriptor: the
@@ -51,6 +56,7 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
         &["vmmhide", "3145733"],
     );
     assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+    assert_eq!(r.get("capable"), "0", "{}", r.stdout);
     assert_eq!(r.get("ipc_rc"), "1", "{}", r.stderr);
     assert!(
         r.stderr
@@ -71,6 +77,7 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
     assert_eq!(r.get("attrs_size"), "3145733");
     assert_eq!(r.get("attrs_ctx_ok"), "1");
     assert_eq!(r.get("ctx_ok"), "1");
+    assert_eq!(r.get("capable"), "1");
     assert_eq!(r.get("ipc_rc"), "0");
     assert_eq!(r.get("ipc_after_rc"), "0");
     assert!(!r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"), "{}", r.stderr);

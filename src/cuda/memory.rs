@@ -215,19 +215,23 @@ pub fn address_range(
     rc
 }
 
-/// `CU_POINTER_ATTRIBUTE_CONTEXT`, `_RANGE_START_ADDR` and `_RANGE_SIZE`
-/// (cuda.h).
+/// `CU_POINTER_ATTRIBUTE_CONTEXT`, `_IS_LEGACY_CUDA_IPC_CAPABLE`,
+/// `_RANGE_START_ADDR` and `_RANGE_SIZE` (cuda.h).
 const CONTEXT: c_int = 1;
+const IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
 const RANGE_START_ADDR: c_int = 11;
 const RANGE_SIZE: c_int = 12;
 
-/// A pointer attribute's value (8 bytes each) where vgpu answers it, not
-/// the driver: a VMM-backed block's context, base and the size the
-/// program asked for, as cuMemAlloc's block would answer (the driver says
-/// NULL and the mapped size, docs/vmm-facts.md fact 5).
+/// A pointer attribute's value where vgpu answers it, not the driver: a
+/// VMM-backed block's context, base and the size the program asked for,
+/// as cuMemAlloc's block would answer (the driver says NULL and the
+/// mapped size, docs/vmm-facts.md fact 5), and whether legacy IPC can
+/// export it (vgpu's export can, where its memory has a file descriptor;
+/// the driver says 0).
 pub fn block_attribute(attribute: c_int, p: CUdeviceptr) -> Option<u64> {
     match attribute {
         CONTEXT => crate::oversub::backing::context_of(p).map(|c| c as u64),
+        IS_LEGACY_CUDA_IPC_CAPABLE => crate::oversub::backing::shareable(p).map(u64::from),
         RANGE_START_ADDR => crate::oversub::backing::asked(p).map(|(base, _)| base),
         RANGE_SIZE => crate::oversub::backing::asked(p).map(|(_, size)| size),
         _ => None,
@@ -247,7 +251,7 @@ pub fn pointer_attribute(
     if rc.is_ok()
         && let Some(v) = block_attribute(attribute, p)
     {
-        data.put8(attribute, v);
+        data.put(attribute, v);
     }
     rc
 }
@@ -268,7 +272,7 @@ pub fn pointer_attributes(
                 break;
             };
             if let Some(v) = block_attribute(a, p) {
-                out.put8(a, v);
+                out.put(a, v);
             }
         }
     }

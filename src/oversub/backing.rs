@@ -35,6 +35,8 @@ pub(super) struct Backed {
     /// Shared with another process through legacy IPC (shared.rs): it
     /// stays on the card.
     pub(super) shared: bool,
+    /// Its memory is exportable as a file descriptor (shareable).
+    pub(super) fd: bool,
 }
 
 impl Backed {
@@ -121,6 +123,16 @@ pub fn context_of(p: CUdeviceptr) -> Option<usize> {
         return None;
     }
     find(p).map(|b| b.ctx)
+}
+
+/// Whether legacy IPC can export the VMM-backed block holding `p`
+/// (shared.rs): its memory was made exportable as a file descriptor.
+/// None: not VMM-backed.
+pub fn shareable(p: CUdeviceptr) -> Option<bool> {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    find(p).map(|b| b.fd)
 }
 
 /// From now on this process's blocks are cuMemAlloc's (legacy IPC).
@@ -255,6 +267,8 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
         ctx: ctx as usize,
         handle: Some(handle),
         shared: false,
+        // create_map fell back to memory without one where NO_FD is set.
+        fd: !NO_FD.load(Ordering::Relaxed),
     });
     dptr.put(base);
     CUresult::SUCCESS

@@ -999,8 +999,8 @@ static int cmd_storm(double secs, size_t max_bytes, unsigned seed) {
 /* ---- edge cases ------------------------------------------------------------- */
 
 /* VMM hiding (VGPU_OVERSUBSCRIBE_VMM): a block of `bytes` answers its
- * asked size to cuMemGetAddressRange and to the range pointer attributes;
- * legacy IPC of it fails, and a block
+ * asked size to cuMemGetAddressRange and to the range pointer attributes,
+ * and whether legacy IPC can export it; legacy IPC of it, and a block
  * allocated after that can be exported. */
 static int cmd_vmmhide(size_t bytes) {
     setup();
@@ -1027,6 +1027,11 @@ static int cmd_vmmhide(size_t bytes) {
     /* Its context (1), as cuMemAlloc's block names it. */
     printf("ctx_rc=%d\n", cu.cuPointerGetAttribute(&owner, 1, a));
     printf("ctx_ok=%d\n", owner == mine && mine != NULL);
+    /* Whether legacy IPC can export it (10, an int), written over a
+     * sentinel: the word after it must stay. */
+    int capable[2] = {0x7f7f7f7f, 0x7f7f7f7f};
+    printf("capable_rc=%d\n", cu.cuPointerGetAttribute(capable, 10, a + bytes / 2));
+    printf("capable=%d\ncapable_next_kept=%d\n", capable[0], capable[1] == 0x7f7f7f7f);
     printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
     CHECK(cu.cuMemAlloc_v2(&b, bytes));
     printf("ipc_after_rc=%d\n", cu.cuIpcGetMemHandle(h, b));
