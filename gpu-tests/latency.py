@@ -12,7 +12,8 @@ and 90 % alone; SM 30 beside an unlimited process; then the period's
 trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
 and whether two 50 % containers still find their turns). About 6 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to
-every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
+every case but the trade; `LATENCY_LOG_LEVEL` (say 4) sets the limited
+container's log level in every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
 trade's periods; `LATENCY_TRADE_ONLY=1` runs the native 1 ms steps and
 the trade alone.
 """
@@ -50,7 +51,10 @@ def case(s, sec, label, limit, beside, cmd_of, native, unit):
         n = neighbour(s, beside, SECS + WARM + 4) if beside else None
         if n:
             s.time.sleep(1.0)  # the neighbour is up and busy
-        env = s.make_env(True, {"CUDA_DEVICE_SM_LIMIT": str(limit)}, s.new_region())
+        extra = {"CUDA_DEVICE_SM_LIMIT": str(limit)}
+        if os.environ.get("LATENCY_LOG_LEVEL"):  # the limiter's decisions, in the case's log
+            extra["LIBCUDA_LOG_LEVEL"] = os.environ["LATENCY_LOG_LEVEL"]
+        env = s.make_env(True, extra, s.new_region())
         rc, r = steps(s, cmd, env, f"latency-{label}-{key}")
         if n:
             s.stop(n)

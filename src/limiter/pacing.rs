@@ -15,7 +15,7 @@
 //! Containers share nothing but the node, so each device's leader
 //! publishes the container's limit while it is busy on the node's SM board
 //! (`vgpu_shm::sm_board`, in a directory HAMi mounts into every container)
-//! and reads the others' every control period ([`Pacing::tick`]); the
+//! and reads the others' every watcher tick ([`Pacing::tick`]); the
 //! region's `paced_ns` tells the container's other processes
 //! ([`paces_beside_others`]). Containers without limits take no turns
 //! either way and publish nothing.
@@ -99,9 +99,9 @@ const TURNS_HOLD_NS: u64 = 30_000_000_000;
 const MAX_TURNS_HOLD_NS: u64 = 480_000_000_000;
 
 /// How long the board must show room before the container paces: a
-/// container shows there from its leader's second period (half a second
-/// to a second after it became busy).
-const ROOM_HOLD_NS: u64 = 1_500_000_000;
+/// container shows there from its leader's first tick after it became
+/// busy (a watcher tick: 100 ms), later on a loaded host.
+const ROOM_HOLD_NS: u64 = 600_000_000;
 
 /// How often a container without a board looks for one again.
 const RETRY_NS: u64 = 30_000_000_000;
@@ -142,10 +142,14 @@ pub struct Pacing {
     room_since_ns: u64,
     /// Publishing failed at the last try (said once).
     full: bool,
+    /// What the container had admitted at the last tick (busy while it
+    /// grows).
     last_admitted_ns: u64,
     busy_until_ns: u64,
-    /// The last control period's time and synchronisation wait.
+    /// The last control period's time, and what the container had
+    /// admitted and waited in synchronisations and for its bucket then.
     last_tick_ns: u64,
+    judged_admitted_ns: u64,
     last_sync_wait_ns: u64,
     last_bucket_wait_ns: u64,
     /// Until when the container asks for turns (short side by side).
@@ -157,42 +161,24 @@ pub struct Pacing {
 }
 
 impl Pacing {
-    /// One control period of the leader of device `entry` (limit
-    /// `percent`, GPU `uuid`): publishes the limit while the container is
-    /// busy, reads the others', and notes in the region whether it paces.
-    pub fn tick(&mut self, entry: &DeviceEntry, uuid: &[u8; 16], percent: u32, now: u64) {
-        let admitted = entry.admitted_ns();
-        let synced = entry.sync_wait_ns();
-        let held = entry.wait_ns();
-        if self.last_tick_ns == 0 {
-            // (Counters since the region was made: not this period's.)
-            (self.last_admitted_ns, self.last_sync_wait_ns) = (admitted, synced);
-            self.last_bucket_wait_ns = held;
+    /// One watcher tick of the leader of device `entry` (limit `percent`,
+    /// GPU `uuid`): publishes the limit while the container is busy,
+    /// reads the others', and notes in the region whether it paces; on a
+    /// `control` period's tick, also whether it went short of the GPU side
+    /// by side. (Every tick, not every control period: a container that
+    /// has just become busy shows on the board a tick later, so the room
+    /// a newcomer must see before it paces holds for less.)
+    pub fn tick(
+        &mut self,
+        entry: &DeviceEntry,
+        uuid: &[u8; 16],
+        percent: u32,
+        now: u64,
+        control: bool,
+    ) {
+        if control {
+            self.judge_shortfall(entry, percent, now);
         }
-        let period = now.saturating_sub(self.last_tick_ns);
-        let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
-        if self.last_tick_ns != 0 && period > 0 && entry.paced(now) && !entry.alone(now) && !paused
-        {
-            let share = |ns: u64| ns as f64 / period as f64;
-            let got = share(admitted.saturating_sub(self.last_admitted_ns));
-            let waited = share(synced.saturating_sub(self.last_sync_wait_ns));
-            let bucket = share(held.saturating_sub(self.last_bucket_wait_ns));
-            if short_of_the_gpu(got, waited, bucket, f64::from(percent) / 100.0) {
-                self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
-                self.turns_until_ns = now + self.hold_ns;
-                log::debug!(
-                    "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
-                    self.hold_ns / 1_000_000_000
-                );
-            } else if now > self.turns_until_ns.saturating_add(self.hold_ns) {
-                // Paced for longer than it last asked turns for: a later
-                // shortfall starts from the shortest hold again.
-                self.hold_ns = 0;
-            }
-        }
-        self.last_tick_ns = now;
-        self.last_sync_wait_ns = synced;
-        self.last_bucket_wait_ns = held;
         let asks_turns = now < self.turns_until_ns;
         // A container that takes turns publishes 100 %, so that the
         // others keep out of its windows; one paced whatever the others
@@ -203,8 +189,8 @@ impl Pacing {
             _ => percent,
         };
         let room = self.room(entry, uuid, published, now);
-        // A neighbour that has just become busy shows on the board a
-        // period or two later: room must hold that long first.
+        // A neighbour that has just become busy shows on the board a tick
+        // or two later: room must hold that long first.
         self.room_since_ns = match (room, self.room_since_ns) {
             (false, _) => 0,
             (true, 0) => now,
@@ -212,6 +198,51 @@ impl Pacing {
         };
         let settled = room && now.saturating_sub(self.room_since_ns) >= ROOM_HOLD_NS;
         entry.note_paced(mode() == Turns::Auto && settled && !asks_turns, now);
+    }
+
+    /// Over the control period that ends at `now`: whether the container,
+    /// paced side by side, was short of the GPU; if so it asks for turns
+    /// for a while.
+    fn judge_shortfall(&mut self, entry: &DeviceEntry, percent: u32, now: u64) {
+        let admitted = entry.admitted_ns();
+        let synced = entry.sync_wait_ns();
+        let held = entry.wait_ns();
+        let last = (
+            self.judged_admitted_ns,
+            self.last_sync_wait_ns,
+            self.last_bucket_wait_ns,
+        );
+        (
+            self.judged_admitted_ns,
+            self.last_sync_wait_ns,
+            self.last_bucket_wait_ns,
+        ) = (admitted, synced, held);
+        let last_tick = std::mem::replace(&mut self.last_tick_ns, now);
+        let period = now.saturating_sub(last_tick);
+        let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
+        // (The first period's counters run from the region's making.)
+        if last_tick == 0 || period == 0 || !entry.paced(now) || entry.alone(now) || paused {
+            return;
+        }
+        let share = |ns: u64, since: u64| ns.saturating_sub(since) as f64 / period as f64;
+        let got = share(admitted, last.0);
+        let waited = share(synced, last.1);
+        let bucket = share(held, last.2);
+        log::debug!(
+            "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
+        );
+        if short_of_the_gpu(got, waited, bucket, f64::from(percent) / 100.0) {
+            self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
+            self.turns_until_ns = now + self.hold_ns;
+            log::debug!(
+                "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
+                self.hold_ns / 1_000_000_000
+            );
+        } else if now > self.turns_until_ns.saturating_add(self.hold_ns) {
+            // Paced for longer than it last asked turns for: a later
+            // shortfall starts from the shortest hold again.
+            self.hold_ns = 0;
+        }
     }
 
     /// Whether the busy containers' limits on the GPU leave room to pace.
