@@ -1035,12 +1035,16 @@ def ballast_leaving(sec, room, secs, name):
 def oversub_env(board, quota, wait_ms, host_limit, log_level=None):
     """A container's environment with CUDA_OVERSUBSCRIBE on the shared
     `board`: 1 s idle before it may be suspended. Logs at
-    `OVERSUB_LOG_LEVEL` (2, info, unless set)."""
+    `OVERSUB_LOG_LEVEL` (2, info, unless set). Switches move memory by the
+    checkpoint API (`VGPU_OVERSUBSCRIBE_VMM=false`) unless `OVERSUB_VMM`
+    says otherwise or the scenario sets it (the default, auto, moves a
+    one-GPU process's large blocks by VMM copies: section oversub_default)."""
     if log_level is None:
         log_level = int(os.environ.get("OVERSUB_LOG_LEVEL", "2"))
     return {"CUDA_DEVICE_MEMORY_LIMIT": quota, "CUDA_OVERSUBSCRIBE": "true", "VGPU_OVERSUBSCRIBE_DIR": board,
             "VGPU_OVERSUBSCRIBE_IDLE_MS": "1000", "VGPU_OVERSUBSCRIBE_WAIT_MS": str(wait_ms),
-            "VGPU_OVERSUBSCRIBE_HOST_LIMIT": host_limit, "LIBCUDA_LOG_LEVEL": str(log_level)}
+            "VGPU_OVERSUBSCRIBE_HOST_LIMIT": host_limit, "LIBCUDA_LOG_LEVEL": str(log_level),
+            "VGPU_OVERSUBSCRIBE_VMM": os.environ.get("OVERSUB_VMM", "false")}
 
 
 def oversub():
@@ -1380,7 +1384,8 @@ def oversub_busy(sec="oversub_busy", vmm=False):
     On the simulator (16 GiB, instant checkpoints): cuclient's `bursts`
     with no idle time, 12 GiB each (64 MiB checked after each of 8 bursts
     of 1000 1 ms kernels), a quantum of 2 s, no ballast. `vmm`: with
-    VGPU_OVERSUBSCRIBE_VMM=true (section oversub_vmm)."""
+    VGPU_OVERSUBSCRIBE_VMM=true (section oversub_vmm), or "auto": the
+    setting left unset, its default (section oversub_default)."""
     env_f = lambda k, d: float(os.environ.get(k, d))  # noqa: E731
     jobs = os.path.join(ROOT, "gpu-tests/oversub_jobs.py")
     gib = env_f("BUSY_GIB", 14)
@@ -1409,7 +1414,9 @@ def oversub_busy(sec="oversub_busy", vmm=False):
     board = tempfile.mkdtemp(prefix="vgpu-board-")
     extra = oversub_env(board, quota=f"{int(gib + 8)}g", wait_ms=60000, host_limit=f"{int(3 * gib + 8)}g")
     extra.update({"VGPU_OVERSUBSCRIBE_QUANTUM_MS": quantum, "VGPU_OVERSUBSCRIBE_IDLE_MS": "600000"})
-    if vmm:
+    if vmm == "auto":
+        del extra["VGPU_OVERSUBSCRIBE_VMM"]
+    elif vmm:
         extra["VGPU_OVERSUBSCRIBE_VMM"] = "true"
 
     def ran(out, err):
@@ -1516,6 +1523,14 @@ def oversub_vmm():
                     f"cuPointerGetAttributes; the bases and the contexts right; legacy IPC capable, "
                     f"written as an int", got, "0/3145733 each; 111, 11; 1 (1)", ok)
     oversub_busy("oversub_vmm", vmm=True)
+
+
+def oversub_default():
+    """Issue 27: oversub_busy with VGPU_OVERSUBSCRIBE_VMM unset, its
+    default (auto): a process that sees one GPU moves its large blocks by
+    VMM copies, so the switches run at the bus's speed without a setting
+    (the same checks and rates as oversub_vmm)."""
+    oversub_busy("oversub_default", vmm="auto")
 
 
 def oversub_two_cards():
@@ -1775,7 +1790,8 @@ def oversub_shared():
 
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
-                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_vllm, oversub_two_cards, oversub_shared,
+                                    oversub_hostile, oversub_busy, oversub_vmm, oversub_default, oversub_vllm,
+                                    oversub_two_cards, oversub_shared,
                                     exporter, util_panel, dist, latency]}
 
 

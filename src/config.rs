@@ -30,7 +30,7 @@ mod policy;
 
 use parse::*;
 pub use parse::{parse_bytes, parse_percent};
-pub use policy::{DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS, Oversub, Turns};
+pub use policy::{DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS, Oversub, Turns, Vmm};
 
 /// How many `_N` suffixes are read.
 pub const DEVICE_NUMBERS: usize = vgpu_shm::MAX_DEVICES;
@@ -249,14 +249,10 @@ impl Config {
         });
         let mut oversub = Oversub::default();
         if let Some(v) = trusted_text("VGPU_OVERSUBSCRIBE_VMM") {
-            match parse_bool(&v) {
-                Some(b) => oversub.vmm = b,
-                None => warnings.push(bad("VGPU_OVERSUBSCRIBE_VMM", v, "true or false")),
+            match Vmm::parse(&v) {
+                Some(m) => oversub.vmm = m,
+                None => warnings.push(bad("VGPU_OVERSUBSCRIBE_VMM", v, "auto, true or false")),
             }
-        }
-        // Switches at the bus's speed make shorter turns as cheap.
-        if oversub.vmm {
-            oversub.quantum_ms = DEFAULT_VMM_QUANTUM_MS;
         }
         let mut number = |var: &str, default: u64| match trusted_text(var) {
             None => default,
@@ -271,7 +267,11 @@ impl Config {
             oversub.restore_wait_ms,
         );
         oversub.idle_ms = number("VGPU_OVERSUBSCRIBE_IDLE_MS", oversub.idle_ms);
-        oversub.quantum_ms = number("VGPU_OVERSUBSCRIBE_QUANTUM_MS", oversub.quantum_ms);
+        // (A bad quantum keeps the default, which depends on how the
+        // process's switches move its memory.)
+        oversub.quantum_ms = trusted_text("VGPU_OVERSUBSCRIBE_QUANTUM_MS")
+            .map(|_| number("VGPU_OVERSUBSCRIBE_QUANTUM_MS", u64::MAX))
+            .filter(|&q| q != u64::MAX);
         let sm_period_ms = trusted_text("VGPU_SM_PERIOD_MS").and_then(|v| {
             let ms = v
                 .trim()

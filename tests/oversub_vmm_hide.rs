@@ -70,7 +70,7 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
         r.stderr
     );
     assert_eq!(r.get("ipc_after_rc"), "0", "{}", r.stderr);
-    // Off (the default): ordinary blocks, exported at once.
+    // Off (as the node sets it): ordinary blocks, exported at once.
     let r = node.run("b", &[], &["vmmhide", "3145733"]);
     assert_eq!(r.get("range_size"), "3145733");
     assert_eq!(r.get("attr_size"), "3145733");
@@ -81,4 +81,30 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
     assert_eq!(r.get("ipc_rc"), "0");
     assert_eq!(r.get("ipc_after_rc"), "0");
     assert!(!r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"), "{}", r.stderr);
+}
+
+/// `VGPU_OVERSUBSCRIBE_VMM=auto`, the default: a process that sees one
+/// card gets VMM-backed blocks, one that sees two ordinary ones (peer
+/// access between cards would not reach a VMM-backed block). A driver
+/// that makes no VMM memory exportable tells them apart: the export of a
+/// VMM-backed block fails there, an ordinary one's works.
+#[test]
+fn on_auto_the_blocks_are_vmm_backed_where_the_process_sees_one_card() {
+    let _serial = serial();
+    let auto = [
+        ("VGPU_OVERSUBSCRIBE_VMM", "auto"),
+        ("SIM_GPU_NO_FD_HANDLES", "1"),
+    ];
+    let one = Node::new().run("a", &auto, &["vmmhide", "3145733"]);
+    assert_eq!(one.get("range_size"), "3145733", "{}", one.stderr);
+    assert_eq!(one.get("ipc_rc"), "1", "VMM-backed: {}", one.stderr);
+    assert_eq!(one.get("ipc_after_rc"), "0", "{}", one.stderr);
+    let two = Node::with_cards(2, "4g", "3g").run("b", &auto, &["vmmhide", "3145733"]);
+    assert_eq!(two.get("range_size"), "3145733", "{}", two.stderr);
+    assert_eq!(two.get("ipc_rc"), "0", "ordinary: {}", two.stderr);
+    assert!(
+        !two.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"),
+        "{}",
+        two.stderr
+    );
 }

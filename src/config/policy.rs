@@ -30,6 +30,35 @@ impl Turns {
     }
 }
 
+/// `VGPU_OVERSUBSCRIBE_VMM`: whether large `cuMemAlloc_v2` blocks are
+/// served from the driver's virtual memory management, so that a
+/// suspension moves them itself at bus speed (docs/oversubscription.md,
+/// 2b).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vmm {
+    /// In a process that sees one GPU (the default): a VMM-backed block
+    /// is reachable from its own GPU only, and peer access between GPUs
+    /// does not reach it.
+    Auto,
+    /// Always (`true`).
+    Always,
+    /// Never (`false`): the checkpoint API moves everything.
+    Never,
+}
+
+impl Vmm {
+    /// `auto`, `true` or `false` (and the usual spellings of the two).
+    pub fn parse(v: &str) -> Option<Vmm> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(Vmm::Auto),
+            other => parse_bool(other).map(|on| match on {
+                true => Vmm::Always,
+                false => Vmm::Never,
+            }),
+        }
+    }
+}
+
 /// Oversubscription settings (docs/oversubscription.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Oversub {
@@ -45,8 +74,9 @@ pub struct Oversub {
     pub idle_ms: u64,
     /// `VGPU_OVERSUBSCRIBE_QUANTUM_MS`: how long a busy process keeps the
     /// card while others wait for it before it gives its turn (0: it
-    /// never gives one; docs/oversubscription.md derives the default).
-    pub quantum_ms: u64,
+    /// never gives one). None: the default for how its switches move
+    /// memory ([`Oversub::quantum_ms_for`]).
+    pub quantum_ms: Option<u64>,
     /// `VGPU_OVERSUBSCRIBE_HOST_LIMIT`: bytes of suspended state the node
     /// may hold on the host (None: half of the node's memory).
     pub host_limit: Option<u64>,
@@ -54,10 +84,8 @@ pub struct Oversub {
     /// by every oversubscribed container on the node (default: root's
     /// `/run/vgpu-oversub`, others' `/tmp/vgpu-oversub`).
     pub dir: PathBuf,
-    /// `VGPU_OVERSUBSCRIBE_VMM`: large `cuMemAlloc_v2` blocks are served
-    /// from the driver's virtual memory management, so that a suspension
-    /// moves them itself at bus speed (docs/oversubscription.md, 2b).
-    pub vmm: bool,
+    /// `VGPU_OVERSUBSCRIBE_VMM`.
+    pub vmm: Vmm,
     /// `VGPU_TEST_WATCHER_STOP=1`: the watcher ends after its first
     /// suspension, as a dead actor would (tests only).
     pub test_watcher_stop: bool,
@@ -75,12 +103,25 @@ pub struct Oversub {
 /// (docs/oversubscription.md, "Turns").
 pub const DEFAULT_QUANTUM_MS: u64 = 660_000;
 
-/// The default quantum with `VGPU_OVERSUBSCRIBE_VMM=true`: the same 5 %
+/// The default quantum where blocks are VMM-backed: the same 5 %
 /// at the VMM switches' slowest rates after the first (45.7 GB/s out,
 /// 38.1 GB/s back, run 107), with the context's checkpoint going too
 /// (1.0 s out, 0.8 s back, run 105): 19 x (46.2 GB x (1/45.7 + 1/38.1)
 /// s + 1.8 s) = 76 s (docs/oversubscription.md, "Turns").
 pub const DEFAULT_VMM_QUANTUM_MS: u64 = 80_000;
+
+impl Oversub {
+    /// The quantum: the one set, else the default for switches that move
+    /// blocks by VMM copies (`vmm_backed`) or by the checkpoint API
+    /// (docs/oversubscription.md derives both).
+    pub fn quantum_ms_for(&self, vmm_backed: bool) -> u64 {
+        self.quantum_ms.unwrap_or(if vmm_backed {
+            DEFAULT_VMM_QUANTUM_MS
+        } else {
+            DEFAULT_QUANTUM_MS
+        })
+    }
+}
 
 impl Default for Oversub {
     fn default() -> Oversub {
@@ -88,10 +129,10 @@ impl Default for Oversub {
             wait_ms: 30_000,
             restore_wait_ms: 600_000,
             idle_ms: 2_000,
-            quantum_ms: DEFAULT_QUANTUM_MS,
+            quantum_ms: None,
             host_limit: None,
             dir: vgpu_shm::board::default_dir(),
-            vmm: false,
+            vmm: Vmm::Auto,
             test_watcher_stop: false,
             test_claim_bound_ms: None,
             test_arena_keep_ms: None,

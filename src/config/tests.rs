@@ -266,11 +266,11 @@ fn oversubscription_settings_are_whole_milliseconds_and_bad_ones_warn_and_keep_d
     );
     assert_eq!(c.oversub.host_limit, Some(64 << 30));
     assert!(c.warnings.is_empty());
-    assert_eq!(d.quantum_ms, 660_000);
+    assert_eq!(d.quantum_ms, None);
     let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2000")]).unwrap();
-    assert_eq!((c.oversub.quantum_ms, c.warnings.len()), (2000, 0));
+    assert_eq!((c.oversub.quantum_ms, c.warnings.len()), (Some(2000), 0));
     let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "2s")]).unwrap();
-    assert_eq!(c.oversub.quantum_ms, 660_000);
+    assert_eq!(c.oversub.quantum_ms, None);
     assert_eq!(c.warnings[0].var, "VGPU_OVERSUBSCRIBE_QUANTUM_MS");
     assert!(
         c.warnings[0].to_string().contains(
@@ -311,48 +311,41 @@ fn the_sm_period_is_whole_milliseconds_from_10_to_1000_and_a_bad_one_warns() {
 }
 
 #[test]
-fn the_vmm_setting_is_off_by_default_and_a_bad_value_warns_and_keeps_it_off() {
-    assert!(!Oversub::default().vmm);
-    assert!(
-        cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "true")])
-            .unwrap()
-            .oversub
-            .vmm
-    );
+fn the_vmm_setting_is_auto_by_default_and_a_bad_value_warns_and_keeps_it() {
+    assert_eq!(Oversub::default().vmm, Vmm::Auto);
+    assert_eq!(Vmm::parse(" AUTO "), Some(Vmm::Auto));
+    let on = cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "true")]).unwrap();
+    assert_eq!(on.oversub.vmm, Vmm::Always);
+    let off = cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "0")]).unwrap();
+    assert_eq!(off.oversub.vmm, Vmm::Never);
     let c = cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "maybe")]).unwrap();
-    assert!(!c.oversub.vmm);
-    assert_eq!(c.oversub.quantum_ms, DEFAULT_QUANTUM_MS);
+    assert_eq!(c.oversub.vmm, Vmm::Auto);
+    assert_eq!(c.oversub.quantum_ms, None);
     assert_eq!(c.warnings.len(), 1);
     assert_eq!(
         c.warnings[0].to_string(),
-        "VGPU_OVERSUBSCRIBE_VMM=\"maybe\": expected true or false"
+        "VGPU_OVERSUBSCRIBE_VMM=\"maybe\": expected auto, true or false"
     );
 }
 
 #[test]
-fn with_vmm_the_default_quantum_is_the_one_its_switch_rate_gives_and_a_set_one_stays() {
-    let vmm = ("VGPU_OVERSUBSCRIBE_VMM", "true");
+fn the_default_quantum_is_the_one_the_switch_rate_gives_and_a_set_one_stays() {
+    let default = cfg(&[]).unwrap().oversub;
+    assert_eq!(default.quantum_ms_for(true), DEFAULT_VMM_QUANTUM_MS);
+    assert_eq!(default.quantum_ms_for(false), DEFAULT_QUANTUM_MS);
     assert_eq!(
-        cfg(&[vmm]).unwrap().oversub.quantum_ms,
-        DEFAULT_VMM_QUANTUM_MS
+        (DEFAULT_VMM_QUANTUM_MS, DEFAULT_QUANTUM_MS),
+        (80_000, 660_000)
     );
-    assert_eq!(DEFAULT_VMM_QUANTUM_MS, 80_000);
-    let set = ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "15000");
-    assert_eq!(cfg(&[vmm, set]).unwrap().oversub.quantum_ms, 15_000);
-    assert_eq!(cfg(&[set]).unwrap().oversub.quantum_ms, 15_000);
-    // A bad one warns and keeps the default of its mode.
-    let c = cfg(&[vmm, ("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "1m")]).unwrap();
-    assert_eq!(
-        (c.oversub.quantum_ms, c.warnings.len()),
-        (DEFAULT_VMM_QUANTUM_MS, 1)
-    );
-    assert_eq!(
-        cfg(&[("VGPU_OVERSUBSCRIBE_VMM", "false")])
-            .unwrap()
-            .oversub
-            .quantum_ms,
-        DEFAULT_QUANTUM_MS
-    );
+    let set = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "15000")]).unwrap();
+    assert_eq!(set.oversub.quantum_ms_for(true), 15_000);
+    assert_eq!(set.oversub.quantum_ms_for(false), 15_000);
+    let never = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "0")]).unwrap();
+    assert_eq!(never.oversub.quantum_ms_for(true), 0);
+    // A bad one warns and keeps the default of how the switches move.
+    let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "1m")]).unwrap();
+    assert_eq!((c.oversub.quantum_ms, c.warnings.len()), (None, 1));
+    assert_eq!(c.oversub.quantum_ms_for(true), DEFAULT_VMM_QUANTUM_MS);
 }
 
 #[test]

@@ -15,6 +15,14 @@ pub fn current_context() -> Option<CUcontext> {
         .filter(|c| !c.is_null())
 }
 
+/// How many GPUs this process sees (None before `cuInit`).
+pub fn device_count() -> Option<usize> {
+    let mut n = 0;
+    real::cuDeviceGetCount(Out::from(&mut n))
+        .is_ok()
+        .then(|| usize::try_from(n).unwrap_or(0))
+}
+
 /// The UUID the driver reports for ordinal `dev`.
 pub fn uuid(dev: CUdevice) -> Option<[u8; 16]> {
     let mut uuid = [0u8; 16];

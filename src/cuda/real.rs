@@ -131,6 +131,7 @@ crate::interpose::reals::reals! {
     fn cuDeviceGetUuid_v2(uuid: Out<[u8; 16]>, dev: CUdevice) -> CUresult;
     fn cuDeviceGetUuid(uuid: Out<[u8; 16]>, dev: CUdevice) -> CUresult;
     fn cuDeviceGetAttribute(value: Out<c_int>, attr: c_int, dev: CUdevice) -> CUresult;
+    fn cuDeviceGetCount(count: Out<c_int>) -> CUresult;
     fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: Out<c_uint>, active: Out<c_int>) -> CUresult;
     fn cuEventCreate(event: Out<CUevent>, flags: c_uint) -> CUresult;
     fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;

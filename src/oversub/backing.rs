@@ -62,7 +62,7 @@ pub(super) fn locks() -> [Listed; 1] {
 /// Whether an allocation of `bytes` is served VMM-backed.
 pub fn wanted(bytes: usize) -> bool {
     ACTIVE.load(Ordering::Relaxed)
-        && settings().vmm
+        && settings().vmm()
         && bytes as u64 >= GRANULARITY
         && !LEGACY.load(Ordering::Relaxed)
 }

@@ -64,7 +64,7 @@ pub use inside::Inside;
 pub use state::Above;
 pub use suspend::{suspended, tick};
 
-use crate::config::Oversub;
+use crate::config::{DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS, Oversub};
 use crate::cuda::sys::CUresult;
 use crate::lock::Listed;
 use state::{ACTIVE, ACTIVITY, HERE, Here, IN_CALL, SETTINGS, Settings};
@@ -99,9 +99,15 @@ pub fn start(cfg: &Oversub, priority: i32, above: Above) {
     match here {
         Ok(h) => {
             log::info!(
-                "CUDA_OVERSUBSCRIBE: idle after {} ms, busy turns of {} ms, allocations wait up to {} ms for room and restores up to {} ms (and for their turn), host memory for suspended state up to {}, board {} entry {}",
+                "CUDA_OVERSUBSCRIBE: idle after {} ms, busy turns of {}, allocations wait up to {} ms for room and restores up to {} ms (and for their turn), host memory for suspended state up to {}, board {} entry {}",
                 cfg.idle_ms,
-                cfg.quantum_ms,
+                cfg.quantum_ms.map_or_else(
+                    || format!(
+                        "{} ms ({} ms where blocks are VMM-backed)",
+                        DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS
+                    ),
+                    |q| format!("{q} ms")
+                ),
                 cfg.wait_ms,
                 cfg.restore_wait_ms,
                 crate::log::fmt_bytes(host_limit),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 use vgpu_shm::board::{Board, BoardEntry};
 
 use crate::attach::Attach;
-use crate::config::Oversub;
+use crate::config::{Oversub, Vmm};
 
 /// Oversubscription is on in this process.
 pub(super) static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -49,17 +49,54 @@ pub(super) struct Settings {
     pub(super) wait_ms: u64,
     pub(super) restore_wait_ms: u64,
     pub(super) idle_ns: u64,
-    /// `VGPU_OVERSUBSCRIBE_QUANTUM_MS` (0: this process gives no turns).
-    pub(super) quantum_ms: u64,
+    /// `VGPU_OVERSUBSCRIBE_QUANTUM_MS` (0: this process gives no turns;
+    /// None: the default, [`Settings::quantum_ms`]).
+    pub(super) quantum_ms: Option<u64>,
     pub(super) host_limit: u64,
     pub(super) test_watcher_stop: bool,
-    /// `VGPU_OVERSUBSCRIBE_VMM`: large allocations are VMM-backed.
-    pub(super) vmm: bool,
+    /// `VGPU_OVERSUBSCRIBE_VMM` ([`Settings::vmm`]).
+    pub(super) vmm: Vmm,
     /// How long other restores' claims may hold a restore up.
     pub(super) claim_bound: std::time::Duration,
     /// How long the VMM host arena stays pinned after the last request
     /// for it (mover.rs).
     pub(super) arena_keep: std::time::Duration,
+}
+
+impl Settings {
+    /// Whether this process's large blocks are VMM-backed: set so, or on
+    /// auto where it sees one GPU. (A VMM-backed block is reachable from
+    /// its own GPU only: peer access between GPUs would not reach it.)
+    pub(super) fn vmm(&self) -> bool {
+        match self.vmm {
+            Vmm::Always => true,
+            Vmm::Never => false,
+            Vmm::Auto => sees_one_gpu(),
+        }
+    }
+
+    /// The quantum: the one set, else the default for how this process's
+    /// switches move its memory.
+    pub(super) fn quantum_ms(&self) -> u64 {
+        let set = Oversub {
+            quantum_ms: self.quantum_ms,
+            ..Oversub::default()
+        };
+        set.quantum_ms_for(self.vmm())
+    }
+}
+
+/// Whether the process sees exactly one GPU; asked of the driver once it
+/// answers (before `cuInit`, no).
+fn sees_one_gpu() -> bool {
+    static ONE: OnceLock<bool> = OnceLock::new();
+    if let Some(&one) = ONE.get() {
+        return one;
+    }
+    match crate::cuda::driver::device_count() {
+        Some(n) => *ONE.get_or_init(|| n == 1),
+        None => false,
+    }
 }
 
 pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -101,10 +138,10 @@ pub(super) fn settings() -> &'static Settings {
         wait_ms: Oversub::default().wait_ms,
         restore_wait_ms: Oversub::default().restore_wait_ms,
         idle_ns: Oversub::default().idle_ms * 1_000_000,
-        quantum_ms: Oversub::default().quantum_ms,
+        quantum_ms: None,
         host_limit: 0,
         test_watcher_stop: false,
-        vmm: false,
+        vmm: Vmm::Never,
         claim_bound: CLAIM_BOUND,
         arena_keep: std::time::Duration::from_secs(30),
     })

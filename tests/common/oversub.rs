@@ -85,6 +85,10 @@ impl Node {
             .set("CUDA_OVERSUBSCRIBE", "true")
             .set("VGPU_OVERSUBSCRIBE_DIR", &board)
             .set("VGPU_OVERSUBSCRIBE_IDLE_MS", "300")
+            // The checkpoint API moves everything unless a test says
+            // otherwise (on auto, the default, a process that sees one
+            // card moves its large blocks by VMM copies).
+            .set("VGPU_OVERSUBSCRIBE_VMM", "false")
             // As the H200 behaved: NVML's memory queries of a suspended
             // process wait for its restore.
             .set("SIM_GPU_NVML_LOCKED", "1");
