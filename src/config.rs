@@ -30,7 +30,9 @@ mod policy;
 
 use parse::*;
 pub use parse::{parse_bytes, parse_percent};
-pub use policy::{DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS, Oversub, Turns, Vmm};
+pub use policy::{
+    DEFAULT_QUANTUM_MS, DEFAULT_VMM_QUANTUM_MS, Oversub, Turns, Vmm, default_quantum_ms,
+};
 
 /// How many `_N` suffixes are read.
 pub const DEVICE_NUMBERS: usize = vgpu_shm::MAX_DEVICES;
@@ -269,9 +271,13 @@ impl Config {
         oversub.idle_ms = number("VGPU_OVERSUBSCRIBE_IDLE_MS", oversub.idle_ms);
         // (A bad quantum keeps the default, which depends on how the
         // process's switches move its memory.)
-        oversub.quantum_ms = trusted_text("VGPU_OVERSUBSCRIBE_QUANTUM_MS")
-            .map(|_| number("VGPU_OVERSUBSCRIBE_QUANTUM_MS", u64::MAX))
-            .filter(|&q| q != u64::MAX);
+        oversub.quantum_ms = trusted_text("VGPU_OVERSUBSCRIBE_QUANTUM_MS").and_then(|v| {
+            v.trim().parse::<u64>().ok().or_else(|| {
+                let why = "a whole number of milliseconds";
+                warnings.push(bad("VGPU_OVERSUBSCRIBE_QUANTUM_MS", v, why));
+                None
+            })
+        });
         let sm_period_ms = trusted_text("VGPU_SM_PERIOD_MS").and_then(|v| {
             let ms = v
                 .trim()

@@ -94,16 +94,24 @@ fn on_auto_the_blocks_are_vmm_backed_where_the_process_sees_one_card() {
     let auto = [
         ("VGPU_OVERSUBSCRIBE_VMM", "auto"),
         ("SIM_GPU_NO_FD_HANDLES", "1"),
+        ("LIBCUDA_LOG_LEVEL", "2"),
     ];
     let one = Node::new().run("a", &auto, &["vmmhide", "3145733"]);
     assert_eq!(one.get("range_size"), "3145733", "{}", one.stderr);
     assert_eq!(one.get("ipc_rc"), "1", "VMM-backed: {}", one.stderr);
     assert_eq!(one.get("ipc_after_rc"), "0", "{}", one.stderr);
+    assert!(
+        one.stderr
+            .contains("this process sees 1 GPU(s): its large blocks are VMM-backed"),
+        "{}",
+        one.stderr
+    );
     let two = Node::with_cards(2, "4g", "3g").run("b", &auto, &["vmmhide", "3145733"]);
     assert_eq!(two.get("range_size"), "3145733", "{}", two.stderr);
     assert_eq!(two.get("ipc_rc"), "0", "ordinary: {}", two.stderr);
     assert!(
-        !two.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"),
+        two.stderr
+            .contains("this process sees 2 GPU(s): its large blocks are ordinary ones"),
         "{}",
         two.stderr
     );

@@ -111,15 +111,21 @@ pub const DEFAULT_QUANTUM_MS: u64 = 660_000;
 pub const DEFAULT_VMM_QUANTUM_MS: u64 = 80_000;
 
 impl Oversub {
-    /// The quantum: the one set, else the default for switches that move
-    /// blocks by VMM copies (`vmm_backed`) or by the checkpoint API
-    /// (docs/oversubscription.md derives both).
+    /// The quantum: the one set, else [`default_quantum_ms`].
     pub fn quantum_ms_for(&self, vmm_backed: bool) -> u64 {
-        self.quantum_ms.unwrap_or(if vmm_backed {
-            DEFAULT_VMM_QUANTUM_MS
-        } else {
-            DEFAULT_QUANTUM_MS
-        })
+        self.quantum_ms
+            .unwrap_or_else(|| default_quantum_ms(vmm_backed))
+    }
+}
+
+/// The default quantum for switches that move blocks by VMM copies
+/// (`by_copies`) or by the checkpoint API (docs/oversubscription.md
+/// derives both).
+pub fn default_quantum_ms(by_copies: bool) -> u64 {
+    if by_copies {
+        DEFAULT_VMM_QUANTUM_MS
+    } else {
+        DEFAULT_QUANTUM_MS
     }
 }
 

@@ -188,6 +188,9 @@ impl Leader {
                 last_admitted_ns: entry.admitted_ns(),
                 last_held_ns: entry.held_ns(),
                 settle_until_ns: now + SETTLE_NS,
+                // (What its predecessors admitted is not work of its own:
+                // an idle new leader must not show busy on the board.)
+                pacing: super::pacing::Pacing::since(entry.admitted_ns()),
                 ..Device::default()
             };
             log::debug!("leading the compute bucket of device entry {dev}");

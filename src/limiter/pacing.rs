@@ -152,6 +152,9 @@ pub struct Pacing {
     judged_admitted_ns: u64,
     last_sync_wait_ns: u64,
     last_bucket_wait_ns: u64,
+    /// Since when the container has been paced side by side (0: it is
+    /// not): a control period judged for a shortfall must be paced whole.
+    paced_since_ns: u64,
     /// Until when the container asks for turns (short side by side).
     turns_until_ns: u64,
     /// How long it asked the last time (0: never).
@@ -161,6 +164,15 @@ pub struct Pacing {
 }
 
 impl Pacing {
+    /// A new leader's state: the container counts as busy once its bucket
+    /// admits more than `admitted` (what it had admitted so far).
+    pub fn since(admitted: u64) -> Pacing {
+        Pacing {
+            last_admitted_ns: admitted,
+            ..Pacing::default()
+        }
+    }
+
     /// One watcher tick of the leader of device `entry` (limit `percent`,
     /// GPU `uuid`): publishes the limit while the container is busy,
     /// reads the others', and notes in the region whether it paces; on a
@@ -197,7 +209,13 @@ impl Pacing {
             (true, since) => since,
         };
         let settled = room && now.saturating_sub(self.room_since_ns) >= ROOM_HOLD_NS;
-        entry.note_paced(mode() == Turns::Auto && settled && !asks_turns, now);
+        let paced = mode() == Turns::Auto && settled && !asks_turns;
+        self.paced_since_ns = match (paced, self.paced_since_ns) {
+            (false, _) => 0,
+            (true, 0) => now,
+            (true, since) => since,
+        };
+        entry.note_paced(paced, now);
     }
 
     /// Over the control period that ends at `now`: whether the container,
@@ -220,8 +238,10 @@ impl Pacing {
         let last_tick = std::mem::replace(&mut self.last_tick_ns, now);
         let period = now.saturating_sub(last_tick);
         let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
-        // (The first period's counters run from the region's making.)
-        if last_tick == 0 || period == 0 || !entry.paced(now) || entry.alone(now) || paused {
+        // (The first period's counters run from the region's making; a
+        // period that began in turns is not the pacing's to judge.)
+        let paced_whole = self.paced_since_ns != 0 && self.paced_since_ns <= last_tick;
+        if last_tick == 0 || period == 0 || !paced_whole || entry.alone(now) || paused {
             return;
         }
         let share = |ns: u64, since: u64| ns.saturating_sub(since) as f64 / period as f64;

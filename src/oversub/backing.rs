@@ -172,19 +172,40 @@ pub(super) fn mapped_bytes() -> u64 {
         .fold(0, u64::saturating_add)
 }
 
-/// Records the physical handle of the block at `base` (None: moved out).
-pub(super) fn set_handle(base: CUdeviceptr, handle: Option<CUmemGenericAllocationHandle>) {
+/// The mapped bytes of this process's VMM-backed blocks that a
+/// suspension moves, on the card or not (what decides its quantum).
+pub(super) fn backed_bytes() -> u64 {
+    BACKED
+        .lock()
+        .iter()
+        .filter(|b| !b.shared)
+        .map(|b| b.mapped)
+        .fold(0, u64::saturating_add)
+}
+
+/// Whether this process gets ordinary blocks from now on (legacy IPC).
+pub(super) fn legacy() -> bool {
+    LEGACY.load(Ordering::Relaxed)
+}
+
+/// Records the physical handle of the block at `base` (None: moved out)
+/// and, for new memory, whether it is exportable as a file descriptor.
+pub(super) fn set_handle(base: CUdeviceptr, handle: Option<(CUmemGenericAllocationHandle, bool)>) {
     if let Some(b) = BACKED.lock().iter_mut().find(|b| b.base == base) {
-        b.handle = handle;
+        b.handle = handle.map(|(h, _)| h);
+        if let Some((_, fd)) = handle {
+            b.fd = fd;
+        }
     }
 }
 
-/// Physical memory of `bytes` on `dev`, mapped read-write at `base`.
+/// Physical memory of `bytes` on `dev`, mapped read-write at `base`, and
+/// whether it is exportable as a file descriptor.
 pub(super) fn create_map(
     base: CUdeviceptr,
     bytes: u64,
     dev: CUdevice,
-) -> Result<CUmemGenericAllocationHandle, CUresult> {
+) -> Result<(CUmemGenericAllocationHandle, bool), CUresult> {
     let location = MemLocation {
         kind: MEM_LOCATION_TYPE_DEVICE,
         id: dev.0,
@@ -229,7 +250,7 @@ pub(super) fn create_map(
         let _ = real::cuMemRelease(handle);
         return Err(rc);
     }
-    Ok(handle)
+    Ok((handle, prop.handle_types != 0))
 }
 
 /// Unmaps and releases a block's physical memory (its addresses stay
@@ -252,8 +273,8 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
     if !rc.is_ok() {
         return rc;
     }
-    let handle = match create_map(base, mapped, dev) {
-        Ok(h) => h,
+    let (handle, fd) = match create_map(base, mapped, dev) {
+        Ok(made) => made,
         Err(rc) => {
             let _ = real::cuMemAddressFree(base, mapped as usize);
             return rc;
@@ -267,8 +288,7 @@ pub fn alloc(dptr: Out<CUdeviceptr>, bytes: usize) -> CUresult {
         ctx: ctx as usize,
         handle: Some(handle),
         shared: false,
-        // create_map fell back to memory without one where NO_FD is set.
-        fd: !NO_FD.load(Ordering::Relaxed),
+        fd,
     });
     dptr.put(base);
     CUresult::SUCCESS

@@ -186,15 +186,15 @@ pub(super) fn move_out(fallback: [u8; 16]) -> Result<Vec<([u8; 16], u64)>, Strin
 pub(super) fn move_back() -> Result<(), CUresult> {
     let t0 = Instant::now();
     let places = PLACES.lock().clone();
-    let mut done: Vec<(Backed, CUmemGenericAllocationHandle)> = Vec::new();
+    let mut done: Vec<(Backed, (CUmemGenericAllocationHandle, bool))> = Vec::new();
     let result = with_arena(|arena| {
         for &(base, at) in &places {
             let Some(b) = backing::find(base).filter(|b| b.handle.is_none()) else {
                 continue;
             };
             in_ctx(b.ctx, || {
-                let h = backing::create_map(b.base, b.mapped, b.dev)?;
-                done.push((b, h));
+                let made = backing::create_map(b.base, b.mapped, b.dev)?;
+                done.push((b, made));
                 ok(copy(arena, at, b.base, b.mapped, false))
             })
             .and_then(|r| r)?;
@@ -202,13 +202,13 @@ pub(super) fn move_back() -> Result<(), CUresult> {
         Ok(())
     });
     if let Err(rc) = result {
-        for (b, h) in &done {
+        for (b, (h, _)) in &done {
             let _ = in_ctx(b.ctx, || backing::unmap_release(b, *h));
         }
         return Err(rc);
     }
-    for (b, h) in &done {
-        backing::set_handle(b.base, Some(*h));
+    for (b, made) in &done {
+        backing::set_handle(b.base, Some(*made));
     }
     PLACES.lock().clear();
     if done.is_empty() {

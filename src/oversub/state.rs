@@ -76,27 +76,47 @@ impl Settings {
     }
 
     /// The quantum: the one set, else the default for how this process's
-    /// switches move its memory.
+    /// switches move what it holds: by VMM copies where those hold at
+    /// least half of it, else by the checkpoint API (a process of small
+    /// blocks or of its own VMM pools moves at its speed).
     pub(super) fn quantum_ms(&self) -> u64 {
-        let set = Oversub {
-            quantum_ms: self.quantum_ms,
-            ..Oversub::default()
-        };
-        set.quantum_ms_for(self.vmm())
+        self.quantum_ms.unwrap_or_else(|| {
+            let by_copies = self.vmm() && !super::backing::legacy() && {
+                let backed = super::backing::backed_bytes();
+                let held: u64 =
+                    here().map_or(0, |h| h.entry().cards().iter().map(|&(_, b)| b).sum());
+                backed.saturating_mul(2) >= held
+            };
+            crate::config::default_quantum_ms(by_copies)
+        })
     }
 }
 
-/// Whether the process sees exactly one GPU; asked of the driver once it
-/// answers (before `cuInit`, no).
+/// Whether the process sees exactly one GPU; asked of the driver once
+/// libcuda is loaded and answers (never loading it: an NVML hook may get
+/// here first), and said once.
 fn sees_one_gpu() -> bool {
     static ONE: OnceLock<bool> = OnceLock::new();
     if let Some(&one) = ONE.get() {
         return one;
     }
-    match crate::cuda::driver::device_count() {
-        Some(n) => *ONE.get_or_init(|| n == 1),
-        None => false,
+    if !crate::interpose::real::loaded(crate::interpose::real::Lib::Cuda) {
+        return false;
     }
+    let Some(n) = crate::cuda::driver::device_count() else {
+        return false;
+    };
+    *ONE.get_or_init(|| {
+        log::info!(
+            "VGPU_OVERSUBSCRIBE_VMM=auto: this process sees {n} GPU(s): its large blocks are {}",
+            if n == 1 {
+                "VMM-backed, moved by its own copies at the bus's speed"
+            } else {
+                "ordinary ones, moved by the checkpoint API (peer access would not reach VMM-backed ones)"
+            }
+        );
+        n == 1
+    })
 }
 
 pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();

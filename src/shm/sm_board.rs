@@ -34,8 +34,8 @@ pub const SLOTS: usize = 32;
 const SLOT_BYTES: u64 = 16;
 /// Where the slots' lock bytes begin (past any data).
 const LOCK_BASE: i64 = 1 << 20;
-/// How recently a slot must have been written to count: a few of its
-/// owner's control periods (one every half second).
+/// How recently a slot must have been written to count: many of its
+/// owner's writes (one every watcher tick, 100 ms, while it is busy).
 pub const FRESH_NS: u64 = 2_000_000_000;
 /// A slot written later than this past the reader's clock is not
 /// believed (another boot's clock, or a hand edit).
