@@ -46,8 +46,25 @@ pub(super) static GAVE_TURN: AtomicBool = AtomicBool::new(false);
 /// arena (0: it does not).
 static HELD_FOR_ARENA: AtomicU64 = AtomicU64::new(0);
 
+/// This process's quantum: the one set, else the default for how its
+/// switches move what it holds: by VMM copies where those hold at least
+/// half of it, else by the checkpoint API (a process of small blocks or
+/// of its own VMM pools moves at that speed).
+fn quantum_ms() -> u64 {
+    let s = settings();
+    s.quantum_ms.unwrap_or_else(|| {
+        let by_copies = s.vmm() && !super::backing::legacy() && {
+            let backed = super::backing::backed_bytes();
+            let held: u64 =
+                super::state::here().map_or(0, |h| h.entry().cards().iter().map(|&(_, b)| b).sum());
+            backed.saturating_mul(2) >= held
+        };
+        crate::config::default_quantum_ms(by_copies)
+    })
+}
+
 fn quantum_ns() -> u64 {
-    settings().quantum_ms().saturating_mul(1_000_000)
+    quantum_ms().saturating_mul(1_000_000)
 }
 
 /// Publishes this process's priority; its turn begins now.
@@ -69,7 +86,7 @@ pub(super) fn advertise(h: &Here) {
     // (A process whose VMM memory is all shared with another has nothing
     // a suspension may move: shared.rs.)
     let movable = !super::shared::any() || super::backing::mapped_bytes() > 0;
-    let q = if fits && movable { s.quantum_ms() } else { 0 };
+    let q = if fits && movable { quantum_ms() } else { 0 };
     h.entry()
         .set_quantum_ms(u32::try_from(q).unwrap_or(u32::MAX));
 }
@@ -193,7 +210,7 @@ pub(super) fn turn_wait(h: &Here, card: &[u8; 16]) -> Duration {
 /// `parties` turns (at most [`MAX_PARTIES`]) of this process's quantum,
 /// the holder's grace for its arena and a switch each.
 pub(super) fn turns_of(parties: u64) -> Duration {
-    let one = Duration::from_millis(settings().quantum_ms())
+    let one = Duration::from_millis(quantum_ms())
         .saturating_add(ARENA_GRACE)
         .saturating_add(SWITCH_ALLOWANCE);
     one.saturating_mul(parties.min(MAX_PARTIES) as u32)

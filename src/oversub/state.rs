@@ -74,22 +74,6 @@ impl Settings {
             Vmm::Auto => sees_one_gpu(),
         }
     }
-
-    /// The quantum: the one set, else the default for how this process's
-    /// switches move what it holds: by VMM copies where those hold at
-    /// least half of it, else by the checkpoint API (a process of small
-    /// blocks or of its own VMM pools moves at its speed).
-    pub(super) fn quantum_ms(&self) -> u64 {
-        self.quantum_ms.unwrap_or_else(|| {
-            let by_copies = self.vmm() && !super::backing::legacy() && {
-                let backed = super::backing::backed_bytes();
-                let held: u64 =
-                    here().map_or(0, |h| h.entry().cards().iter().map(|&(_, b)| b).sum());
-                backed.saturating_mul(2) >= held
-            };
-            crate::config::default_quantum_ms(by_copies)
-        })
-    }
 }
 
 /// Whether the process sees exactly one GPU; asked of the driver once
