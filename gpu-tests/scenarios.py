@@ -1533,6 +1533,49 @@ def oversub_default():
     oversub_busy("oversub_default", vmm="auto")
 
 
+def vmm_peers():
+    """Issue 27 on two cards (nvidia-h100-x2): a cudaMalloc block of GPU 0,
+    VMM-backed under oversubscription, read and written by a kernel of
+    GPU 1 after cudaDeviceEnablePeerAccess and copied by cudaMemcpyPeer
+    both ways (gpu-tests/peer_access.cu): natively, with the default
+    (`VGPU_OVERSUBSCRIBE_VMM` unset) and with `true`; then what
+    cuMemGetAccess says of a VMM-backed block for each GPU (cuclient
+    vmmhide). Skipped with one GPU."""
+    sec = "vmm_peers"
+    if SIM:
+        return
+    n = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+    if n < 2:
+        print(f"vmm_peers: {n} GPU(s): skipped (needs 2)", flush=True)
+        return
+    exe = os.path.join(BIN, "peer_access")
+    rc, _, err = run(["nvcc", "-O2", "-o", exe, os.path.join(ROOT, "gpu-tests", "peer_access.cu")], base_env(), 300,
+                     "peer-build")
+    if rc:
+        record(sec, "peer_access.cu built", err[-200:], "built", False)
+        return
+    board = tempfile.mkdtemp(prefix="vgpu-board-")
+    for tag, env in (("native", base_env()),
+                     ("vgpu, default", make_env(True, {k: v for k, v in oversub_env(
+                         board, "20g", 1000, "8g", log_level=2).items() if k != "VGPU_OVERSUBSCRIBE_VMM"},
+                         new_region())),
+                     ("vgpu, VMM true", make_env(True, dict(oversub_env(board, "20g", 1000, "8g", log_level=4),
+                                                             VGPU_OVERSUBSCRIBE_VMM="true"), new_region()))):
+        rc, out, err = run([exe], env, 120, f"peer-{tag.split()[-1]}")
+        f = kv(out)
+        vmm = "VMM-backed" in err or "sees 2 GPU(s): its large blocks are VMM" in err
+        record(sec, f"{tag}: GPU 1's kernel on GPU 0's block after enabling peer access; cudaMemcpyPeer both "
+                    f"ways (wrong words); blocks VMM-backed",
+               f"{f.get('kernel_wrong', f.get('error', '-'))}; {f.get('peer_copy_wrong', '-')}; {vmm}",
+               "0; 0", rc == 0 and f.get("kernel_ok") == "1" and f.get("peer_copy_ok") == "1")
+    env = make_env(True, dict(oversub_env(board, "20g", 1000, "8g"), VGPU_OVERSUBSCRIBE_VMM="true"), new_region())
+    rc, out, _ = run([client("link"), "vmmhide", "3145733"], env, 60, "peer-vmmhide")
+    f = kv(out)
+    got = f"{f.get('access_dev0')}, {f.get('access_dev1')}"
+    record(sec, "a VMM-backed block of GPU 0: cuMemGetAccess for GPU 0, GPU 1 (rc/flags)", got, "0/3, 0/3",
+           rc == 0 and got == "0/3, 0/3")
+
+
 def oversub_two_cards():
     """Issue 27 on two cards (nvidia-h100-x2): a process holds a patterned
     1 GiB and 7 GiB more on card 0 and a patterned 2 GiB on card 1, then
@@ -1791,7 +1834,7 @@ def oversub_shared():
 SECTIONS = {f.__name__: f for f in [transparency, memory, overhead, startup, launchcost, graphs, storm, compute, pair,
                                     restarts, safety, demo, mechanism, nvml_raw, neighbours, hami, oversub, oversub_small,
                                     oversub_hostile, oversub_busy, oversub_vmm, oversub_default, oversub_vllm,
-                                    oversub_two_cards, oversub_shared,
+                                    oversub_two_cards, oversub_shared, vmm_peers,
                                     exporter, util_panel, dist, latency]}
 
 

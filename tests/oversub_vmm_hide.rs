@@ -116,3 +116,21 @@ fn on_auto_the_blocks_are_vmm_backed_where_the_process_sees_one_card() {
         two.stderr
     );
 }
+
+/// A VMM-backed block is mapped for every GPU that can reach its own:
+/// peer access (`cuCtxEnablePeerAccess`) covers cuMemAlloc's blocks, not
+/// VMM memory, so without it a kernel or copy of the other GPU would
+/// fault there.
+#[test]
+fn a_vmm_backed_block_is_reachable_from_every_peer_gpu() {
+    let _serial = serial();
+    let node = Node::with_cards(2, "4g", "3g");
+    let r = node.run(
+        "a",
+        &[("VGPU_OVERSUBSCRIBE_VMM", "true")],
+        &["vmmhide", "3145733"],
+    );
+    assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+    assert_eq!(r.get("access_dev0"), "0/3", "{}", r.stdout);
+    assert_eq!(r.get("access_dev1"), "0/3", "{}", r.stdout);
+}

@@ -23,6 +23,20 @@ pub fn device_count() -> Option<usize> {
         .then(|| usize::try_from(n).unwrap_or(0))
 }
 
+/// The ordinals of the other GPUs whose kernels can reach memory on
+/// `dev` (peer access), in order.
+pub fn peers_of(dev: CUdevice) -> Vec<CUdevice> {
+    let n = device_count().unwrap_or(0);
+    (0..n)
+        .filter_map(|i| i32::try_from(i).ok().map(CudaOrdinal))
+        .filter(|&d| d != dev)
+        .filter(|&d| {
+            let mut can = 0;
+            real::cuDeviceCanAccessPeer(Out::from(&mut can), d, dev).is_ok() && can != 0
+        })
+        .collect()
+}
+
 /// The UUID the driver reports for ordinal `dev`.
 pub fn uuid(dev: CUdevice) -> Option<[u8; 16]> {
     let mut uuid = [0u8; 16];

@@ -132,6 +132,7 @@ crate::interpose::reals::reals! {
     fn cuDeviceGetUuid(uuid: Out<[u8; 16]>, dev: CUdevice) -> CUresult;
     fn cuDeviceGetAttribute(value: Out<c_int>, attr: c_int, dev: CUdevice) -> CUresult;
     fn cuDeviceGetCount(count: Out<c_int>) -> CUresult;
+    fn cuDeviceCanAccessPeer(can: Out<c_int>, dev: CUdevice, peer: CUdevice) -> CUresult;
     fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: Out<c_uint>, active: Out<c_int>) -> CUresult;
     fn cuEventCreate(event: Out<CUevent>, flags: c_uint) -> CUresult;
     fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
@@ -237,8 +238,17 @@ pub(crate) fn mem_import_fd(
 
 /// `cuMemSetAccess` of one descriptor.
 pub(crate) fn mem_set_access(ptr: CUdeviceptr, bytes: usize, desc: &MemAccessDesc) -> CUresult {
-    // SAFETY: one live descriptor, and the count says one.
-    unsafe { cuMemSetAccess(ptr, bytes, desc, 1) }
+    mem_set_access_all(ptr, bytes, std::slice::from_ref(desc))
+}
+
+/// `cuMemSetAccess` of several descriptors.
+pub(crate) fn mem_set_access_all(
+    ptr: CUdeviceptr,
+    bytes: usize,
+    descs: &[MemAccessDesc],
+) -> CUresult {
+    // SAFETY: `descs` lives for the call, and the count is its length.
+    unsafe { cuMemSetAccess(ptr, bytes, descs.as_ptr(), descs.len()) }
 }
 
 /// A pinned host buffer, freed when dropped; device memory is copied in

@@ -240,11 +240,20 @@ pub(super) fn create_map(
         let _ = real::cuMemRelease(handle);
         return Err(rc);
     }
-    let desc = MemAccessDesc {
-        location,
-        flags: MEM_ACCESS_READWRITE,
-    };
-    let rc = real::mem_set_access(base, bytes as usize, &desc);
+    // Read-write for its own GPU and every GPU that can reach it: peer
+    // access (cuCtxEnablePeerAccess) covers cuMemAlloc's blocks, never VMM
+    // memory, so a kernel or copy of another GPU would fault on it.
+    let descs: Vec<MemAccessDesc> = std::iter::once(dev)
+        .chain(driver::peers_of(dev))
+        .map(|d| MemAccessDesc {
+            location: MemLocation {
+                kind: MEM_LOCATION_TYPE_DEVICE,
+                id: d.0,
+            },
+            flags: MEM_ACCESS_READWRITE,
+        })
+        .collect();
+    let rc = real::mem_set_access_all(base, bytes as usize, &descs);
     if !rc.is_ok() {
         let _ = real::cuMemUnmap(base, bytes as usize);
         let _ = real::cuMemRelease(handle);

@@ -1032,6 +1032,15 @@ static int cmd_vmmhide(size_t bytes) {
     int capable[2] = {0x7f7f7f7f, 0x7f7f7f7f};
     printf("capable_rc=%d\n", cu.cuPointerGetAttribute(capable, 10, a + bytes / 2));
     printf("capable=%d\ncapable_next_kept=%d\n", capable[0], capable[1] == 0x7f7f7f7f);
+    /* Who may reach it, each GPU (VMM memory: rc/flags, 3 read-write). */
+    int ndev = 0;
+    CHECK(cu.cuDeviceGetCount(&ndev));
+    for (int d = 0; d < ndev; d++) {
+        unsigned long long f = 0;
+        CUmemLocation loc = {1, d};
+        int arc = cu.cuMemGetAccess(&f, &loc, a);
+        printf("access_dev%d=%d/%llu\n", d, arc, f);
+    }
     printf("ipc_rc=%d\n", cu.cuIpcGetMemHandle(h, a));
     CHECK(cu.cuMemAlloc_v2(&b, bytes));
     printf("ipc_after_rc=%d\n", cu.cuIpcGetMemHandle(h, b));

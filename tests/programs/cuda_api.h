@@ -105,6 +105,7 @@ typedef struct {
       (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))      \
     X(cuMemUnmap, "cuMemUnmap", 13000, (CUdeviceptr, size_t))                                \
     X(cuMemSetAccess, "cuMemSetAccess", 13000, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
+    X(cuMemGetAccess, "cuMemGetAccess", 13000, (unsigned long long *, const CUmemLocation *, CUdeviceptr)) \
     X(cuArrayCreate_v2, "cuArrayCreate", 13000, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))  \
     X(cuArray3DCreate_v2, "cuArray3DCreate", 13000, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *)) \
     X(cuArrayDestroy, "cuArrayDestroy", 13000, (CUarray))                                    \

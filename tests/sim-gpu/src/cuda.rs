@@ -103,6 +103,23 @@ pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
     }
 }
 
+/// Every two simulated GPUs can reach each other's memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: c_int,
+    peer: c_int,
+) -> CUresult {
+    let l = local();
+    tri!(physical(&l, dev));
+    tri!(physical(&l, peer));
+    if put(can, c_int::from(dev != peer)) {
+        SUCCESS
+    } else {
+        INVALID_VALUE
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(d: *mut c_int, ordinal: c_int) -> CUresult {
     let l = local();

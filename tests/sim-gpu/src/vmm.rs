@@ -280,13 +280,61 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: Dptr, bytes: usize) -> CUresult {
     SUCCESS
 }
 
+/// Who may reach each range `cuMemSetAccess` was given (start, bytes,
+/// the ordinals given read-write or read access).
+static ACCESS: std::sync::Mutex<Vec<(Dptr, usize, Vec<c_int>)>> = std::sync::Mutex::new(Vec::new());
+
+/// `CUmemAccessDesc`: a location (type, id) and its flags.
+type AccessDesc = [c_int; 3];
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemSetAccess(
-    _ptr: Dptr,
-    _bytes: usize,
-    _desc: *const c_void,
-    _n: usize,
+    ptr: Dptr,
+    bytes: usize,
+    desc: *const AccessDesc,
+    n: usize,
 ) -> CUresult {
+    let l = local();
+    tri!(ready(&l));
+    if desc.is_null() || n == 0 {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's array of `n` descriptors.
+    let descs = unsafe { std::slice::from_raw_parts(desc, n) };
+    let mut devs = Vec::new();
+    for d in descs {
+        if d[0] != MEM_LOCATION_DEVICE {
+            return INVALID_VALUE;
+        }
+        tri!(physical(&l, d[1]));
+        if d[2] != 0 {
+            devs.push(d[1]);
+        }
+    }
+    let mut g = ACCESS.lock().unwrap_or_else(|e| e.into_inner());
+    g.retain(|&(p, _, _)| p != ptr);
+    g.push((ptr, bytes, devs));
+    SUCCESS
+}
+
+/// `cuMemGetAccess`: 3 (read-write) where `cuMemSetAccess` gave the
+/// location access to a range holding `ptr`, else 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut u64,
+    location: *const [c_int; 2],
+    ptr: Dptr,
+) -> CUresult {
+    let l = local();
+    tri!(ready(&l));
+    let Some(loc) = get(location) else {
+        return INVALID_VALUE;
+    };
+    let g = ACCESS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((_, _, devs)) = g.iter().find(|&&(p, b, _)| ptr >= p && ptr < p + b as Dptr) else {
+        return INVALID_VALUE;
+    };
+    put(flags, if devs.contains(&loc[1]) { 3 } else { 0 });
     SUCCESS
 }
 
