@@ -13,9 +13,10 @@ trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
 and whether two 50 % containers still find their turns). About 6 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to
 every case but the trade; `LATENCY_LOG_LEVEL` (say 4) sets the limited
-container's log level in every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
+container's log level (and its neighbour's) in every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
 trade's periods; `LATENCY_TRADE_ONLY=1` runs the native 1 ms steps and
-the trade alone.
+the trade alone, `LATENCY_TORCH_ONLY=1` the PyTorch rows
+alone.
 """
 import os
 
@@ -40,6 +41,8 @@ def neighbour(s, kind, secs, period=None):
     extra = {"CUDA_DEVICE_SM_LIMIT": "60"} if kind == "60" else None
     if period:
         extra = dict(extra or {}, VGPU_SM_PERIOD_MS=str(period))
+    if os.environ.get("LATENCY_LOG_LEVEL"):
+        extra = dict(extra or {}, LIBCUDA_LOG_LEVEL=os.environ["LATENCY_LOG_LEVEL"])
     p = s.spawn([s.client(), "spin", "1000000", "132", str(secs)], s.make_env(kind == "60", extra, s.new_region()),
                 f"latency-neighbour-{kind}")
     return p
@@ -126,6 +129,9 @@ def latency(s):
     spin = [(ns, [s.client(), "steps", str(ns), "132", str(SECS), str(WARM)]) for ns in STEPS]
     if os.environ.get("LATENCY_TRADE_ONLY") == "1":
         spin = [(ns, cmd) for ns, cmd in spin if ns == 1_000_000]
+    torch_only = os.environ.get("LATENCY_TORCH_ONLY") == "1"
+    if torch_only:
+        spin = []
     ms = lambda ns: f"{ns / 1e6:g} ms"  # noqa: E731
     native = {}
     for ns, cmd in spin:
@@ -136,14 +142,23 @@ def latency(s):
     if os.environ.get("LATENCY_TRADE_ONLY") == "1":
         trade(s, sec, native[1_000_000])
         return
+    if not torch_only:
+        spin_cases(s, sec, spin, native, ms)
+    if s.SIM:
+        return
+    torch_case(s, sec)
+
+
+def spin_cases(s, sec, spin, native, ms):
     case(s, sec, "SM 30 alone", 30, None, spin, native, ms)
     case(s, sec, "SM 30 beside a busy 60% container", 30, "60", spin, native, ms)
     for lim in (10, 50, 90):
         case(s, sec, f"SM {lim} alone", lim, None, spin, native, ms)
     case(s, sec, "SM 30 beside an unlimited process", 30, "free", spin, native, ms)
     trade(s, sec, native[1_000_000])
-    if s.SIM:
-        return
+
+
+def torch_case(s, sec):
     # A real inference loop: a small model replayed as a CUDA graph,
     # fixed-size requests served one at a time.
     torch = [("torch", [s.PY, TORCH, str(SECS), str(WARM)])]
