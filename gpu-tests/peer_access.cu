@@ -66,5 +66,8 @@ int main() {
     TRY(cudaMemcpy(back.data(), a, words * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < words; i++) wrong += back[i] != host[i];
     printf("peer_copy_wrong=%zu\npeer_copy_ok=%d\n", wrong, wrong == 0);
+    TRY(cudaFree(b));
+    TRY(cudaSetDevice(0));
+    TRY(cudaFree(a));
     return 0;
 }

@@ -83,37 +83,39 @@ fn a_vmm_backed_block_answers_its_asked_size_and_is_shared_by_ipc_or_falls_back_
     assert!(!r.stderr.contains("VGPU_OVERSUBSCRIBE_VMM"), "{}", r.stderr);
 }
 
-/// `VGPU_OVERSUBSCRIBE_VMM=auto`, the default: a process that sees one
-/// card gets VMM-backed blocks, one that sees two ordinary ones (peer
-/// access between cards would not reach a VMM-backed block). A driver
+/// `VGPU_OVERSUBSCRIBE_VMM=auto`, the default: blocks are VMM-backed
+/// where every GPU the process sees supports virtual memory management,
+/// one card or two; where one does not, they are ordinary ones. A driver
 /// that makes no VMM memory exportable tells them apart: the export of a
 /// VMM-backed block fails there, an ordinary one's works.
 #[test]
-fn on_auto_the_blocks_are_vmm_backed_where_the_process_sees_one_card() {
+fn on_auto_the_blocks_are_vmm_backed_where_every_card_supports_it() {
     let _serial = serial();
     let auto = [
         ("VGPU_OVERSUBSCRIBE_VMM", "auto"),
         ("SIM_GPU_NO_FD_HANDLES", "1"),
         ("LIBCUDA_LOG_LEVEL", "2"),
     ];
-    let one = Node::new().run("a", &auto, &["vmmhide", "3145733"]);
-    assert_eq!(one.get("range_size"), "3145733", "{}", one.stderr);
-    assert_eq!(one.get("ipc_rc"), "1", "VMM-backed: {}", one.stderr);
-    assert_eq!(one.get("ipc_after_rc"), "0", "{}", one.stderr);
+    for cards in [1, 2] {
+        let r = Node::with_cards(cards, "4g", "3g").run("a", &auto, &["vmmhide", "3145733"]);
+        assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+        assert_eq!(r.get("ipc_rc"), "1", "VMM-backed on {cards}: {}", r.stderr);
+        assert_eq!(r.get("ipc_after_rc"), "0", "{}", r.stderr);
+        let line = format!(
+            "{cards} GPU(s), each with virtual memory management: large blocks are VMM-backed"
+        );
+        assert!(r.stderr.contains(&line), "{}", r.stderr);
+    }
+    let mut lacking = auto.to_vec();
+    lacking.push(("SIM_GPU_NO_VMM", "1"));
+    let r = Node::new().run("b", &lacking, &["vmmhide", "3145733"]);
+    assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+    assert_eq!(r.get("ipc_rc"), "0", "ordinary: {}", r.stderr);
     assert!(
-        one.stderr
-            .contains("this process sees 1 GPU(s): its large blocks are VMM-backed"),
+        r.stderr
+            .contains("GPU 0 has no virtual memory management: large blocks are ordinary ones"),
         "{}",
-        one.stderr
-    );
-    let two = Node::with_cards(2, "4g", "3g").run("b", &auto, &["vmmhide", "3145733"]);
-    assert_eq!(two.get("range_size"), "3145733", "{}", two.stderr);
-    assert_eq!(two.get("ipc_rc"), "0", "ordinary: {}", two.stderr);
-    assert!(
-        two.stderr
-            .contains("this process sees 2 GPU(s): its large blocks are ordinary ones"),
-        "{}",
-        two.stderr
+        r.stderr
     );
 }
 

@@ -36,9 +36,8 @@ impl Turns {
 /// 2b).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vmm {
-    /// In a process that sees one GPU (the default): a VMM-backed block
-    /// is reachable from its own GPU only, and peer access between GPUs
-    /// does not reach it.
+    /// Where every GPU the process sees supports virtual memory
+    /// management (the default).
     Auto,
     /// Always (`true`).
     Always,

@@ -23,6 +23,13 @@ pub fn device_count() -> Option<usize> {
         .then(|| usize::try_from(n).unwrap_or(0))
 }
 
+/// Whether GPU `dev` supports virtual memory management
+/// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+pub fn has_vmm(dev: CUdevice) -> bool {
+    let mut v = 0;
+    real::cuDeviceGetAttribute(Out::from(&mut v), 102, dev).is_ok() && v != 0
+}
+
 /// The ordinals of the other GPUs whose kernels can reach memory on
 /// `dev` (peer access), in order.
 pub fn peers_of(dev: CUdevice) -> Vec<CUdevice> {

@@ -65,24 +65,25 @@ pub(super) struct Settings {
 
 impl Settings {
     /// Whether this process's large blocks are VMM-backed: set so, or on
-    /// auto where it sees one GPU. (A VMM-backed block is reachable from
-    /// its own GPU only: peer access between GPUs would not reach it.)
+    /// auto where every GPU it sees supports virtual memory management.
     pub(super) fn vmm(&self) -> bool {
         match self.vmm {
             Vmm::Always => true,
             Vmm::Never => false,
-            Vmm::Auto => sees_one_gpu(),
+            Vmm::Auto => every_gpu_has_vmm(),
         }
     }
 }
 
-/// Whether the process sees exactly one GPU; asked of the driver once
-/// libcuda is loaded and answers (never loading it: an NVML hook may get
-/// here first), and said once.
-fn sees_one_gpu() -> bool {
-    static ONE: OnceLock<bool> = OnceLock::new();
-    if let Some(&one) = ONE.get() {
-        return one;
+/// Whether every GPU the process sees supports virtual memory
+/// management; asked of the driver once libcuda is loaded and answers
+/// (never loading it: an NVML hook may get here first), and said once.
+/// (A VMM-backed block is mapped for every GPU that can reach its own,
+/// backing.rs, as peer access would not reach it.)
+fn every_gpu_has_vmm() -> bool {
+    static ALL: OnceLock<bool> = OnceLock::new();
+    if let Some(&all) = ALL.get() {
+        return all;
     }
     if !crate::interpose::real::loaded(crate::interpose::real::Lib::Cuda) {
         return false;
@@ -90,16 +91,19 @@ fn sees_one_gpu() -> bool {
     let Some(n) = crate::cuda::driver::device_count() else {
         return false;
     };
-    *ONE.get_or_init(|| {
-        log::info!(
-            "VGPU_OVERSUBSCRIBE_VMM=auto: this process sees {n} GPU(s): its large blocks are {}",
-            if n == 1 {
-                "VMM-backed, moved by its own copies at the bus's speed"
-            } else {
-                "ordinary ones, moved by the checkpoint API (peer access would not reach VMM-backed ones)"
-            }
-        );
-        n == 1
+    let lacking = (0..n)
+        .filter_map(|i| i32::try_from(i).ok().map(crate::cuda::sys::CudaOrdinal))
+        .find(|&d| !crate::cuda::driver::has_vmm(d));
+    *ALL.get_or_init(|| {
+        match lacking {
+            None => log::info!(
+                "VGPU_OVERSUBSCRIBE_VMM=auto: {n} GPU(s), each with virtual memory management: large blocks are VMM-backed, moved by this process's own copies at the bus's speed"
+            ),
+            Some(d) => log::info!(
+                "VGPU_OVERSUBSCRIBE_VMM=auto: GPU {d} has no virtual memory management: large blocks are ordinary ones, moved by the checkpoint API"
+            ),
+        }
+        lacking.is_none()
     })
 }
 

@@ -192,6 +192,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, d: c_i
         16 => shared().dev[dev].sms.load(Ordering::Relaxed) as c_int, // multiprocessor count
         75 => 9,                                                      // compute capability major
         76 => 0,                                                      // minor
+        // Virtual memory management, unless `SIM_GPU_NO_VMM=1`.
+        102 => c_int::from(std::env::var_os("SIM_GPU_NO_VMM").is_none_or(|v| v != "1")),
         _ => 0,
     };
     if put(v, value) {
