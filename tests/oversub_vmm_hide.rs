@@ -135,4 +135,22 @@ fn a_vmm_backed_block_is_reachable_from_every_peer_gpu() {
     assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
     assert_eq!(r.get("access_dev0"), "0/3", "{}", r.stdout);
     assert_eq!(r.get("access_dev1"), "0/3", "{}", r.stdout);
+    // A driver that refuses the peers' mapping: the block is mapped for
+    // its own GPU alone, as before, with a warning; the allocation stands.
+    let r = node.run(
+        "b",
+        &[
+            ("VGPU_OVERSUBSCRIBE_VMM", "true"),
+            ("SIM_GPU_ONE_ACCESS", "1"),
+        ],
+        &["vmmhide", "3145733"],
+    );
+    assert_eq!(r.get("range_size"), "3145733", "{}", r.stderr);
+    assert_eq!(r.get("access_dev0"), "0/3", "{}", r.stdout);
+    assert_eq!(r.get("access_dev1"), "0/0", "{}", r.stdout);
+    assert!(
+        r.stderr.contains("mapped for their own GPU only"),
+        "{}",
+        r.stderr
+    );
 }

@@ -74,7 +74,7 @@ pub struct Oversub {
     /// `VGPU_OVERSUBSCRIBE_QUANTUM_MS`: how long a busy process keeps the
     /// card while others wait for it before it gives its turn (0: it
     /// never gives one). None: the default for how its switches move
-    /// memory ([`Oversub::quantum_ms_for`]).
+    /// memory ([`default_quantum_ms`]).
     pub quantum_ms: Option<u64>,
     /// `VGPU_OVERSUBSCRIBE_HOST_LIMIT`: bytes of suspended state the node
     /// may hold on the host (None: half of the node's memory).
@@ -108,14 +108,6 @@ pub const DEFAULT_QUANTUM_MS: u64 = 660_000;
 /// (1.0 s out, 0.8 s back, run 105): 19 x (46.2 GB x (1/45.7 + 1/38.1)
 /// s + 1.8 s) = 76 s (docs/oversubscription.md, "Turns").
 pub const DEFAULT_VMM_QUANTUM_MS: u64 = 80_000;
-
-impl Oversub {
-    /// The quantum: the one set, else [`default_quantum_ms`].
-    pub fn quantum_ms_for(&self, vmm_backed: bool) -> u64 {
-        self.quantum_ms
-            .unwrap_or_else(|| default_quantum_ms(vmm_backed))
-    }
-}
 
 /// The default quantum for switches that move blocks by VMM copies
 /// (`by_copies`) or by the checkpoint API (docs/oversubscription.md

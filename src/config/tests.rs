@@ -330,22 +330,20 @@ fn the_vmm_setting_is_auto_by_default_and_a_bad_value_warns_and_keeps_it() {
 
 #[test]
 fn the_default_quantum_is_the_one_the_switch_rate_gives_and_a_set_one_stays() {
-    let default = cfg(&[]).unwrap().oversub;
-    assert_eq!(default.quantum_ms_for(true), DEFAULT_VMM_QUANTUM_MS);
-    assert_eq!(default.quantum_ms_for(false), DEFAULT_QUANTUM_MS);
+    assert_eq!(cfg(&[]).unwrap().oversub.quantum_ms, None);
+    assert_eq!(default_quantum_ms(true), DEFAULT_VMM_QUANTUM_MS);
+    assert_eq!(default_quantum_ms(false), DEFAULT_QUANTUM_MS);
     assert_eq!(
         (DEFAULT_VMM_QUANTUM_MS, DEFAULT_QUANTUM_MS),
         (80_000, 660_000)
     );
     let set = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "15000")]).unwrap();
-    assert_eq!(set.oversub.quantum_ms_for(true), 15_000);
-    assert_eq!(set.oversub.quantum_ms_for(false), 15_000);
+    assert_eq!(set.oversub.quantum_ms, Some(15_000));
     let never = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "0")]).unwrap();
-    assert_eq!(never.oversub.quantum_ms_for(true), 0);
+    assert_eq!(never.oversub.quantum_ms, Some(0));
     // A bad one warns and keeps the default of how the switches move.
     let c = cfg(&[("VGPU_OVERSUBSCRIBE_QUANTUM_MS", "1m")]).unwrap();
     assert_eq!((c.oversub.quantum_ms, c.warnings.len()), (None, 1));
-    assert_eq!(c.oversub.quantum_ms_for(true), DEFAULT_VMM_QUANTUM_MS);
 }
 
 #[test]

@@ -24,14 +24,18 @@ pub fn device_count() -> Option<usize> {
 }
 
 /// Whether GPU `dev` supports virtual memory management
-/// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
-pub fn has_vmm(dev: CUdevice) -> bool {
+/// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`); None where
+/// the driver does not answer.
+pub fn has_vmm(dev: CUdevice) -> Option<bool> {
     let mut v = 0;
-    real::cuDeviceGetAttribute(Out::from(&mut v), 102, dev).is_ok() && v != 0
+    real::cuDeviceGetAttribute(Out::from(&mut v), 102, dev)
+        .is_ok()
+        .then_some(v != 0)
 }
 
 /// The ordinals of the other GPUs whose kernels can reach memory on
-/// `dev` (peer access), in order.
+/// `dev` (peer access) and that support virtual memory management, in
+/// order.
 pub fn peers_of(dev: CUdevice) -> Vec<CUdevice> {
     let n = device_count().unwrap_or(0);
     (0..n)
@@ -41,6 +45,7 @@ pub fn peers_of(dev: CUdevice) -> Vec<CUdevice> {
             let mut can = 0;
             real::cuDeviceCanAccessPeer(Out::from(&mut can), d, dev).is_ok() && can != 0
         })
+        .filter(|&d| has_vmm(d) == Some(true))
         .collect()
 }
 

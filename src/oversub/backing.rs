@@ -53,6 +53,9 @@ static LEGACY: AtomicBool = AtomicBool::new(false);
 /// The driver refused VMM memory exportable as a file descriptor: blocks
 /// are made without (and cannot be shared).
 static NO_FD: AtomicBool = AtomicBool::new(false);
+/// The driver refused to map a block for its GPU's peers: blocks are
+/// mapped for their own GPU only.
+static NO_PEERS: AtomicBool = AtomicBool::new(false);
 
 /// This module's lock, for the fork handlers (`fork.rs`).
 pub(super) fn locks() -> [Listed; 1] {
@@ -243,17 +246,29 @@ pub(super) fn create_map(
     // Read-write for its own GPU and every GPU that can reach it: peer
     // access (cuCtxEnablePeerAccess) covers cuMemAlloc's blocks, never VMM
     // memory, so a kernel or copy of another GPU would fault on it.
-    let descs: Vec<MemAccessDesc> = std::iter::once(dev)
-        .chain(driver::peers_of(dev))
-        .map(|d| MemAccessDesc {
-            location: MemLocation {
-                kind: MEM_LOCATION_TYPE_DEVICE,
-                id: d.0,
-            },
-            flags: MEM_ACCESS_READWRITE,
-        })
-        .collect();
-    let rc = real::mem_set_access_all(base, bytes as usize, &descs);
+    let desc = |d: CUdevice| MemAccessDesc {
+        location: MemLocation {
+            kind: MEM_LOCATION_TYPE_DEVICE,
+            id: d.0,
+        },
+        flags: MEM_ACCESS_READWRITE,
+    };
+    let peers = if NO_PEERS.load(Ordering::Relaxed) {
+        Vec::new()
+    } else {
+        driver::peers_of(dev)
+    };
+    let descs: Vec<MemAccessDesc> = std::iter::once(dev).chain(peers).map(desc).collect();
+    let mut rc = real::mem_set_access_all(base, bytes as usize, &descs);
+    if !rc.is_ok() && descs.len() > 1 {
+        // A peer refused: its own GPU alone, as before, from now on.
+        rc = real::mem_set_access(base, bytes as usize, &desc(dev));
+        if rc.is_ok() && !NO_PEERS.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "VGPU_OVERSUBSCRIBE_VMM: the driver refused to map a VMM-backed block for the GPUs that can reach its own: VMM-backed blocks are mapped for their own GPU only (kernels of another GPU cannot reach them; VGPU_OVERSUBSCRIBE_VMM=false keeps cuMemAlloc's blocks)"
+            );
+        }
+    }
     if !rc.is_ok() {
         let _ = real::cuMemUnmap(base, bytes as usize);
         let _ = real::cuMemRelease(handle);

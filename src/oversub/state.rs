@@ -88,12 +88,22 @@ fn every_gpu_has_vmm() -> bool {
     if !crate::interpose::real::loaded(crate::interpose::real::Lib::Cuda) {
         return false;
     }
-    let Some(n) = crate::cuda::driver::device_count() else {
+    let Some(n) = crate::cuda::driver::device_count().filter(|&n| n > 0) else {
         return false;
     };
-    let lacking = (0..n)
-        .filter_map(|i| i32::try_from(i).ok().map(crate::cuda::sys::CudaOrdinal))
-        .find(|&d| !crate::cuda::driver::has_vmm(d));
+    // (Decided only on the driver's answers for every GPU: one it did not
+    // give is asked again later.)
+    let mut lacking = None;
+    for d in (0..n).filter_map(|i| i32::try_from(i).ok().map(crate::cuda::sys::CudaOrdinal)) {
+        match crate::cuda::driver::has_vmm(d) {
+            Some(true) => {}
+            Some(false) => {
+                lacking = Some(d);
+                break;
+            }
+            None => return false,
+        }
+    }
     *ALL.get_or_init(|| {
         match lacking {
             None => log::info!(

@@ -299,6 +299,11 @@ pub unsafe extern "C" fn cuMemSetAccess(
     if desc.is_null() || n == 0 {
         return INVALID_VALUE;
     }
+    // `SIM_GPU_ONE_ACCESS=1`: a driver that maps a range for one GPU at a
+    // time only.
+    if n > 1 && std::env::var_os("SIM_GPU_ONE_ACCESS").is_some_and(|v| v == "1") {
+        return NOT_SUPPORTED;
+    }
     // SAFETY: the caller's array of `n` descriptors.
     let descs = unsafe { std::slice::from_raw_parts(desc, n) };
     let mut devs = Vec::new();
