@@ -17,16 +17,23 @@ pub enum Turns {
     Never,
 }
 
+/// `auto` (Some(None)), `true` or `false` (and the usual spellings of the
+/// two); None for anything else.
+fn parse_auto(v: &str) -> Option<Option<bool>> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => Some(None),
+        other => parse_bool(other).map(Some),
+    }
+}
+
 impl Turns {
     /// `auto`, `true` or `false` (and the usual spellings of the two).
     pub fn parse(v: &str) -> Option<Turns> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(Turns::Auto),
-            other => parse_bool(other).map(|on| match on {
-                true => Turns::Always,
-                false => Turns::Never,
-            }),
-        }
+        parse_auto(v).map(|on| match on {
+            None => Turns::Auto,
+            Some(true) => Turns::Always,
+            Some(false) => Turns::Never,
+        })
     }
 }
 
@@ -48,13 +55,11 @@ pub enum Vmm {
 impl Vmm {
     /// `auto`, `true` or `false` (and the usual spellings of the two).
     pub fn parse(v: &str) -> Option<Vmm> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(Vmm::Auto),
-            other => parse_bool(other).map(|on| match on {
-                true => Vmm::Always,
-                false => Vmm::Never,
-            }),
-        }
+        parse_auto(v).map(|on| match on {
+            None => Vmm::Auto,
+            Some(true) => Vmm::Always,
+            Some(false) => Vmm::Never,
+        })
     }
 }
 

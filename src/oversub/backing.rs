@@ -202,6 +202,32 @@ pub(super) fn set_handle(base: CUdeviceptr, handle: Option<(CUmemGenericAllocati
     }
 }
 
+/// The GPUs that can reach memory on `dev` (`driver::peers_of`), asked
+/// of the driver once for every GPU the process sees: the answer does not
+/// change, and an allocation should not ask it again.
+fn peers_of(dev: CUdevice) -> Vec<CUdevice> {
+    static PEERS: std::sync::OnceLock<Vec<Vec<CUdevice>>> = std::sync::OnceLock::new();
+    let all = match PEERS.get() {
+        Some(all) => all,
+        None => {
+            let Some(n) = driver::device_count() else {
+                return driver::peers_of(dev);
+            };
+            PEERS.get_or_init(|| {
+                (0..n)
+                    .filter_map(|i| i32::try_from(i).ok().map(CudaOrdinal))
+                    .map(driver::peers_of)
+                    .collect()
+            })
+        }
+    };
+    usize::try_from(dev.0)
+        .ok()
+        .and_then(|i| all.get(i))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Physical memory of `bytes` on `dev`, mapped read-write at `base`, and
 /// whether it is exportable as a file descriptor.
 pub(super) fn create_map(
@@ -256,7 +282,7 @@ pub(super) fn create_map(
     let peers = if NO_PEERS.load(Ordering::Relaxed) {
         Vec::new()
     } else {
-        driver::peers_of(dev)
+        peers_of(dev)
     };
     let descs: Vec<MemAccessDesc> = std::iter::once(dev).chain(peers).map(desc).collect();
     let mut rc = real::mem_set_access_all(base, bytes as usize, &descs);
