@@ -11,12 +11,13 @@ Cases: native; SM 30 alone; SM 30 beside a busy 60 % container; 10, 50
 and 90 % alone; SM 30 beside an unlimited process; then the period's
 trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
-and whether two 50 % containers still find their turns). About 6 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to
+and whether two 50 % containers still find their turns). About 8 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to
 every case but the trade; `LATENCY_LOG_LEVEL` (say 4) sets the limited
 container's log level (and its neighbour's) in every case but the trade. `LATENCY_PERIODS` (say `50,100`) picks the
 trade's periods; `LATENCY_TRADE_ONLY=1` runs the native 1 ms steps and
 the trade alone, `LATENCY_TORCH_ONLY=1` the PyTorch rows
-alone.
+alone, `LATENCY_MATRIX=0` leaves out the limits 10, 50 and 90 beside
+neighbours (about 2.5 minutes of the 8).
 """
 import os
 
@@ -37,13 +38,15 @@ def steps(s, cmd, env, name):
 
 def neighbour(s, kind, secs, period=None):
     """A busy neighbour in its own container: 1 ms spin kernels back to
-    back, at 60 % or unlimited."""
-    extra = {"CUDA_DEVICE_SM_LIMIT": "60"} if kind == "60" else None
+    back, at `kind` percent ("60") or unlimited ("free": a plain process,
+    without vgpu)."""
+    limited = kind != "free"
+    extra = {"CUDA_DEVICE_SM_LIMIT": kind} if limited else None
     if period:
         extra = dict(extra or {}, VGPU_SM_PERIOD_MS=str(period))
     if os.environ.get("LATENCY_LOG_LEVEL"):
         extra = dict(extra or {}, LIBCUDA_LOG_LEVEL=os.environ["LATENCY_LOG_LEVEL"])
-    p = s.spawn([s.client(), "spin", "1000000", "132", str(secs)], s.make_env(kind == "60", extra, s.new_region()),
+    p = s.spawn([s.client(), "spin", "1000000", "132", str(secs)], s.make_env(limited, extra, s.new_region()),
                 f"latency-neighbour-{kind}")
     return p
 
@@ -155,6 +158,14 @@ def spin_cases(s, sec, spin, native, ms):
     for lim in (10, 50, 90):
         case(s, sec, f"SM {lim} alone", lim, None, spin, native, ms)
     case(s, sec, "SM 30 beside an unlimited process", 30, "free", spin, native, ms)
+    if os.environ.get("LATENCY_MATRIX", "1") == "1":
+        # The rest of the issue's matrix: other limits beside a busy
+        # limited container (the two summing to 70-100 %) and beside an
+        # unlimited process.
+        for lim, other in ((10, 60), (50, 40), (90, 10)):
+            case(s, sec, f"SM {lim} beside a busy {other}% container", lim, str(other), spin, native, ms)
+        for lim in (10, 50, 90):
+            case(s, sec, f"SM {lim} beside an unlimited process", lim, "free", spin, native, ms)
     trade(s, sec, native[1_000_000])
 
 

@@ -57,7 +57,7 @@ pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
 }
 
 pub fn event_synchronize(event: CUevent) -> CUresult {
-    synchronise(Waits::All, || in_call(|| real::cuEventSynchronize(event)))
+    synchronise(Waits::Event, || in_call(|| real::cuEventSynchronize(event)))
 }
 
 pub fn memcpy(

@@ -198,13 +198,13 @@ impl Leader {
         }
         let period_ns = now.saturating_sub(state.last_control_ns);
         if period_ns < CONTROL_PERIOD_NS {
-            state.pacing.tick(entry, &entry.uuid(), percent, now, false);
+            state.pacing.tick(entry, &entry.uuid(), percent, now);
             return;
         }
         state.last_control_ns = now;
         let alone = alone_on(attach, dev) == Some(true);
         entry.note_alone(alone, now);
-        state.pacing.tick(entry, &entry.uuid(), percent, now, true);
+        state.pacing.tick(entry, &entry.uuid(), percent, now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;

@@ -50,6 +50,8 @@ struct Open {
     opened_ns: u64,
     last_ns: u64,
     cost_ns: u64,
+    /// The host's pauses with the stream dry (`synced::dry_since`).
+    dry_ns: u64,
     /// It closes once `cost_ns` reaches this (`turns::probe_ns`).
     close_ns: u64,
 }
@@ -199,9 +201,11 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
                 || super::synced::waited_for_the_gpu(open.last_ns, stream, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
+            let dry_ns = super::synced::dry_since(open.last_ns, stream, now);
             return Some(Token {
                 open: Open {
                     cost_ns: open.cost_ns + cost_ns,
+                    dry_ns: open.dry_ns.saturating_add(dry_ns),
                     ..open
                 },
             });
@@ -231,6 +235,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             opened_ns: now,
             last_ns: now,
             cost_ns,
+            dry_ns: 0,
             close_ns,
         },
     })
@@ -294,6 +299,7 @@ fn poll(attach: &Attach, now: u64) {
                 probe: Probe {
                     cost_ns: o.cost_ns,
                     elapsed_ns: (f64::from(ms) * 1e6) as u64,
+                    dry_ns: o.dry_ns,
                 },
             });
         }
@@ -421,7 +427,10 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
             log::trace!("turns: window at {period} stays ({timings:?})");
             return;
         }
-        (judge::Reason::Judged, Some(step)) => step,
+        (judge::Reason::Judged, Some(step)) => {
+            log::trace!("turns: window at {period} moves ({timings:?})");
+            step
+        }
     };
     let (to, how) = match step {
         turns::Move::Later(ns) => (anchor.saturating_add(ns), "later"),

@@ -50,10 +50,12 @@
  *                                          a CUDA call between (gpu-tests oversub, on
  *                                          the simulator: what oversub_jobs.py bursts
  *                                          does with PyTorch on a GPU)
- *   cuclient steps NS GRID SECS WARM       an inference-like loop: one NS spin kernel
+ *   cuclient steps NS GRID SECS WARM [HOST_US]
+ *                                          an inference-like loop: one NS spin kernel
  *                                          per step, synchronised, for SECS after WARM
- *                                          s of the same (not counted); prints
- *                                          the step latency's p50_ms, p99_ms, max_ms
+ *                                          s of the same (not counted), HOST_US of host
+ *                                          work after each; prints the step
+ *                                          latency's p50_ms, p99_ms, max_ms
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient owner                         first thing, dlopen the driver and dlsym
@@ -661,7 +663,10 @@ static int by_latency(const void *a, const void *b) {
 
 /* An inference-like loop: one spin kernel of `ns` per step, synchronised,
  * for `secs`; prints the step latency's p50, p99 and max (ms). */
-static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm) {
+/* Synchronised steps of one `ns` kernel each, timed; `host_us` of host
+ * work (a spin) after each one, as a serving loop's own code between
+ * requests. */
+static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
     setup();
     load_kernels();
     unsigned long long zero = 0;
@@ -680,7 +685,10 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
         if (a >= end) break;
         CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
         CHECK(cu.cuStreamSynchronize(0));
-        lat[n++] = (now_s() - a) * 1e3;
+        double b = now_s();
+        lat[n++] = (b - a) * 1e3;
+        while (now_s() - b < host_us * 1e-6) {
+        }
     }
     double took = now_s() - t0;
     if (n == 0) return 1;
@@ -1344,7 +1352,7 @@ int main(int argc, char **argv) {
                         ARG(5, "kernel"));
     if (!strcmp(cmd, "steps"))
         return cmd_steps(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "5")),
-                         atof(ARG(5, "0")));
+                         atof(ARG(5, "0")), atof(ARG(6, "0")));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "threads"))
         return cmd_threads(atoi(ARG(2, "8")), atoi(ARG(3, "2")), strtoull(ARG(4, "100000"), 0, 0));
