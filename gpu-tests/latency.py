@@ -8,7 +8,9 @@ step latency next to native. The ideal paced step is the native step plus
 the wait its share adds (work / share - work); the goal is p99 <= 2x that.
 
 Cases: native; SM 30 alone; SM 30 beside a busy 60 % container; 10, 50
-and 90 % alone; SM 30 beside an unlimited process; then the period's
+and 90 % alone; SM 30 beside an unlimited process; SM 10, 50 and 90
+beside a busy 60, 40 and 10 % container, and beside an unlimited one
+(`LATENCY_MATRIX`); then the period's
 trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
 and whether two 50 % containers still find their turns). About 8 minutes. `VGPU_SM_PERIOD_MS` in the environment applies to

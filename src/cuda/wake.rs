@@ -28,12 +28,14 @@ fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
 }
 
 pub fn ctx_synchronize() -> CUresult {
-    synchronise(Waits::All, || in_call(real::cuCtxSynchronize))
+    synchronise(Waits::All(None), || in_call(real::cuCtxSynchronize))
 }
 
 /// CUDA 13's (what its runtime's `cudaDeviceSynchronize` calls).
 pub fn ctx_synchronize_v2(ctx: CUcontext) -> CUresult {
-    synchronise(Waits::All, || in_call(|| real::cuCtxSynchronize_v2(ctx)))
+    synchronise(Waits::All(Some(ctx)), || {
+        in_call(|| real::cuCtxSynchronize_v2(ctx))
+    })
 }
 
 pub fn ctx_get_current(ctx: Out<CUcontext>) -> CUresult {
@@ -51,7 +53,14 @@ pub fn stream_synchronize(stream: CUstream) -> CUresult {
 }
 
 pub fn stream_synchronize_ptsz(stream: CUstream) -> CUresult {
-    synchronise(Waits::Stream(stream), || {
+    // (The null stream here is the per-thread default stream, as the
+    // probes know a `_ptsz` launch's.)
+    let waits = if stream.is_null() {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    };
+    synchronise(Waits::Stream(waits), || {
         in_call(|| real::cuStreamSynchronize_ptsz(stream))
     })
 }

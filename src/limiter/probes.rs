@@ -4,9 +4,12 @@
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
 //! `turns::probe_ns`. A probe that the thread left (another stream or
-//! context, a later window, a pause of the host with its stream dry) is
-//! dropped: its timing would hold time that was not the GPU's. A pause
-//! spent waiting in a synchronisation is not one ([`synced`]).
+//! context, a later window, a pause of the host over 0.2 ms with its
+//! stream dry) is dropped: its timing would hold time that was not the
+//! GPU's. A pause spent waiting in a synchronisation is not one
+//! ([`synced`]), and the host's time after a synchronisation drained the
+//! stream, up to the next launch, is the probe's dry time, not lost to
+//! another context (`turns::Probe::lost_ns`).
 //!
 //! Finished probes are collected without blocking, at most every
 //! [`POLL_EVERY_NS`], and a window is judged once a later one has begun
@@ -198,10 +201,10 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             && open.ctx == ctx
             && open.stream == stream as usize
             && (now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
-                || super::synced::waited_for_the_gpu(open.last_ns, stream, now)
+                || super::synced::waited_for_the_gpu(open.last_ns, ctx, stream, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
-            let dry_ns = super::synced::dry_since(open.last_ns, stream, now);
+            let dry_ns = super::synced::dry_since(open.last_ns, ctx, stream, now);
             return Some(Token {
                 open: Open {
                     cost_ns: open.cost_ns + cost_ns,

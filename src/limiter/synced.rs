@@ -9,6 +9,7 @@ use std::cell::Cell;
 
 use super::turns;
 use crate::clock;
+use crate::cuda::driver;
 use crate::cuda::sys::*;
 
 /// This thread's last synchronisation that succeeded.
@@ -17,7 +18,10 @@ struct Synced {
     /// When it was entered and when it returned (monotonic ns).
     entered_ns: u64,
     returned_ns: u64,
-    /// The stream it waited for; None for the whole context or an event.
+    /// The context it waited in (the current one, or the one
+    /// `cuCtxSynchronize_v2` named; 0: none), and the stream it waited
+    /// for there (None: the whole context, or an event).
+    ctx: usize,
     stream: Option<usize>,
     /// Whether the stream stood drained at its return: not after an
     /// event, which may have been recorded before the stream's last work.
@@ -27,8 +31,9 @@ struct Synced {
 /// What a synchronisation waits for.
 #[derive(Clone, Copy)]
 pub enum Waits {
-    /// The current context (`cuCtxSynchronize`).
-    All,
+    /// A whole context: the current one (`cuCtxSynchronize`, and its
+    /// `_v2` given none), or the one named.
+    All(Option<CUcontext>),
     /// An event, taken to be on the stream that is launching.
     Event,
     Stream(CUstream),
@@ -55,14 +60,22 @@ pub fn synchronise(
     if rc.is_ok() {
         let returned_ns = clock::monotonic_ns();
         waited(returned_ns.saturating_sub(entered_ns));
-        let stream = match waits {
-            Waits::All | Waits::Event => None,
-            Waits::Stream(s) => Some(s as usize),
+        let (ctx, stream) = match waits {
+            Waits::All(Some(ctx)) if !ctx.is_null() => (Some(ctx), None),
+            Waits::All(_) | Waits::Event => (None, None),
+            Waits::Stream(s) => (None, Some(s as usize)),
         };
+        // (A stream, its null handle above all, is a stream of the
+        // current context: a thread that drives two GPUs must not take one
+        // context's synchronisation for the other's.)
+        let ctx = ctx
+            .or_else(driver::current_context)
+            .map_or(0, |c| c as usize);
         SYNCED.with(|s| {
             s.set(Some(Synced {
                 entered_ns,
                 returned_ns,
+                ctx,
                 stream,
                 drained: !matches!(waits, Waits::Event),
             }))
@@ -73,13 +86,21 @@ pub fn synchronise(
 }
 
 /// Whether the thread spent the pause from its last launch on `stream`
-/// (`last_ns`) to `now` waiting for the GPU, in a synchronisation that
-/// covers `stream` (`turns::waited_for_the_gpu`).
-pub(super) fn waited_for_the_gpu(last_ns: u64, stream: CUstream, now: u64) -> bool {
+/// of context `ctx` (`last_ns`) to `now` waiting for the GPU, in a
+/// synchronisation that covers `stream` (`turns::waited_for_the_gpu`).
+pub(super) fn waited_for_the_gpu(last_ns: u64, ctx: usize, stream: CUstream, now: u64) -> bool {
     SYNCED.with(Cell::get).is_some_and(|s| {
-        s.stream.is_none_or(|waited| waited == stream as usize)
+        s.covers(ctx, stream)
             && turns::waited_for_the_gpu(last_ns, s.entered_ns, s.returned_ns, now)
     })
+}
+
+impl Synced {
+    /// Whether it waited for `stream` of context `ctx`: for that stream,
+    /// for the whole context, or for an event there.
+    fn covers(&self, ctx: usize, stream: CUstream) -> bool {
+        self.ctx == ctx && self.stream.is_none_or(|waited| waited == stream as usize)
+    }
 }
 
 /// How long `stream` has stood dry before a launch at `now`: from the
@@ -88,9 +109,9 @@ pub(super) fn waited_for_the_gpu(last_ns: u64, stream: CUstream, now: u64) -> bo
 /// work between two synchronised steps (a PyTorch loop's Python, 0.03 ms
 /// of every 0.1 ms step) leaves the GPU idle, not taken by another
 /// context (`turns::Probe::lost_ns`).
-pub(super) fn dry_since(last_ns: u64, stream: CUstream, now: u64) -> u64 {
+pub(super) fn dry_since(last_ns: u64, ctx: usize, stream: CUstream, now: u64) -> u64 {
     SYNCED.with(Cell::get).map_or(0, |s| {
-        let covers = s.drained && s.stream.is_none_or(|waited| waited == stream as usize);
+        let covers = s.drained && s.covers(ctx, stream);
         turns::dry_ns(last_ns, s.entered_ns, s.returned_ns, now, covers)
     })
 }

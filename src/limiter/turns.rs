@@ -274,7 +274,10 @@ pub fn waited_for_the_gpu(
 /// synchronisation that `covers` the stream and was entered
 /// (`entered_ns`) after the probe's last launch (`last_launch_ns`). It
 /// ran the probe's work to the end, so from its return to `now` the GPU
-/// had none of it. 0 for any other.
+/// had none of it; at most [`HOST_PAUSE_NS`], as long as the other ways
+/// a probe stays open allow (one kept open because its stream had work
+/// again, another thread's or a copy's, was not dry all that time). 0 for
+/// any other.
 pub fn dry_ns(
     last_launch_ns: u64,
     entered_ns: u64,
@@ -283,7 +286,7 @@ pub fn dry_ns(
     covers: bool,
 ) -> u64 {
     if covers && entered_ns >= last_launch_ns && returned_ns >= entered_ns {
-        now.saturating_sub(returned_ns)
+        now.saturating_sub(returned_ns).min(HOST_PAUSE_NS)
     } else {
         0
     }
@@ -750,6 +753,9 @@ pub(super) mod tests {
         // One that did not cover the stream, or began before the launch.
         assert_eq!(dry_ns(100, 110, 180, 200, false), 0);
         assert_eq!(dry_ns(100, 90, 180, 200, true), 0);
+        // A probe kept open by its stream's new work counts no more dry
+        // time than a pause that keeps it open otherwise.
+        assert_eq!(dry_ns(100, 110, 180, 900_000, true), HOST_PAUSE_NS);
         // Clocks out of order count nothing.
         assert_eq!(dry_ns(100, 110, 100, 200, true), 0);
         assert_eq!(dry_ns(100, 110, 250, 200, true), 0);

@@ -662,10 +662,9 @@ static int by_latency(const void *a, const void *b) {
 }
 
 /* An inference-like loop: one spin kernel of `ns` per step, synchronised,
- * for `secs`; prints the step latency's p50, p99 and max (ms). */
-/* Synchronised steps of one `ns` kernel each, timed; `host_us` of host
- * work (a spin) after each one, as a serving loop's own code between
- * requests. */
+ * for `secs` after `warm` s of the same, with `host_us` of host work (a
+ * spin) after each step, as a serving loop's own code between requests;
+ * prints the step latency's p50, p99 and max (ms). */
 static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
     setup();
     load_kernels();
@@ -675,6 +674,9 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     for (int i = 0; i < 3 || now_s() < warm_end; i++) {
         CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
         CHECK(cu.cuStreamSynchronize(0));
+        double b = now_s();
+        while (now_s() - b < host_us * 1e-6) {
+        }
     }
     size_t cap = 1 << 16, n = 0;
     double *lat = malloc(cap * sizeof *lat);
