@@ -21,7 +21,7 @@
 //! window, and its launches wait for the next period after that (less
 //! what the turns leave unspent: `turns::next_cut`). In turns the share
 //! is converted by the fill of the container's windows, so that it spans
-//! its part of the period (`turns::turn_scale_milli`).
+//! its part of the period (`fill::turn_scale_milli`).
 #![forbid(unsafe_code)]
 
 use vgpu_shm::layout::DeviceEntry;
@@ -108,9 +108,9 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
 }
 
 /// The scale a container's turns run at on `entry`: the controller's,
-/// converted by the fill of its windows (`turns::turn_scale_milli`).
+/// converted by the fill of its windows (`fill::turn_scale_milli`).
 pub fn turn_scale_milli(entry: &DeviceEntry) -> u32 {
-    turns::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli())
+    super::fill::turn_scale_milli(entry.rate_scale_milli(), entry.turn_fill_milli())
 }
 
 /// Moves the device's schedule where `decide` says (`Ok`: the new

@@ -4,6 +4,7 @@
 //! turns move. `probes.rs` gathers the inputs and carries the verdict out.
 #![forbid(unsafe_code)]
 
+use super::fill;
 use super::turns::{self, Move, Probe};
 
 /// What a window's judging reads.
@@ -68,8 +69,8 @@ pub struct Verdict {
 pub fn judge(w: &Window) -> Verdict {
     // (The fill is the workload's: a window beside another measures
     // nothing and leaves it as it was.)
-    let window_fill = turns::window_fill_milli(w.probes);
-    let fill_milli = window_fill.map_or(w.fill_milli, |f| turns::next_fill_milli(w.fill_milli, f));
+    let window_fill = fill::window_fill_milli(w.probes);
+    let fill_milli = window_fill.map_or(w.fill_milli, |f| fill::next_fill_milli(w.fill_milli, f));
     let mut v = Verdict {
         reason: Reason::Judged,
         window_fill,
@@ -104,7 +105,7 @@ pub fn judge(w: &Window) -> Verdict {
     }
     let share = turns::share_ns(
         w.percent,
-        turns::turn_scale_milli(w.rate_scale_milli, fill_milli),
+        fill::turn_scale_milli(w.rate_scale_milli, fill_milli),
     );
     v.covered = turns::next_streak(w.covered, w.probes, share);
     let shared = w.shared || v.note_shared;

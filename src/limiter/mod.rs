@@ -27,6 +27,7 @@ pub mod controller;
 pub mod credit;
 pub mod estimate;
 pub mod events;
+pub mod fill;
 pub mod judge;
 pub mod launch;
 pub mod leader;
