@@ -84,6 +84,10 @@ pub struct Config {
     /// `VGPU_SM_TURNS`: whether a limited container beside others takes
     /// turns (`limiter/pacing.rs`; default auto).
     pub sm_turns: Turns,
+    /// `VGPU_SM_YIELD`: whether a container without an SM limit takes
+    /// only what the limits of busy limited containers on its GPU leave
+    /// (`limiter/rest.rs`; default true).
+    pub sm_yield: bool,
     /// `VGPU_SM_BOARD_DIR`: the node's SM board's directory (None: the
     /// default, `/tmp/vgpulock` where it is a mount point).
     pub sm_board_dir: Option<PathBuf>,
@@ -153,6 +157,7 @@ impl Default for Config {
             oversub: Oversub::default(),
             sm_period_ms: None,
             sm_turns: Turns::Auto,
+            sm_yield: true,
             sm_board_dir: None,
             log_level: LevelFilter::Warn,
             region_mode: vgpu_shm::DEFAULT_CREATE_MODE,
@@ -296,6 +301,13 @@ impl Config {
                 Turns::Auto
             }),
         };
+        let sm_yield = match trusted_text("VGPU_SM_YIELD") {
+            None => true,
+            Some(v) => parse_bool(&v).unwrap_or_else(|| {
+                warnings.push(bad("VGPU_SM_YIELD", v, "true or false"));
+                true
+            }),
+        };
         let sm_board_dir = trusted("VGPU_SM_BOARD_DIR")
             .filter(|v| !v.is_empty())
             .and_then(|v| {
@@ -382,6 +394,7 @@ impl Config {
             oversub,
             sm_period_ms,
             sm_turns,
+            sm_yield,
             sm_board_dir,
             log_level: trusted_text("LIBCUDA_LOG_LEVEL")
                 .and_then(|v| parse_level(&v))

@@ -147,6 +147,7 @@ impl Runtime {
             crate::limiter::turns::set_period_ms(ms);
         }
         crate::limiter::pacing::configure(config.sm_turns, config.sm_board_dir.clone());
+        crate::limiter::rest::configure(config.sm_yield);
         let found = find_region(&config);
         crate::fork::install(|| started()?.attach.as_ref());
         match found {

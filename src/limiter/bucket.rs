@@ -78,7 +78,7 @@ fn gpu_ns(schedule_ns: u64, percent: u32, scale_milli: u32) -> u64 {
 /// `now`, or less but at least `least_ns` (the launch's cost) where the
 /// window in turns has less left ([`Admit::Now`] says how much).
 pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Admit {
-    let percent = entry.sm_limit();
+    let percent = entry.sm_percent();
     if percent == 0 {
         return Admit::Now(lease_ns);
     }

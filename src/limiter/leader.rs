@@ -55,6 +55,9 @@ const SHOWN: usize = 4;
 #[derive(Default)]
 struct Device {
     leading: bool,
+    /// A container without a limit: its leader watches the board for
+    /// limited neighbours (`rest.rs`).
+    watching: bool,
     last_seen_us: u64,
     last_control_ns: u64,
     last_waits: u64,
@@ -79,6 +82,37 @@ struct Device {
 }
 
 impl Device {
+    /// One tick of a container without a limit that takes the rest beside
+    /// limited ones: sets the rest from the board, and says whether it
+    /// takes one (then the bucket is led as a limited one's). Running
+    /// free, it gives its slot on the board back.
+    fn take_rest(&mut self, entry: &vgpu_shm::layout::DeviceEntry, dev: EntryIndex) -> bool {
+        self.watching = true;
+        let now = clock::monotonic_ns();
+        let rest = self
+            .pacing
+            .others(&entry.uuid(), now)
+            .map_or(0, |o| super::rest::rest_percent(&o));
+        let was = entry.rest_percent();
+        if rest != was {
+            log::debug!(
+                "dev {dev}: without an SM limit, beside limited containers: {}",
+                match rest {
+                    0 => "runs free".to_string(),
+                    r => format!("takes the rest, {r} %"),
+                }
+            );
+            entry.set_rest_percent(rest);
+        }
+        if rest == 0 {
+            if was != 0 {
+                self.pacing.withdraw();
+            }
+            self.leading = false;
+        }
+        rest != 0
+    }
+
     fn remember(&mut self, now: u64, scale_milli: u32) {
         self.history[self.next % HISTORY] = (now, scale_milli);
         self.next += 1;
@@ -150,20 +184,30 @@ impl Leader {
     /// One watcher tick for device entry `dev`.
     pub fn tick(&mut self, attach: &Attach, dev: EntryIndex) {
         let entry = attach.region.device(dev);
-        let percent = entry.sm_limit();
         let state = &mut self.devices[dev.get()];
         let me = std::process::id();
-        if percent == 0
-            || !attach.region.enforces_sm_limit(dev)
+        // A container without a limit may take the rest beside limited
+        // ones (`rest.rs`): its leader watches the board.
+        let resting = entry.sm_limit() == 0 && super::rest::yields();
+        let governed = resting || entry.sm_limit() != 0;
+        if !governed
+            || !attach.region.sm_control_on(dev)
             || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
         {
-            if state.leading {
+            if state.leading || state.watching {
                 // (Its slot on the SM board goes with its descriptor.)
                 state.pacing = Default::default();
             }
-            state.leading = false;
+            if entry.sm_limit() == 0 && entry.rest_percent() != 0 && !resting {
+                entry.set_rest_percent(0); // (`VGPU_SM_YIELD` went off)
+            }
+            (state.leading, state.watching) = (false, false);
             return;
         }
+        if resting && !state.take_rest(entry, dev) {
+            return;
+        }
+        let percent = entry.sm_percent();
         // Processes of one container would share each window and
         // time-slice within it: on an H200 two sharing 30 % in turns ran
         // spin kernels at 0.363 (run 40). They are paced as before turns.
@@ -189,8 +233,10 @@ impl Leader {
                 last_held_ns: entry.held_ns(),
                 settle_until_ns: now + SETTLE_NS,
                 // (What its predecessors admitted is not work of its own:
-                // an idle new leader must not show busy on the board.)
-                pacing: super::pacing::Pacing::since(entry.admitted_ns()),
+                // an idle new leader must not show busy on the board. A
+                // board it watched for its rest stays open.)
+                pacing: std::mem::take(&mut state.pacing).restart(entry.admitted_ns()),
+                watching: state.watching,
                 ..Device::default()
             };
             log::debug!("leading the compute bucket of device entry {dev}");
@@ -198,13 +244,17 @@ impl Leader {
         }
         let period_ns = now.saturating_sub(state.last_control_ns);
         if period_ns < CONTROL_PERIOD_NS {
-            state.pacing.tick(entry, &entry.uuid(), percent, now);
+            state
+                .pacing
+                .tick(entry, &entry.uuid(), percent, resting, now);
             return;
         }
         state.last_control_ns = now;
         let alone = alone_on(attach, dev) == Some(true);
         entry.note_alone(alone, now);
-        state.pacing.tick(entry, &entry.uuid(), percent, now);
+        state
+            .pacing
+            .tick(entry, &entry.uuid(), percent, resting, now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;

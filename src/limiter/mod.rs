@@ -18,6 +18,7 @@
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `neighbours`: whether other containers share a device (pure)
 //! - `pacing`: beside others, pace or take turns (the node's SM board)
+//! - `rest`: a container without a limit takes what the limits leave
 //! - `turns`: windows on the shared clock, so that containers sharing a
 //!   GPU run in turns instead of time-slicing (pure)
 #![forbid(unsafe_code)]
@@ -34,6 +35,7 @@ pub mod leader;
 pub mod neighbours;
 pub mod pacing;
 pub mod probes;
+pub mod rest;
 pub mod synced;
 pub mod turns;
 

@@ -17,13 +17,15 @@
 //! (`vgpu_shm::sm_board`, in a directory HAMi mounts into every container)
 //! and reads the others' every watcher tick ([`Pacing::tick`]); the
 //! region's `paced_ns` tells the container's other processes
-//! ([`paces_beside_others`]). Containers without limits take no turns
-//! either way and publish nothing.
+//! ([`paces_beside_others`]). A container without a limit publishes
+//! nothing while it runs free, and the rest it takes beside limited ones
+//! (`rest.rs`) while it does.
 //!
 //! Side by side, loops that synchronise often hand the GPU over at every
 //! synchronisation, and each hand-over costs a switch: a container that
 //! waits for the GPU most of the time yet gets under its limit
-//! asks for turns by publishing 100 % for a while ([`Pacing::tick`]).
+//! asks for turns for a while ([`Pacing::tick`]): its claim then counts
+//! as 100 %.
 //!
 //! Without a board (no directory every container sees, or no slot in it)
 //! a container takes turns, as before. What a hostile writer of the board
@@ -37,7 +39,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use vgpu_shm::layout::DeviceEntry;
-use vgpu_shm::sm_board::{self, SmBoard};
+use vgpu_shm::sm_board::{self, Claim, Others, SmBoard};
 
 pub use crate::config::Turns;
 
@@ -183,25 +185,60 @@ impl Pacing {
         }
     }
 
-    /// One watcher tick of the leader of device `entry` (limit `percent`,
-    /// GPU `uuid`): publishes the limit while the container is busy,
+    /// A new leader's state that keeps the board `self` opened (and its
+    /// slot): a container without a limit watches the board before it
+    /// leads a bucket (`rest.rs`).
+    pub fn restart(self, admitted: u64) -> Pacing {
+        Pacing {
+            board: self.board,
+            unusable: self.unusable,
+            retry_at_ns: self.retry_at_ns,
+            ..Pacing::since(admitted)
+        }
+    }
+
+    /// What the others on GPU `uuid`'s board publish at `now`; None
+    /// without a board.
+    pub fn others(&mut self, uuid: &[u8; 16], now: u64) -> Option<Others> {
+        Some(self.board(uuid, now)?.others(now))
+    }
+
+    /// Gives the container's slot on the board back (it no longer takes
+    /// a rest), and forgets what it decided.
+    pub fn withdraw(&mut self) {
+        if let Some(b) = self.board.as_mut() {
+            b.withdraw();
+        }
+        self.paced = None;
+    }
+
+    /// One watcher tick of the leader of device `entry` (share `percent`,
+    /// a limit or, where `rest`, the rest a container without one takes;
+    /// GPU `uuid`): publishes the share while the container is busy,
     /// reads the others', notes in the region whether it paces, and
     /// judges whether it went short of the GPU side by side. (Every tick,
     /// not every control period: a container that has just become busy
     /// shows on the board a tick later, so the room a newcomer must see
     /// before it paces holds for less.)
-    pub fn tick(&mut self, entry: &DeviceEntry, uuid: &[u8; 16], percent: u32, now: u64) {
+    pub fn tick(
+        &mut self,
+        entry: &DeviceEntry,
+        uuid: &[u8; 16],
+        percent: u32,
+        rest: bool,
+        now: u64,
+    ) {
         self.judge_shortfall(entry, percent, now);
         let asks_turns = now < self.turns_until_ns;
-        // A container that takes turns publishes 100 %, so that the
-        // others keep out of its windows; one paced whatever the others
-        // do publishes its limit.
-        let published = match mode() {
-            Turns::Always => 100,
-            _ if asks_turns => 100,
-            _ => percent,
+        // A container that takes turns asks for them, and counts as the
+        // whole GPU, so that the others keep out of its windows; one
+        // paced whatever the others do publishes its share alone.
+        let claim = Claim {
+            percent,
+            asks_turns: asks_turns || mode() == Turns::Always,
+            rest,
         };
-        let room = self.room(entry, uuid, published, now);
+        let room = self.room(entry, uuid, claim, now);
         // A neighbour that has just become busy shows on the board a tick
         // or two later: room must hold that long first.
         self.room_since_ns = match (room, self.room_since_ns) {
@@ -269,8 +306,8 @@ impl Pacing {
         }
     }
 
-    /// Whether the busy containers' limits on the GPU leave room to pace.
-    fn room(&mut self, entry: &DeviceEntry, uuid: &[u8; 16], percent: u32, now: u64) -> bool {
+    /// Whether the busy containers' shares on the GPU leave room to pace.
+    fn room(&mut self, entry: &DeviceEntry, uuid: &[u8; 16], claim: Claim, now: u64) -> bool {
         let admitted = entry.admitted_ns();
         if admitted != self.last_admitted_ns {
             self.last_admitted_ns = admitted;
@@ -281,7 +318,7 @@ impl Pacing {
             return false;
         };
         let published = if busy {
-            board.publish(percent, now)
+            board.publish(claim, now)
         } else {
             Ok(())
         };
@@ -294,12 +331,13 @@ impl Pacing {
             return false;
         }
         self.full = false;
-        let sum = percent + others.percent;
+        let ours = if claim.asks_turns { 100 } else { claim.percent };
+        let sum = ours + others.percent;
         let paced = sum <= ROOM_PERCENT;
         self.say(
             Some(paced),
             &format!(
-                "SM limits on the device: ours {percent} % + {} % of {} other busy container(s) = {sum} %: {}",
+                "SM shares on the device: ours {ours} % + {} % of {} other busy container(s) = {sum} %: {}",
                 others.percent,
                 others.count,
                 if paced {

@@ -163,7 +163,7 @@ pub fn poll_if_due(attach: &Attach, dev: EntryIndex) -> Option<InTurns> {
         poll(attach, now);
         now = clock::monotonic_ns();
     }
-    let close_ns = turns::probe_ns(attach.region.device(dev).sm_limit());
+    let close_ns = turns::probe_ns(attach.region.device(dev).sm_percent());
     Some(InTurns {
         anchor,
         now,
@@ -385,7 +385,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         shared: entry.turn_shared(now),
         fill_milli: entry.turn_fill_milli(),
         cut_ns: entry.turn_cut_ns(),
-        percent: entry.sm_limit(),
+        percent: entry.sm_percent(),
         rate_scale_milli: entry.rate_scale_milli(),
         covered: mine.covered.load(Ordering::Relaxed),
         late: mine.late.load(Ordering::Relaxed),

@@ -16,6 +16,29 @@ impl DeviceEntry {
         self.sm_limit.load(Ordering::Relaxed)
     }
 
+    /// The share the bucket holds the container to (percent, 0: none):
+    /// its SM limit, or, without one, the rest it takes beside limited
+    /// containers ([`Self::rest_percent`]).
+    pub fn sm_percent(&self) -> u32 {
+        match self.sm_limit() {
+            0 => self.rest_percent(),
+            limit => limit,
+        }
+    }
+
+    /// The share (percent, at most 100) a container without an SM limit
+    /// takes beside busy limited ones; 0 while it runs free.
+    pub fn rest_percent(&self) -> u32 {
+        // (Clamped: the region's values may be anyone's.)
+        self.rest_percent.load(Ordering::Relaxed).min(100) as u32
+    }
+
+    /// Sets the rest the container takes (0: it runs free).
+    pub fn set_rest_percent(&self, percent: u32) {
+        self.rest_percent
+            .store(u64::from(percent.min(100)), Ordering::Relaxed);
+    }
+
     /// The bucket's schedule: the CLOCK_MONOTONIC time (ns) by which the
     /// device's admitted work is done at the limit.
     pub fn schedule_ns(&self) -> u64 {

@@ -81,10 +81,11 @@ impl DeviceEntry {
         self.mem_limit.load(Ordering::Acquire)
     }
 
-    /// Whether an SM limit is in force: one is set and the policy is not
-    /// `disable`.
+    /// Whether an SM limit is in force: one is set, or the container has
+    /// none and takes the rest beside limited ones ([`Self::sm_percent`]),
+    /// and the policy is not `disable`.
     pub fn enforces_sm_limit(&self) -> bool {
-        self.sm_limit.load(Ordering::Relaxed) != 0
+        self.sm_percent() != 0
             && CorePolicy::from_raw(self.policy.load(Ordering::Relaxed)) != CorePolicy::Disable
     }
 

@@ -6,8 +6,11 @@
 //! They then pace their shares evenly side by side instead of taking
 //! turns (issue 29; `limiter/pacing.rs` decides).
 //!
-//! Each slot is 16 bytes at `16 * i`: a magic word, the percent, and the
-//! CLOCK_MONOTONIC time it was last written. A slot is owned by whoever
+//! Each slot is 16 bytes at `16 * i`: a magic word, the claim (the
+//! percent, and two flags: [`ASKS_TURNS`], [`REST`]), and the
+//! CLOCK_MONOTONIC time it was last written. A container without an SM
+//! limit publishes the rest it takes beside limited ones (`REST`,
+//! `limiter/rest.rs`). A slot is owned by whoever
 //! holds an OFD write lock on byte `LOCK_BASE + i` (past the data, so a
 //! lock never covers it); the kernel drops it with its holder. A slot
 //! counts only while it is locked by someone else and was written within
@@ -19,7 +22,7 @@
 //! Whoever can write the directory can write any slot; a reader clamps
 //! what it reads (at most [`SLOTS`] slots, each 1-100), and a slot that
 //! reads wrong counts as nothing. What a hostile writer can do with that
-//! is bounded in `limiter/pacing.rs`.
+//! is bounded in `limiter/pacing.rs` and `limiter/rest.rs`.
 
 use std::fs::File;
 use std::io;
@@ -93,13 +96,82 @@ fn unescape_mount(m: &str) -> String {
     out
 }
 
+/// A claim's flag: the container asks its neighbours for turns (it went
+/// short of the GPU side by side, or always takes turns): it counts as
+/// the whole GPU in [`Others::percent`].
+pub const ASKS_TURNS: u32 = 1 << 8;
+/// A claim's flag: the percent is the rest a container without an SM
+/// limit takes, not a limit.
+pub const REST: u32 = 1 << 9;
+const PERCENT_BITS: u32 = 0xff;
+
+/// What one container publishes: its share (percent, 1-100) and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The share, 1-100.
+    pub percent: u32,
+    /// It asks for turns ([`ASKS_TURNS`]).
+    pub asks_turns: bool,
+    /// The percent is a rest, not a limit ([`REST`]).
+    pub rest: bool,
+}
+
+impl Claim {
+    /// A limited container's claim.
+    pub fn limit(percent: u32, asks_turns: bool) -> Claim {
+        Claim {
+            percent,
+            asks_turns,
+            rest: false,
+        }
+    }
+
+    /// The word a slot holds.
+    fn word(self) -> u32 {
+        let flag = |on: bool, bit: u32| if on { bit } else { 0 };
+        self.percent.clamp(1, 100) | flag(self.asks_turns, ASKS_TURNS) | flag(self.rest, REST)
+    }
+
+    /// A slot's word, if it is one: 1-100 and known flags only.
+    fn from_word(w: u32) -> Option<Claim> {
+        let percent = w & PERCENT_BITS;
+        let known = w & !(PERCENT_BITS | ASKS_TURNS | REST) == 0;
+        (known && (1..=100).contains(&percent)).then_some(Claim {
+            percent,
+            asks_turns: w & ASKS_TURNS != 0,
+            rest: w & REST != 0,
+        })
+    }
+}
+
 /// What the other containers on one GPU's board publish.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Others {
-    /// Their limits, summed (percent).
+    /// Their shares, summed (percent), one that asks for turns counting
+    /// as 100.
     pub percent: u32,
     /// How many publish.
     pub count: u32,
+    /// The limits of those that publish one (not a rest), summed as they
+    /// are (percent).
+    pub limits: u32,
+    /// How many ask for turns.
+    pub asking: u32,
+    /// How many publish a rest (containers without a limit).
+    pub resting: u32,
+}
+
+impl Others {
+    fn add(&mut self, c: Claim) {
+        self.percent += if c.asks_turns { 100 } else { c.percent };
+        self.count += 1;
+        if c.rest {
+            self.resting += 1;
+        } else {
+            self.limits += c.percent;
+        }
+        self.asking += u32::from(c.asks_turns);
+    }
 }
 
 /// One GPU's board, opened by a container's leader for that GPU.
@@ -159,9 +231,9 @@ impl SmBoard {
         (ours.dev(), ours.ino()) == (named.dev(), named.ino())
     }
 
-    /// Publishes `percent` at time `now`, claiming a slot first if this
+    /// Publishes `claim` at time `now`, claiming a slot first if this
     /// process has none (`Err`: every slot is held by someone else).
-    pub fn publish(&mut self, percent: u32, now: u64) -> io::Result<()> {
+    pub fn publish(&mut self, claim: Claim, now: u64) -> io::Result<()> {
         let slot = match self.mine {
             Some(i) => i,
             None => {
@@ -179,9 +251,25 @@ impl SmBoard {
         };
         let mut b = [0u8; SLOT_BYTES as usize];
         b[..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&percent.min(100).to_le_bytes());
+        b[4..8].copy_from_slice(&claim.word().to_le_bytes());
         b[8..].copy_from_slice(&now.to_le_bytes());
         self.file.write_all_at(&b, slot as u64 * SLOT_BYTES)
+    }
+
+    /// Gives this process's slot back, if it holds one: cleared, then
+    /// unlocked (a container that stops taking the rest shows no more).
+    pub fn withdraw(&mut self) {
+        let Some(i) = self.mine.take() else {
+            return;
+        };
+        let _ = self
+            .file
+            .write_all_at(&[0u8; SLOT_BYTES as usize], i as u64 * SLOT_BYTES);
+        let mut fl = lock_of(i);
+        fl.l_type = libc::F_UNLCK as libc::c_short;
+        // SAFETY: fcntl on our open descriptor with a flock we own (l_pid
+        // 0, as an OFD lock needs).
+        unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
     }
 
     /// What the other live, fresh slots publish at time `now`.
@@ -195,12 +283,11 @@ impl SmBoard {
             if at + SLOT_BYTES as usize > got {
                 break;
             }
-            let Some(percent) = slot_percent(&all[at..at + SLOT_BYTES as usize], now) else {
+            let Some(claim) = slot_claim(&all[at..at + SLOT_BYTES as usize], now) else {
                 continue;
             };
             if self.held_by_other(i) {
-                o.percent += percent;
-                o.count += 1;
+                o.add(claim);
             }
         }
         o
@@ -225,14 +312,18 @@ impl SmBoard {
     }
 }
 
-/// Slot bytes `b` as a percent that counts at `now`: the magic, 1-100, and
-/// written within [`FRESH_NS`] (and not from the future).
-fn slot_percent(b: &[u8], now: u64) -> Option<u32> {
+/// Slot bytes `b` as a claim that counts at `now`: the magic, a claim's
+/// word ([`Claim::from_word`]), and written within [`FRESH_NS`] (and not
+/// from the future).
+fn slot_claim(b: &[u8], now: u64) -> Option<Claim> {
     let magic = u32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
-    let percent = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+    let word = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
     let at = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
     let fresh = at <= now.saturating_add(AHEAD_NS) && now.saturating_sub(at) <= FRESH_NS;
-    (magic == MAGIC && (1..=100).contains(&percent) && fresh).then_some(percent)
+    if magic != MAGIC || !fresh {
+        return None;
+    }
+    Claim::from_word(word)
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
@@ -272,13 +363,23 @@ mod tests {
         let mut a = SmBoard::open(dir, &GPU).unwrap();
         let mut b = SmBoard::open(dir, &GPU).unwrap();
         let c = SmBoard::open(dir, &GPU).unwrap();
-        a.publish(30, NOW).unwrap();
-        b.publish(60, NOW).unwrap();
+        a.publish(lim(30), NOW).unwrap();
+        b.publish(lim(60), NOW).unwrap();
         (a, b, c)
     }
 
+    fn lim(percent: u32) -> Claim {
+        Claim::limit(percent, false)
+    }
+
+    /// Limits only: their sum, and how many.
     fn seen(percent: u32, count: u32) -> Others {
-        Others { percent, count }
+        Others {
+            percent,
+            count,
+            limits: percent,
+            ..Others::default()
+        }
     }
 
     #[test]
@@ -329,24 +430,64 @@ mod tests {
         raw.write_all_at(&[0xff; 16], 16).unwrap();
         assert_eq!(c.others(NOW), seen(30, 1));
         // Its owner writes it again at its next period.
-        b.publish(60, NOW).unwrap();
+        b.publish(lim(60), NOW).unwrap();
         assert_eq!(c.others(NOW), seen(90, 2));
         // Cut short: nothing counts, nothing fails; republished, it counts.
         raw.set_len(0).unwrap();
         assert_eq!(c.others(NOW), Others::default());
-        b.publish(60, NOW).unwrap();
+        b.publish(lim(60), NOW).unwrap();
         assert_eq!(c.others(NOW).count, 1);
         // Every slot held by others: this one cannot publish, and says so.
         let mut held = Vec::new();
         for _ in 0..SLOTS {
             let mut h = SmBoard::open(dir.path(), &GPU).unwrap();
-            if h.publish(10, NOW).is_ok() {
+            if h.publish(lim(10), NOW).is_ok() {
                 held.push(h);
             }
         }
         let mut late = SmBoard::open(dir.path(), &GPU).unwrap();
-        let e = late.publish(10, NOW).unwrap_err();
+        let e = late.publish(lim(10), NOW).unwrap_err();
         assert!(e.to_string().contains("slots"), "{e}");
+    }
+
+    #[test]
+    fn turns_asked_and_rests_are_told_apart_from_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, b, mut c) = three(dir.path());
+        // a asks for turns at 30 %: it counts as the whole GPU, its limit
+        // as 30.
+        a.publish(Claim::limit(30, true), NOW).unwrap();
+        let rest = Claim {
+            percent: 60,
+            asks_turns: false,
+            rest: true,
+        };
+        c.publish(rest, NOW).unwrap();
+        let want = Others {
+            percent: 100 + 60,
+            count: 2,
+            limits: 30,
+            asking: 1,
+            resting: 1,
+        };
+        assert_eq!(b.others(NOW), want);
+        // A rest withdrawn is gone at once, not when it goes stale.
+        c.withdraw();
+        assert_eq!(b.others(NOW).resting, 0);
+        c.publish(rest, NOW).unwrap();
+        assert_eq!(b.others(NOW).resting, 1);
+        // An unknown flag makes the slot nothing.
+        let raw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.path())
+            .unwrap();
+        raw.write_all_at(&(30u32 | 1 << 12).to_le_bytes(), 4)
+            .unwrap();
+        assert_eq!(b.others(NOW).count, 1);
+        // Withdrawn twice: the second has nothing to give back.
+        c.withdraw();
+        c.withdraw();
+        assert_eq!(b.others(NOW).count, 0);
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub struct Device {
     pub memory_limit_bytes: u64,
     /// SM limit in percent, 0 for none.
     pub sm_limit_percent: u32,
+    /// Without an SM limit: the share it takes beside busy limited
+    /// containers on the GPU, percent (0: it runs free; vgpu 2.6).
+    pub sm_rest_percent: Option<u32>,
     /// `GPU_CORE_UTILIZATION_POLICY`: `default`, `force` or `disable` (vgpu).
     pub policy: Option<&'static str>,
     /// Physical memory of the device (vgpu).

@@ -74,9 +74,10 @@ fn region(out: &mut String, s: &Snapshot) {
             d.uuid.clone(),
             limit_bytes(d.memory_limit_bytes),
             bytes(d.used_bytes),
-            match d.sm_limit_percent {
-                0 | 100.. => "none".into(),
-                p => format!("{p}%"),
+            match (d.sm_limit_percent, d.sm_rest_percent) {
+                (0 | 100.., Some(r @ 1..)) => format!("none (rest {r}%)"),
+                (0 | 100.., _) => "none".into(),
+                (p, _) => format!("{p}%"),
             },
             format!("{:.1}%", d.utilization_percent),
             opt(d.bucket_scale.map(|v| format!("{v:.3}"))),

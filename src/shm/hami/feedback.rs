@@ -70,11 +70,18 @@ impl Region {
     /// the policy is not `disable`, and under `default` a monitor has not
     /// switched it off (a region without a HAMi part has no switch).
     pub fn enforces_sm_limit(&self, dev: EntryIndex) -> bool {
-        let d = self.device(dev);
-        if !d.enforces_sm_limit() {
-            return false;
+        self.device(dev).enforces_sm_limit() && self.sm_control_on(dev)
+    }
+
+    /// Whether the policy lets the SM limits of device entry `dev` apply:
+    /// not `disable`, and under `default` a monitor has not switched them
+    /// off.
+    pub fn sm_control_on(&self, dev: EntryIndex) -> bool {
+        match self.device(dev).limits().policy {
+            CorePolicy::Disable => false,
+            CorePolicy::Force => true,
+            CorePolicy::Default => self.hami().is_none_or(HamiRegion::switch_on),
         }
-        d.limits().policy == CorePolicy::Force || self.hami().is_none_or(HamiRegion::switch_on)
     }
 
     /// Takes or renews the job of keeping the HAMi part true

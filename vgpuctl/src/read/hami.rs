@@ -32,6 +32,7 @@ pub fn snapshot(path: &Path, h: &hami::Snapshot) -> Snapshot {
                 uuid: d.uuid.clone(),
                 memory_limit_bytes: d.limit,
                 sm_limit_percent: hami::sm_from_hami(d.sm_limit),
+                sm_rest_percent: None,
                 policy: None,
                 total_memory_bytes: None,
                 used_bytes: used,

@@ -77,6 +77,7 @@ fn device(
         uuid: format_uuid(&d.uuid()),
         memory_limit_bytes: limits.mem,
         sm_limit_percent: limits.sm,
+        sm_rest_percent: Some(d.rest_percent()),
         policy: Some(match limits.policy {
             vgpu_shm::CorePolicy::Default => "default",
             vgpu_shm::CorePolicy::Force => "force",
