@@ -773,8 +773,8 @@ fn a_fifo_in_place_of_the_board_hangs_nothing() {
 fn a_container_without_a_limit_takes_the_rest_beside_a_limited_one() {
     let _serial = serial();
     let sim = with_a_board();
-    let free = container_for(&sim, "free", Some(0), 14);
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    let free = container_for(&sim, "free", Some(0), 15);
+    std::thread::sleep(std::time::Duration::from_secs(3));
     let limited = container_for(&sim, "limited", Some(30), 8);
     // While both run, the one without a limit shows the rest it takes.
     let region = sim.dir.path().join("free.cache");
@@ -789,17 +789,18 @@ fn a_container_without_a_limit_takes_the_rest_beside_a_limited_one() {
     let f = finish(free).ok();
     let wl: Vec<f64> = per_sec(&l).iter().map(|s| s / DEVICE_RATE).collect();
     let wf: Vec<f64> = per_sec(&f).iter().map(|s| s / DEVICE_RATE).collect();
-    eprintln!("30 % from 2 s: {wl:.3?}\nwithout a limit: {wf:.3?}");
+    eprintln!("30 % from 3 s: {wl:.3?}\nwithout a limit: {wf:.3?}");
     let fl = l.f64("rate") / DEVICE_RATE;
     assert!((fl - 0.30).abs() <= 0.03, "the limited one got {fl:.3}");
-    // Alone before, beside it once settled, and alone after it left.
+    // Alone before, beside it once settled, and alone after it left (its
+    // slot on the board goes with its process).
     assert!(wf[1] >= 0.9, "alone: {:.3}; {wf:.3?}", wf[1]);
-    let beside = wf[5..9].iter().sum::<f64>() / 4.0;
+    let beside = wf[6..10].iter().sum::<f64>() / 4.0;
     assert!(
         (beside - 0.60).abs() <= 0.05,
         "beside 30 %: {beside:.3}; {wf:.3?}"
     );
-    assert!(wf[13] >= 0.9, "after: {:.3}; {wf:.3?}", wf[13]);
+    assert!(wf[14] >= 0.9, "after: {:.3}; {wf:.3?}", wf[14]);
     assert_eq!(sim.status(&region)["devices"][0]["sm_rest_percent"], 0);
 }
 
@@ -828,7 +829,7 @@ fn short_steps_beside_a_container_without_a_limit_get_their_turns() {
     assert!(free_p50 >= 2.0, "free beside it, p50 {free_p50:.2} ms");
     assert!(p50 <= 1.0, "p50 {p50:.2} ms beside it taking the rest");
     assert!(
-        share >= 0.18 && share >= 2.0 * free_share,
+        share >= 0.15 && share >= 2.0 * free_share,
         "the steps held {share:.3} of the GPU at 30 % ({free_share:.3} beside it free)"
     );
     assert!(beside >= 0.5, "the neighbour got {beside:.3}");

@@ -70,6 +70,8 @@ fn status_json_follows_the_documented_schema() {
     assert!(pd["nvml_used_bytes"].is_u64());
     // An SM limit chose the container's turns on the device.
     assert_eq!(d["turns"]["period_ms"], 100.0);
+    // A limited container takes no rest.
+    assert_eq!(d["sm_rest_percent"], 0);
     assert_eq!(d["turns"]["paused"], false);
     assert!((0.0..100.0).contains(&d["turns"]["phase_ms"].as_f64().unwrap()));
     // Every field is documented in docs/vgpuctl.md, and nothing else is
@@ -94,6 +96,7 @@ fn status_json_follows_the_documented_schema() {
             "oom_denials",
             "policy",
             "sm_limit_percent",
+            "sm_rest_percent",
             "throttled_seconds",
             "total_memory_bytes",
             "turns",

@@ -105,9 +105,8 @@ impl Device {
             entry.set_rest_percent(rest);
         }
         if rest == 0 {
-            if was != 0 {
-                self.pacing.withdraw();
-            }
+            // (Nothing to give back unless it published.)
+            self.pacing.withdraw();
             self.leading = false;
         }
         rest != 0
@@ -188,20 +187,33 @@ impl Leader {
         let me = std::process::id();
         // A container without a limit may take the rest beside limited
         // ones (`rest.rs`): its leader watches the board.
-        let resting = entry.sm_limit() == 0 && super::rest::yields();
-        let governed = resting || entry.sm_limit() != 0;
+        // (A rest left in the region by a leader that yielded is cleared
+        // by the next leader that does not: processes of one container
+        // may have been started with different settings, and only the
+        // leader decides.)
+        let unlimited = entry.sm_limit() == 0;
+        let resting = unlimited && super::rest::yields();
+        let control = attach.region.sm_control_on(dev);
+        if !control && unlimited && entry.rest_percent() != 0 {
+            entry.set_rest_percent(0); // (the policy went `disable`)
+        }
+        let governed = !unlimited || resting || entry.rest_percent() != 0;
         if !governed
-            || !attach.region.sm_control_on(dev)
+            || !control
             || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
         {
             if state.leading || state.watching {
                 // (Its slot on the SM board goes with its descriptor.)
                 state.pacing = Default::default();
             }
-            if entry.sm_limit() == 0 && entry.rest_percent() != 0 && !resting {
-                entry.set_rest_percent(0); // (`VGPU_SM_YIELD` went off)
-            }
             (state.leading, state.watching) = (false, false);
+            return;
+        }
+        if unlimited && !resting {
+            // The leader does not yield (`VGPU_SM_YIELD=false`).
+            entry.set_rest_percent(0);
+            state.pacing.withdraw();
+            state.leading = false;
             return;
         }
         if resting && !state.take_rest(entry, dev) {

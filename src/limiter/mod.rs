@@ -159,8 +159,17 @@ pub fn cost_ns(shape: &Slot) -> u64 {
 /// limit is in force there. A container with a limit runs in turns: the
 /// first of its processes to see one picks where they begin.
 pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
-    let on = attach.region.enforces_sm_limit(dev);
     let entry = attach.region.device(dev);
+    // A rest whose leader is gone (the container's last process exited
+    // beside limited neighbours) holds no one: its next leader sets it
+    // again if the neighbours are still busy.
+    if entry.sm_limit() == 0 && entry.rest_percent() != 0 {
+        let leader = entry.leader_pid();
+        if leader == 0 || !vgpu_shm::procinfo::pid_exists(leader as i32) {
+            entry.set_rest_percent(0);
+        }
+    }
+    let on = attach.region.enforces_sm_limit(dev);
     if on && entry.turn_anchor() == 0 {
         let now = clock::monotonic_ns();
         let random =

@@ -228,14 +228,18 @@ impl Pacing {
         rest: bool,
         now: u64,
     ) {
-        self.judge_shortfall(entry, percent, now);
+        // A rest was never promised: a container that takes one never
+        // asks the limited ones for turns.
+        if !rest {
+            self.judge_shortfall(entry, percent, now);
+        }
         let asks_turns = now < self.turns_until_ns;
         // A container that takes turns asks for them, and counts as the
         // whole GPU, so that the others keep out of its windows; one
         // paced whatever the others do publishes its share alone.
         let claim = Claim {
             percent,
-            asks_turns: asks_turns || mode() == Turns::Always,
+            asks_turns: !rest && (asks_turns || mode() == Turns::Always),
             rest,
         };
         let room = self.room(entry, uuid, claim, now);

@@ -19,9 +19,11 @@
 //! ms steps on the simulated GPU).
 //!
 //! Containers without limits split it evenly. It publishes its rest on the
-//! board, marked as one, so that the limited ones see the room it leaves;
-//! once no limited container is busy it runs free again (within the
-//! board's freshness, 2 s). `VGPU_SM_YIELD=false` keeps a container
+//! board, marked as one, so that the limited ones see the room it leaves,
+//! and never asks them for turns (a rest was never promised). Once no
+//! limited container is busy it runs free again: at once when they exit
+//! (a slot goes with its process), 2-4 s after they go idle (busy for 2 s
+//! after a launch, fresh for 2 s after). `VGPU_SM_YIELD=false` keeps a container
 //! without a limit free whatever its neighbours.
 //!
 //! What a hostile writer of the board can do: claim a limit, and hold a

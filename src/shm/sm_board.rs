@@ -6,11 +6,16 @@
 //! They then pace their shares evenly side by side instead of taking
 //! turns (issue 29; `limiter/pacing.rs` decides).
 //!
-//! Each slot is 16 bytes at `16 * i`: a magic word, the claim (the
-//! percent, and two flags: [`ASKS_TURNS`], [`REST`]), and the
-//! CLOCK_MONOTONIC time it was last written. A container without an SM
-//! limit publishes the rest it takes beside limited ones (`REST`,
-//! `limiter/rest.rs`). A slot is owned by whoever
+//! Each slot is 16 bytes at `16 * i`: a magic word, the percent (1-100),
+//! and the CLOCK_MONOTONIC time it was last written, as every library
+//! since the board's first reads it; a claim that asks for turns writes
+//! 100 there. Its detail, the claim's own percent and two flags
+//! ([`ASKS_TURNS`], [`REST`]), is a second slot of the same shape at
+//! [`DETAIL_BASE`] `+ 16 * i`, written first with the same time: a reader
+//! that knows it uses it, an older one never reads it. A container without
+//! an SM limit publishes the rest it takes beside limited ones (`REST`,
+//! `limiter/rest.rs`), which an older reader counts as a limit. A slot is
+//! owned by whoever
 //! holds an OFD write lock on byte `LOCK_BASE + i` (past the data, so a
 //! lock never covers it); the kernel drops it with its holder. A slot
 //! counts only while it is locked by someone else and was written within
@@ -32,9 +37,13 @@ use std::path::{Path, PathBuf};
 
 /// `"VGSM"` read as a little-endian `u32`.
 const MAGIC: u32 = u32::from_le_bytes(*b"VGSM");
+/// `"VGSD"`: a slot's detail.
+const DETAIL_MAGIC: u32 = u32::from_le_bytes(*b"VGSD");
 /// Containers one GPU's board holds at once.
 pub const SLOTS: usize = 32;
 const SLOT_BYTES: u64 = 16;
+/// Where the slots' details begin: past the slots.
+pub const DETAIL_BASE: u64 = SLOTS as u64 * SLOT_BYTES;
 /// Where the slots' lock bytes begin (past any data).
 const LOCK_BASE: i64 = 1 << 20;
 /// How recently a slot must have been written to count: many of its
@@ -249,11 +258,16 @@ impl SmBoard {
                 i
             }
         };
-        let mut b = [0u8; SLOT_BYTES as usize];
-        b[..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&claim.word().to_le_bytes());
-        b[8..].copy_from_slice(&now.to_le_bytes());
-        self.file.write_all_at(&b, slot as u64 * SLOT_BYTES)
+        // The detail first: a reader that finds the slot with this time
+        // finds its detail too.
+        let at = slot as u64 * SLOT_BYTES;
+        self.file.write_all_at(
+            &slot_bytes(DETAIL_MAGIC, claim.word(), now),
+            DETAIL_BASE + at,
+        )?;
+        let plain = if claim.asks_turns { 100 } else { claim.percent };
+        self.file
+            .write_all_at(&slot_bytes(MAGIC, plain.clamp(1, 100), now), at)
     }
 
     /// Gives this process's slot back, if it holds one: cleared, then
@@ -262,9 +276,11 @@ impl SmBoard {
         let Some(i) = self.mine.take() else {
             return;
         };
+        let at = i as u64 * SLOT_BYTES;
+        let _ = self.file.write_all_at(&[0u8; SLOT_BYTES as usize], at);
         let _ = self
             .file
-            .write_all_at(&[0u8; SLOT_BYTES as usize], i as u64 * SLOT_BYTES);
+            .write_all_at(&[0u8; SLOT_BYTES as usize], DETAIL_BASE + at);
         let mut fl = lock_of(i);
         fl.l_type = libc::F_UNLCK as libc::c_short;
         // SAFETY: fcntl on our open descriptor with a flock we own (l_pid
@@ -274,7 +290,7 @@ impl SmBoard {
 
     /// What the other live, fresh slots publish at time `now`.
     pub fn others(&self, now: u64) -> Others {
-        let mut all = [0u8; SLOTS * SLOT_BYTES as usize];
+        let mut all = [0u8; 2 * SLOTS * SLOT_BYTES as usize];
         // A file cut short reads short: the rest stay zeros (no slot).
         let got = read_up_to(&self.file, &mut all);
         let mut o = Others::default();
@@ -283,7 +299,12 @@ impl SmBoard {
             if at + SLOT_BYTES as usize > got {
                 break;
             }
-            let Some(claim) = slot_claim(&all[at..at + SLOT_BYTES as usize], now) else {
+            let detail_at = DETAIL_BASE as usize + at;
+            // (Not read: a file cut short, or an older writer's.)
+            let detail = all
+                .get(detail_at..detail_at + SLOT_BYTES as usize)
+                .filter(|_| detail_at + (SLOT_BYTES as usize) <= got);
+            let Some(claim) = slot_claim(&all[at..at + SLOT_BYTES as usize], detail, now) else {
                 continue;
             };
             if self.held_by_other(i) {
@@ -312,18 +333,39 @@ impl SmBoard {
     }
 }
 
-/// Slot bytes `b` as a claim that counts at `now`: the magic, a claim's
-/// word ([`Claim::from_word`]), and written within [`FRESH_NS`] (and not
-/// from the future).
-fn slot_claim(b: &[u8], now: u64) -> Option<Claim> {
-    let magic = u32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
-    let word = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
-    let at = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+/// A slot's (or a detail's) 16 bytes.
+fn slot_bytes(magic: u32, word: u32, now: u64) -> [u8; SLOT_BYTES as usize] {
+    let mut b = [0u8; SLOT_BYTES as usize];
+    b[..4].copy_from_slice(&magic.to_le_bytes());
+    b[4..8].copy_from_slice(&word.to_le_bytes());
+    b[8..].copy_from_slice(&now.to_le_bytes());
+    b
+}
+
+/// A slot's (magic, word, time).
+fn fields(b: &[u8]) -> Option<(u32, u32, u64)> {
+    Some((
+        u32::from_le_bytes(b.get(0..4)?.try_into().ok()?),
+        u32::from_le_bytes(b.get(4..8)?.try_into().ok()?),
+        u64::from_le_bytes(b.get(8..16)?.try_into().ok()?),
+    ))
+}
+
+/// Slot bytes `b` (and its `detail`, where read) as a claim that counts
+/// at `now`: the magic, a percent of 1-100, written within [`FRESH_NS`]
+/// (and not from the future). Its detail counts where it is one, written
+/// at the same time ([`Claim::from_word`]); otherwise (an older writer, or
+/// a detail left by an earlier owner) the slot is a plain limit.
+fn slot_claim(b: &[u8], detail: Option<&[u8]>, now: u64) -> Option<Claim> {
+    let (magic, percent, at) = fields(b)?;
     let fresh = at <= now.saturating_add(AHEAD_NS) && now.saturating_sub(at) <= FRESH_NS;
-    if magic != MAGIC || !fresh {
+    if magic != MAGIC || !fresh || !(1..=100).contains(&percent) {
         return None;
     }
-    Claim::from_word(word)
+    match detail.and_then(fields) {
+        Some((DETAIL_MAGIC, word, t)) if t == at => Claim::from_word(word),
+        _ => Some(Claim::limit(percent, false)),
+    }
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
@@ -478,16 +520,30 @@ mod tests {
         assert_eq!(b.others(NOW).resting, 1);
         // An unknown flag makes the slot nothing.
         let raw = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .open(a.path())
             .unwrap();
-        raw.write_all_at(&(30u32 | 1 << 12).to_le_bytes(), 4)
+        raw.write_all_at(&(30u32 | 1 << 12).to_le_bytes(), DETAIL_BASE + 4)
             .unwrap();
         assert_eq!(b.others(NOW).count, 1);
+        // What a reader from before the details reads of a claim that
+        // asks for turns: 100, in the slot itself.
+        a.publish(Claim::limit(30, true), NOW).unwrap();
+        let mut plain = [0u8; 16];
+        raw.read_exact_at(&mut plain, 0).unwrap();
+        assert_eq!(plain[4..8], 100u32.to_le_bytes());
+        assert_eq!(b.others(NOW).limits, 30);
+        // A detail of another time (an earlier owner's) is not believed:
+        // the slot reads as the plain 100.
+        raw.write_all_at(&(NOW - 1).to_le_bytes(), DETAIL_BASE + 8)
+            .unwrap();
+        assert_eq!(b.others(NOW).limits, 100);
+        assert_eq!(b.others(NOW).asking, 0);
         // Withdrawn twice: the second has nothing to give back.
         c.withdraw();
         c.withdraw();
-        assert_eq!(b.others(NOW).count, 0);
+        assert_eq!(b.others(NOW).count, 1);
     }
 
     #[test]
