@@ -59,6 +59,12 @@ fn per_sec(r: &Run) -> Vec<f64> {
         .collect()
 }
 
+/// Each second's completions of a [`DENSE`] spin run, as fractions of the
+/// device ([`DEVICE_RATE`]).
+fn per_sec_of_device(r: &Run) -> Vec<f64> {
+    per_sec(r).iter().map(|s| s / DEVICE_RATE).collect()
+}
+
 /// A container on `sim`'s GPU for `secs`: its own region, and `limit` if
 /// any; with no limit it runs without vgpu at all, and with `Some(0)`
 /// with vgpu and no SM limit.
@@ -370,8 +376,8 @@ fn a_container_is_back_at_its_limit_within_2_s_of_a_neighbour_leaving() {
     let b = container_for(&sim, "b", Some(60), 5);
     let b = finish(b).ok();
     let a = finish(a).ok();
-    let wa: Vec<f64> = per_sec(&a).iter().map(|s| s / solo).collect();
-    let wb: Vec<f64> = per_sec(&b).iter().map(|s| s / solo).collect();
+    let wa = per_sec_of_device(&a);
+    let wb = per_sec_of_device(&b);
     eprintln!("30 %: {wa:.3?}\n60 % from 3 s to 8 s: {wb:.3?}");
     let fraction = a.f64("rate") / solo;
     assert!((fraction - 0.30).abs() <= 0.03, "30 % got {fraction:.3}");
@@ -787,8 +793,8 @@ fn a_container_without_a_limit_takes_the_rest_beside_a_limited_one() {
     assert!(seen, "rest never 60: {rests:?}");
     let l = finish(limited).ok();
     let f = finish(free).ok();
-    let wl: Vec<f64> = per_sec(&l).iter().map(|s| s / DEVICE_RATE).collect();
-    let wf: Vec<f64> = per_sec(&f).iter().map(|s| s / DEVICE_RATE).collect();
+    let wl = per_sec_of_device(&l);
+    let wf = per_sec_of_device(&f);
     eprintln!("30 % from 3 s: {wl:.3?}\nwithout a limit: {wf:.3?}");
     let fl = l.f64("rate") / DEVICE_RATE;
     assert!((fl - 0.30).abs() <= 0.03, "the limited one got {fl:.3}");
@@ -833,4 +839,28 @@ fn short_steps_beside_a_container_without_a_limit_get_their_turns() {
         "the steps held {share:.3} of the GPU at 30 % ({free_share:.3} beside it free)"
     );
     assert!(beside >= 0.5, "the neighbour got {beside:.3}");
+}
+
+/// The other start order: the limited container first, alone for 3 s,
+/// then the one without a limit, which takes its rest from its first
+/// second beside it.
+#[test]
+fn a_container_without_a_limit_that_comes_second_takes_the_rest_too() {
+    let _serial = serial();
+    let sim = with_a_board();
+    let limited = container_for(&sim, "limited", Some(30), 12);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let free = container_for(&sim, "free", Some(0), 8);
+    let f = finish(free).ok();
+    let l = finish(limited).ok();
+    let wl = per_sec_of_device(&l);
+    let wf = per_sec_of_device(&f);
+    eprintln!("30 %: {wl:.3?}\nwithout a limit from 3 s: {wf:.3?}");
+    let fl = l.f64("rate") / DEVICE_RATE;
+    assert!((fl - 0.30).abs() <= 0.03, "the limited one got {fl:.3}");
+    let beside = wf[2..7].iter().sum::<f64>() / 5.0;
+    assert!(
+        (beside - 0.60).abs() <= 0.05,
+        "beside 30 %: {beside:.3}; {wf:.3?}"
+    );
 }

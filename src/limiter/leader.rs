@@ -22,13 +22,12 @@
 //! the device, for the turns (`alone_ns`, [`alone_on`]), and whether the
 //! limits on it leave room to pace beside others (`pacing`).
 
-use std::collections::HashMap;
-
 use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};
 
 use super::controller::Controller;
 use super::neighbours::Neighbours;
+use super::readings::{alone_on, container_utilisation};
 use crate::attach::Attach;
 use crate::clock;
 use crate::nvml::client;
@@ -82,36 +81,6 @@ struct Device {
 }
 
 impl Device {
-    /// One tick of a container without a limit that takes the rest beside
-    /// limited ones: sets the rest from the board, and says whether it
-    /// takes one (then the bucket is led as a limited one's). Running
-    /// free, it gives its slot on the board back.
-    fn take_rest(&mut self, entry: &vgpu_shm::layout::DeviceEntry, dev: EntryIndex) -> bool {
-        self.watching = true;
-        let now = clock::monotonic_ns();
-        let rest = self
-            .pacing
-            .others(&entry.uuid(), now)
-            .map_or(0, |o| super::rest::rest_percent(&o));
-        let was = entry.rest_percent();
-        if rest != was {
-            log::debug!(
-                "dev {dev}: without an SM limit, beside limited containers: {}",
-                match rest {
-                    0 => "runs free".to_string(),
-                    r => format!("takes the rest, {r} %"),
-                }
-            );
-            entry.set_rest_percent(rest);
-        }
-        if rest == 0 {
-            // (Nothing to give back unless it published.)
-            self.pacing.withdraw();
-            self.leading = false;
-        }
-        rest != 0
-    }
-
     fn remember(&mut self, now: u64, scale_milli: u32) {
         self.history[self.next % HISTORY] = (now, scale_milli);
         self.next += 1;
@@ -160,16 +129,6 @@ impl Device {
     }
 }
 
-/// One control period's reading of NVML for a device.
-struct Reading {
-    /// The container's SM utilisation, as a fraction of the device.
-    ours: f64,
-    /// Each process's (slot, fraction of the device).
-    per_slot: Vec<(SlotIndex, f64)>,
-    /// Host pids outside the container that used the device.
-    busy_neighbours: Vec<u32>,
-}
-
 #[derive(Default)]
 pub struct Leader {
     devices: [Device; MAX_DEVICES],
@@ -216,8 +175,12 @@ impl Leader {
             state.leading = false;
             return;
         }
-        if resting && !state.take_rest(entry, dev) {
-            return;
+        if resting {
+            state.watching = true;
+            if super::rest::take(&mut state.pacing, entry, dev) == 0 {
+                state.leading = false;
+                return;
+            }
         }
         let percent = entry.sm_percent();
         // Processes of one container would share each window and
@@ -383,133 +346,6 @@ fn misattributed(ours: f64, admitted: f64) -> bool {
     ours > admitted * 1.25 + 0.05
 }
 
-/// The container's SM utilisation of `dev` since the last call, and
-/// whether anyone else used the device; None when it cannot be measured.
-fn container_utilisation(
-    attach: &Attach,
-    dev: EntryIndex,
-    last_seen_us: &mut u64,
-) -> Option<Reading> {
-    let region = &attach.region;
-    let mut pids = Vec::new();
-    for i in region.occupied_slots() {
-        if region.slot_total(i, dev) == 0 {
-            continue;
-        }
-        match region.host_pid(i) {
-            None if pid_exists(region.pid(i)) => {
-                crate::warn_once!(
-                    "a process of the container has no known host pid yet: the SM limit runs open-loop until it has"
-                );
-                return None;
-            }
-            None => {}
-            Some(p) => pids.push((i, p)),
-        }
-    }
-    let nd = client::device(&region.device(dev).uuid())?;
-    let samples = match client::utilization(nd, *last_seen_us) {
-        Ok(s) => s,
-        Err(rc) => {
-            crate::warn_once!(
-                "NVML per-process utilisation unavailable ({rc}): the SM limit runs open-loop on event-timed kernel costs"
-            );
-            return None;
-        }
-    };
-    // NVML took a while: the region file is checked again (tamper.rs).
-    if !attach.intact() {
-        return None;
-    }
-    let mut per_pid: HashMap<u32, (u64, u32)> = HashMap::new();
-    let mut busy_neighbours = Vec::new();
-    for s in &samples {
-        *last_seen_us = (*last_seen_us).max(s.timestamp);
-        if pids.iter().any(|&(_, p)| p == s.pid) {
-            let e = per_pid.entry(s.pid).or_default();
-            e.0 += u64::from(s.sm);
-            e.1 += 1;
-        } else if s.sm > 0 && !region_holds_pid(region, s.pid) {
-            busy_neighbours.push(s.pid);
-        }
-    }
-    let per_slot: Vec<(SlotIndex, f64)> = pids
-        .iter()
-        .map(|&(slot, pid)| {
-            let mean = per_pid
-                .get(&pid)
-                .map_or(0.0, |&(sum, n)| sum as f64 / f64::from(n));
-            (slot, mean / 100.0)
-        })
-        .collect();
-    Some(Reading {
-        ours: per_slot.iter().map(|(_, u)| u).sum::<f64>().min(1.0),
-        per_slot,
-        busy_neighbours,
-    })
-}
-
-/// Memory allocated on a device that NVML's process list may leave
-/// unaccounted while the container counts as alone: less than a context
-/// (518 MiB for PyTorch's on an H200), which every process of another
-/// container holds; at most half the container's own context where that
-/// was measured smaller.
-const UNLISTED_SLACK: u64 = 256 << 20;
-
-/// Whether the container is alone on device entry `dev` (None: NVML could
-/// not say): [`alone_by`] on NVML's list of compute processes and the
-/// memory allocated on the device, read before and after it (the larger
-/// reading: an allocation or a free in between would hide a neighbour's
-/// memory behind the container's). Then nothing else can have run in the
-/// container's windows but its own work (`limiter/probes.rs`).
-fn alone_on(attach: &Attach, dev: EntryIndex) -> Option<bool> {
-    let region = &attach.region;
-    let entry = region.device(dev);
-    let nd = client::device(&entry.uuid())?;
-    let before = client::allocated_memory(nd)?;
-    let listed = client::processes(nd).ok()?;
-    let after = client::allocated_memory(nd)?;
-    // NVML took a while: the region file is checked again (tamper.rs).
-    if !attach.intact() {
-        return None;
-    }
-    let slack = entry
-        .context_bytes()
-        .map_or(UNLISTED_SLACK, |b| UNLISTED_SLACK.min(b / 2));
-    alone_by(&listed, before.max(after), slack, |pid| {
-        region_holds_pid(region, pid)
-    })
-}
-
-/// Whether NVML's list of a device's compute processes (`listed`: pid,
-/// used bytes) shows a container alone there: non-empty, every pid the
-/// container's (`ours`), and their memory all that is `allocated` on the
-/// device but less than `slack`. The list alone does not tell: driver 580
-/// shows a caller in a pid namespace only that namespace's processes
-/// (docs/benchmarks.md, run 18), and graphics contexts never. None when a
-/// process's memory is not available.
-fn alone_by(
-    listed: &[(u32, u64)],
-    allocated: u64,
-    slack: u64,
-    ours: impl Fn(u32) -> bool,
-) -> Option<bool> {
-    // (NVML_VALUE_NOT_AVAILABLE, all ones, is no figure.)
-    let counted = listed.iter().try_fold(0u64, |sum, &(_, used)| {
-        (used != u64::MAX).then(|| sum.saturating_add(used))
-    })?;
-    let all_ours = !listed.is_empty() && listed.iter().all(|&(pid, _)| ours(pid));
-    Some(all_ours && allocated.saturating_sub(counted) < slack)
-}
-
-/// Whether `pid` is the host pid of a process of this container (one that
-/// holds no memory on this device counts as ours, not as a neighbour).
-fn region_holds_pid(region: &vgpu_shm::Region, pid: u32) -> bool {
-    region
-        .occupied_slots()
-        .any(|i| region.host_pid(i) == Some(pid))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,34 +375,6 @@ mod tests {
         // Only older libraries admitted: their cost is all there is.
         assert_eq!(held_share(0, 0.3, half_s), 0.3);
         assert_eq!(held_share(5, 0.0, 0), 5.0);
-    }
-
-    #[test]
-    fn alone_takes_a_list_of_the_container_s_own_that_accounts_for_the_memory() {
-        const MIB: u64 = 1 << 20;
-        let ours = |pid| pid == 10 || pid == 11;
-        let slack = 256 * MIB;
-        let two = [(10, 600 * MIB), (11, 600 * MIB)];
-        assert_eq!(alone_by(&two, 1209 * MIB, slack, ours), Some(true));
-        // Another container's process in the list.
-        assert_eq!(
-            alone_by(&[(10, 600 * MIB), (77, 500 * MIB)], 1100 * MIB, slack, ours),
-            Some(false)
-        );
-        // A list filtered to our pid namespace: the neighbour's context
-        // shows only in the device's memory.
-        assert_eq!(alone_by(&two, 1709 * MIB, slack, ours), Some(false));
-        assert_eq!(alone_by(&two, 1200 * MIB + slack, slack, ours), Some(false));
-        assert_eq!(
-            alone_by(&two, 1200 * MIB + slack - 1, slack, ours),
-            Some(true)
-        );
-        // An empty list shows not even us: it says nothing.
-        assert_eq!(alone_by(&[], 0, slack, ours), Some(false));
-        // A process whose memory NVML cannot give: no verdict.
-        assert_eq!(alone_by(&[(10, u64::MAX)], 600 * MIB, slack, ours), None);
-        // More listed than allocated (a free between the reads) is fine.
-        assert_eq!(alone_by(&two, 1000 * MIB, slack, ours), Some(true));
     }
 
     #[test]

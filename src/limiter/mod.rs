@@ -16,6 +16,7 @@
 //! - `synced`: this thread's last synchronisation, and how long it waited
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
+//! - `readings`: what NVML says of the container on a device, for it
 //! - `neighbours`: whether other containers share a device (pure)
 //! - `pacing`: beside others, pace or take turns (the node's SM board)
 //! - `rest`: a container without a limit takes what the limits leave
@@ -35,6 +36,7 @@ pub mod leader;
 pub mod neighbours;
 pub mod pacing;
 pub mod probes;
+pub mod readings;
 pub mod rest;
 pub mod synced;
 pub mod turns;

@@ -26,17 +26,20 @@
 //! after a launch, fresh for 2 s after). `VGPU_SM_YIELD=false` keeps a container
 //! without a limit free whatever its neighbours.
 //!
-//! What a hostile writer of the board can do: claim a limit, and hold a
-//! container without one to [`MIN_REST_PERCENT`] while the claim stays
-//! fresh; a neighbour that runs without vgpu takes as much by
+//! What a hostile writer of the board can do: claim a limit, or a rest to
+//! split this one with, and hold a container without one down to
+//! [`MIN_REST_PERCENT`] while the claim stays fresh; a neighbour that runs without vgpu takes as much by
 //! time-slicing anyway. No limit of a limited container moves.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use vgpu_shm::EntryIndex;
+use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::sm_board::Others;
 
-use super::pacing::ROOM_PERCENT;
+use super::pacing::{Pacing, ROOM_PERCENT};
+use crate::clock;
 
 /// The least rest: a container without a limit is never held to less
 /// (and one at 10 % still closes its probes in its windows, `turns.rs`).
@@ -66,6 +69,31 @@ pub fn rest_percent(others: &Others) -> u32 {
     // (Split evenly with the others that take the rest.)
     let takers = others.resting + 1;
     (ROOM_PERCENT.saturating_sub(others.limits) / takers).max(MIN_REST_PERCENT)
+}
+
+/// One leader tick of a container without a limit on device `entry`
+/// (`dev`): sets the rest it takes from the board (`pacing`'s) and
+/// returns it; running free (0), it gives its slot on the board back.
+pub fn take(pacing: &mut Pacing, entry: &DeviceEntry, dev: EntryIndex) -> u32 {
+    let now = clock::monotonic_ns();
+    let rest = pacing
+        .others(&entry.uuid(), now)
+        .map_or(0, |o| rest_percent(&o));
+    if rest != entry.rest_percent() {
+        log::debug!(
+            "dev {dev}: without an SM limit, beside limited containers: {}",
+            match rest {
+                0 => "runs free".to_string(),
+                r => format!("takes the rest, {r} %"),
+            }
+        );
+        entry.set_rest_percent(rest);
+    }
+    if rest == 0 {
+        // (Nothing to give back unless it published.)
+        pacing.withdraw();
+    }
+    rest
 }
 
 #[cfg(test)]
