@@ -54,9 +54,6 @@ const SHOWN: usize = 4;
 #[derive(Default)]
 struct Device {
     leading: bool,
-    /// A container without a limit: its leader watches the board for
-    /// limited neighbours (`rest.rs`).
-    watching: bool,
     last_seen_us: u64,
     last_control_ns: u64,
     last_waits: u64,
@@ -161,11 +158,9 @@ impl Leader {
             || !control
             || !entry.elect_leader(me, monotonic_s(), LEASE_S, |p| pid_exists(p as i32))
         {
-            if state.leading || state.watching {
-                // (Its slot on the SM board goes with its descriptor.)
-                state.pacing = Default::default();
-            }
-            (state.leading, state.watching) = (false, false);
+            // (Its slot on the SM board, if any, goes with its descriptor.)
+            state.pacing = Default::default();
+            state.leading = false;
             return;
         }
         if unlimited && !resting {
@@ -175,12 +170,9 @@ impl Leader {
             state.leading = false;
             return;
         }
-        if resting {
-            state.watching = true;
-            if super::rest::take(&mut state.pacing, entry, dev) == 0 {
-                state.leading = false;
-                return;
-            }
+        if resting && super::rest::take(&mut state.pacing, entry, dev) == 0 {
+            state.leading = false;
+            return;
         }
         let percent = entry.sm_percent();
         // Processes of one container would share each window and
@@ -211,7 +203,6 @@ impl Leader {
                 // an idle new leader must not show busy on the board. A
                 // board it watched for its rest stays open.)
                 pacing: std::mem::take(&mut state.pacing).restart(entry.admitted_ns()),
-                watching: state.watching,
                 ..Device::default()
             };
             log::debug!("leading the compute bucket of device entry {dev}");
