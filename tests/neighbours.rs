@@ -572,6 +572,17 @@ fn steps_beside(
     step_ns: u64,
     period_ms: u32,
 ) -> (f64, f64, f64, f64, f64) {
+    steps_at_beside(sim, 30, limit, step_ns, period_ms)
+}
+
+/// [`steps_beside`], the steps at `steps_limit` percent.
+fn steps_at_beside(
+    sim: Sim,
+    steps_limit: u32,
+    limit: Option<u32>,
+    step_ns: u64,
+    period_ms: u32,
+) -> (f64, f64, f64, f64, f64) {
     let solo = DEVICE_RATE;
     let neighbour = container_for(&sim, "n", limit, 12);
     let step = step_ns.to_string();
@@ -581,7 +592,7 @@ fn steps_beside(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE",
             sim.dir.path().join("steps.cache"),
         )
-        .env("CUDA_DEVICE_SM_LIMIT", "30");
+        .env("CUDA_DEVICE_SM_LIMIT", steps_limit.to_string());
     if let Some(dir) = std::env::var_os("NEIGHBOURS_LOG_DIR") {
         let level = std::env::var("NEIGHBOURS_LOG_LEVEL").unwrap_or_else(|_| "4".into());
         let path = std::path::Path::new(&dir).join("steps.log");
@@ -596,7 +607,7 @@ fn steps_beside(
     let (p50, p99, max) = (r.f64("p50_ms"), r.f64("p99_ms"), r.f64("max_ms"));
     let beside = n.f64("rate") / solo;
     eprintln!(
-        "{} ms steps at 30 % beside {limit:?}, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
+        "{} ms steps at {steps_limit} % beside {limit:?}, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
         step_ns as f64 * 1e-6
     );
     (share, p50, p99, max, beside)
@@ -839,6 +850,28 @@ fn short_steps_beside_a_container_without_a_limit_get_their_turns() {
         "the steps held {share:.3} of the GPU at 30 % ({free_share:.3} beside it free)"
     );
     assert!(beside >= 0.5, "the neighbour got {beside:.3}");
+}
+
+/// Short steps at 10 %, whose 10 ms windows in turns would hold too
+/// few of them (one in each waits out the period: p99 90 ms on an H200),
+/// beside a container without a limit: short of the GPU paced beside its
+/// rest of 80 %, they ask it for room for their switches instead of for
+/// turns, and stay paced (limiter/pacing.rs, `steps_room`).
+#[test]
+fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
+    let _serial = serial();
+    let (share, p50, p99, max, beside) = steps_at_beside(with_a_board(), 10, Some(0), 200_000, 100);
+    // Paced, no step waits out a period (90 ms in turns).
+    assert!(max < 40.0, "max {max:.2} ms, p50 {p50:.2}, p99 {p99:.2}");
+    assert!(
+        (share - 0.10).abs() <= 0.03,
+        "the steps held {share:.3} of the GPU at 10 %"
+    );
+    // The rest left room: under its 80 %, more than its least.
+    assert!(
+        (0.2..0.75).contains(&beside),
+        "the neighbour without a limit got {beside:.3}"
+    );
 }
 
 /// The other start order: the limited container first, alone for 3 s,

@@ -123,6 +123,41 @@ const BUCKET_BOUND: f64 = 0.1;
 /// See [`SYNC_BOUND`].
 const SHORT_OF: f64 = 0.93;
 
+/// A paced container short of the GPU beside a container without a limit
+/// asks it for room rather than for turns where a window in turns would
+/// hold fewer of its steps than this: one step in each window waits out
+/// the rest of the period, so 0.1 ms steps at 10 % (86 to a 10 ms window)
+/// had a p99 of 90 ms in turns beside the rest (H200, run 149), where
+/// paced beside a 60 % container they had 1.7 ms.
+const WINDOW_STEPS: f64 = 120.0;
+/// What each step of a paced loop costs beside a busy neighbour in
+/// switches: two hand-overs between contexts, about 0.15 ms each on an
+/// H100 (gpu-tests/switchcost.cu). A loop short of the GPU asks the rest
+/// for room for them, at the steps a second it makes at its limit.
+const SWITCHES_PER_STEP_NS: f64 = 300_000.0;
+/// How long a room asked for must stand before a shortfall sends the
+/// container to turns: the rest moves a watcher tick or two later.
+const ROOM_GRACE_NS: u64 = 1_000_000_000;
+
+/// The room (percent of the GPU's time) a container at `percent`, paced
+/// side by side and short of the GPU (it got `got` of it, making
+/// `syncs_per_s` synchronisations a second), needs a container without a
+/// limit to leave it, if it should stay paced: its limit, and what its
+/// steps' switches cost at its limit. None where a window of a `period_ns`
+/// would hold enough of its steps ([`WINDOW_STEPS`]): turns serve it.
+fn steps_room(percent: u32, got: f64, syncs_per_s: f64, period_ns: u64) -> Option<u32> {
+    let limit = f64::from(percent) / 100.0;
+    if got <= 0.0 || syncs_per_s <= 0.0 {
+        return None;
+    }
+    let steps_at_limit = syncs_per_s * limit / got;
+    let in_window = steps_at_limit * period_ns as f64 / 1e9;
+    let switches = steps_at_limit * SWITCHES_PER_STEP_NS / 1e9;
+    let most = ROOM_PERCENT - super::rest::MIN_REST_PERCENT;
+    (in_window < WINDOW_STEPS)
+        .then(|| (percent + (switches * 100.0).ceil() as u32).min(most.max(percent)))
+}
+
 /// A shortfall side by side is judged over this much paced time, from
 /// the tick pacing began. Judged over whole control periods (0.5 s), a
 /// loop of 0.1 ms steps beside a 60 % container asked for turns 1.4 s
@@ -164,6 +199,7 @@ pub struct Pacing {
     judged_admitted_ns: u64,
     last_sync_wait_ns: u64,
     last_bucket_wait_ns: u64,
+    last_syncs: u64,
     /// Since when the container has been paced side by side (0: it is
     /// not): a span judged for a shortfall must be paced whole.
     paced_since_ns: u64,
@@ -171,6 +207,15 @@ pub struct Pacing {
     turns_until_ns: u64,
     /// How long it asked the last time (0: never).
     hold_ns: u64,
+    /// Until when the container asks a container without a limit for
+    /// room (paced and short beside it, [`steps_room`]), since when, and
+    /// how much (percent).
+    room_until_ns: u64,
+    room_asked_ns: u64,
+    asked_room: u32,
+    /// Whether the last board read showed a container that takes the
+    /// rest.
+    beside_rest: bool,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -241,6 +286,13 @@ impl Pacing {
             percent,
             asks_turns: !rest && (asks_turns || mode() == Turns::Always),
             rest,
+            room: 0,
+        };
+        // What a container without a limit beside it must leave it.
+        let claim = if !rest && now < self.room_until_ns {
+            claim.with_room(self.asked_room)
+        } else {
+            claim
         };
         let room = self.room(entry, uuid, claim, now);
         // A neighbour that has just become busy shows on the board a tick
@@ -271,16 +323,19 @@ impl Pacing {
         let admitted = entry.admitted_ns();
         let synced = entry.sync_wait_ns();
         let held = entry.wait_ns();
+        let syncs = entry.syncs();
         let last = (
             self.judged_admitted_ns,
             self.last_sync_wait_ns,
             self.last_bucket_wait_ns,
+            self.last_syncs,
         );
         (
             self.judged_admitted_ns,
             self.last_sync_wait_ns,
             self.last_bucket_wait_ns,
-        ) = (admitted, synced, held);
+            self.last_syncs,
+        ) = (admitted, synced, held, syncs);
         let last_tick = std::mem::replace(&mut self.last_tick_ns, now);
         let period = now.saturating_sub(last_tick);
         let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
@@ -297,13 +352,36 @@ impl Pacing {
             "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
         );
         if short_of_the_gpu(got, waited, bucket, f64::from(percent) / 100.0) {
+            let asking_room = now < self.room_until_ns;
+            if asking_room && now < self.room_asked_ns + ROOM_GRACE_NS {
+                return; // the rest has yet to make the room
+            }
+            let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
+            let room = steps_room(percent, got, per_s, super::turns::period_ns());
             self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
+            if let Some(room) = room.filter(|_| self.beside_rest && !asking_room) {
+                // Beside a container that takes the rest, short steps are
+                // better served paced, in room it leaves, than in turns.
+                (self.room_until_ns, self.room_asked_ns) = (now + self.hold_ns, now);
+                self.asked_room = room;
+                log::debug!(
+                    "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it, {per_s:.0} steps a second: asks the rest for room, {room} %, for {} s",
+                    self.hold_ns / 1_000_000_000
+                );
+                return;
+            }
+            self.room_until_ns = 0;
             self.turns_until_ns = now + self.hold_ns;
             log::debug!(
                 "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
                 self.hold_ns / 1_000_000_000
             );
-        } else if now > self.turns_until_ns.saturating_add(self.hold_ns) {
+        } else if now
+            > self
+                .turns_until_ns
+                .max(self.room_until_ns)
+                .saturating_add(self.hold_ns)
+        {
             // Paced for longer than it last asked turns for: a later
             // shortfall starts from the shortest hold again.
             self.hold_ns = 0;
@@ -327,6 +405,7 @@ impl Pacing {
             Ok(())
         };
         let others = board.others(now);
+        self.beside_rest = others.resting > 0;
         if let Err(e) = published {
             if !std::mem::replace(&mut self.full, true) {
                 log::warn!("SM board: {e}: turns beside other containers");
@@ -401,5 +480,28 @@ mod tests {
         // A paced inference loop on a loaded host, a little under its
         // limit, waits for its bucket most of the time.
         assert!(!short_of_the_gpu(0.273, 0.55, 0.5, 0.3));
+    }
+
+    #[test]
+    fn short_steps_ask_the_rest_for_room_and_long_windows_take_turns() {
+        const P: u64 = 100_000_000;
+        // 0.1 ms steps at 10 % beside a rest of 80 (run 147): 0.053 of
+        // the GPU, about 500 steps a second; at 10 %, 94 to a window.
+        // Room for their switches: 28 % more.
+        assert_eq!(steps_room(10, 0.053, 500.0, P), Some(10 + 29));
+        // The same steps at 30 % make 300 to a window: turns serve them.
+        assert_eq!(steps_room(30, 0.16, 1600.0, P), None);
+        // 1 ms steps at 30 %, short: 30 to a window; 9 % of switches.
+        assert_eq!(steps_room(30, 0.2, 200.0, P), Some(39));
+        // Never more than leaves the rest its least, nor less than the
+        // limit; nothing known, nothing asked.
+        assert_eq!(steps_room(50, 0.25, 550.0, P), Some(80));
+        assert_eq!(steps_room(85, 0.5, 10.0, P), Some(85));
+        assert_eq!(steps_room(70, 0.5, 10.0, P), Some(71));
+        assert_eq!(steps_room(90, 0.1, 1.0, P), Some(90));
+        assert_eq!(steps_room(10, 0.0, 500.0, P), None);
+        assert_eq!(steps_room(10, 0.05, 0.0, P), None);
+        // A longer period holds more steps to a window.
+        assert_eq!(steps_room(10, 0.053, 500.0, 2 * P), None);
     }
 }

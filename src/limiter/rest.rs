@@ -18,6 +18,11 @@
 //! the windows ran into each other every few periods: p99 2.7 ms for 0.2
 //! ms steps on the simulated GPU).
 //!
+//! A limited container whose short steps would fare badly in turns asks
+//! for more room than its limit, for its switches (`pacing.rs`,
+//! `steps_room`): the rest leaves what the limited ones ask
+//! (`Others::rooms`), their limits where they ask nothing.
+//!
 //! Containers without limits split it evenly. It publishes its rest on the
 //! board, marked as one, so that the limited ones see the room it leaves,
 //! and never asks them for turns (a rest was never promised). Once no
@@ -68,7 +73,7 @@ pub fn rest_percent(others: &Others) -> u32 {
     }
     // (Split evenly with the others that take the rest.)
     let takers = others.resting + 1;
-    (ROOM_PERCENT.saturating_sub(others.limits) / takers).max(MIN_REST_PERCENT)
+    (ROOM_PERCENT.saturating_sub(others.rooms) / takers).max(MIN_REST_PERCENT)
 }
 
 /// One leader tick of a container without a limit on device `entry`
@@ -104,6 +109,7 @@ mod tests {
         let mut o = Others {
             count: (limits.len() + rests.len()) as u32,
             limits: limits.iter().sum(),
+            rooms: limits.iter().sum(),
             asking,
             resting: rests.len() as u32,
             ..Others::default()
@@ -123,6 +129,21 @@ mod tests {
         assert_eq!(rest_percent(&board(&[10, 20, 30], 0, &[])), 30);
         // Two without limits split it.
         assert_eq!(rest_percent(&board(&[30], 0, &[30])), 30);
+    }
+
+    #[test]
+    fn the_rest_leaves_the_room_limited_containers_ask_for() {
+        // 10 % whose steps' switches need 28 % more: 52, not 80.
+        let mut o = board(&[10], 0, &[]);
+        o.rooms = 38;
+        assert_eq!(rest_percent(&o), 52);
+        // 50 % whose windows span 62 % of the period: 28, not 40.
+        let mut o = board(&[50], 1, &[]);
+        o.rooms = 62;
+        assert_eq!(rest_percent(&o), 28);
+        // Rooms that leave nothing: the least rest.
+        o.rooms = 100;
+        assert_eq!(rest_percent(&o), MIN_REST_PERCENT);
     }
 
     #[test]

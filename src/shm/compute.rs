@@ -159,9 +159,15 @@ impl DeviceEntry {
         stamp(&self.paced_ns, paced, now);
     }
 
-    /// Adds `ns` spent waiting in a synchronisation.
+    /// Adds a synchronisation that waited `ns`.
     pub fn add_sync_wait_ns(&self, ns: u64) {
         self.sync_wait_ns.fetch_add(ns, Ordering::Relaxed);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Synchronisations made under an SM limit, ever.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     /// Nanoseconds spent waiting in synchronisations, ever.

@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 6;
+pub const VERSION_MINOR: u32 = 7;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -178,8 +178,12 @@ pub struct DeviceEntry {
     /// (0: none, it runs free; 2.6, `limiter/rest.rs`). Its launches then
     /// go through the bucket as a limited container's do.
     pub rest_percent: AtomicU64,
+    /// Synchronisations the container's processes made while an SM limit
+    /// was in force (2.7): over the GPU time admitted, a loop's steps,
+    /// which tell how many of them a window in turns would hold.
+    pub syncs: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 4],
+    pub _reserved: [AtomicU64; 3],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -330,6 +334,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, paced_ns) == 200);
     assert!(offset_of!(DeviceEntry, sync_wait_ns) == 208);
     assert!(offset_of!(DeviceEntry, rest_percent) == 216);
+    assert!(offset_of!(DeviceEntry, syncs) == 224);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

@@ -9,8 +9,9 @@
 //! Each slot is 16 bytes at `16 * i`: a magic word, the percent (1-100),
 //! and the CLOCK_MONOTONIC time it was last written, as every library
 //! since the board's first reads it; a claim that asks for turns writes
-//! 100 there. Its detail, the claim's own percent and two flags
-//! ([`ASKS_TURNS`], [`REST`]), is a second slot of the same shape at
+//! 100 there. Its detail, the claim's own percent, two flags
+//! ([`ASKS_TURNS`], [`REST`]) and the room it needs ([`Claim::room`]), is
+//! a second slot of the same shape at
 //! [`DETAIL_BASE`] `+ 16 * i`, written first with the same time: a reader
 //! that knows it uses it, an older one never reads it. A container without
 //! an SM limit publishes the rest it takes beside limited ones (`REST`,
@@ -113,6 +114,9 @@ pub const ASKS_TURNS: u32 = 1 << 8;
 /// limit takes, not a limit.
 pub const REST: u32 = 1 << 9;
 const PERCENT_BITS: u32 = 0xff;
+/// Where a claim's room ([`Claim::room`]) sits in its detail's word.
+const ROOM_SHIFT: u32 = 16;
+const ROOM_BITS: u32 = 0xff << ROOM_SHIFT;
 
 /// What one container publishes: its share (percent, 1-100) and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +127,12 @@ pub struct Claim {
     pub asks_turns: bool,
     /// The percent is a rest, not a limit ([`REST`]).
     pub rest: bool,
+    /// The part of the GPU's time (percent) a limited container needs
+    /// the containers that take the rest to leave it, where that is more
+    /// than its limit (0: its limit): its windows in turns span more than
+    /// their share, or its steps' hand-overs cost time of their own
+    /// (`limiter/pacing.rs`). Only the rest reads it (`limiter/rest.rs`).
+    pub room: u32,
 }
 
 impl Claim {
@@ -132,23 +142,53 @@ impl Claim {
             percent,
             asks_turns,
             rest: false,
+            room: 0,
         }
+    }
+
+    /// A rest a container without a limit takes.
+    pub fn rest(percent: u32) -> Claim {
+        Claim {
+            rest: true,
+            ..Claim::limit(percent, false)
+        }
+    }
+
+    /// This claim, needing `room` percent of the GPU's time.
+    pub fn with_room(self, room: u32) -> Claim {
+        Claim { room, ..self }
+    }
+
+    /// The part of the GPU's time it needs: its room, at least its share.
+    pub fn needs(self) -> u32 {
+        self.room.clamp(self.percent, 100)
     }
 
     /// The word a slot holds.
     fn word(self) -> u32 {
         let flag = |on: bool, bit: u32| if on { bit } else { 0 };
-        self.percent.clamp(1, 100) | flag(self.asks_turns, ASKS_TURNS) | flag(self.rest, REST)
+        let room = if self.room > self.percent {
+            self.room.min(100) << ROOM_SHIFT
+        } else {
+            0
+        };
+        self.percent.clamp(1, 100)
+            | flag(self.asks_turns, ASKS_TURNS)
+            | flag(self.rest, REST)
+            | room
     }
 
-    /// A slot's word, if it is one: 1-100 and known flags only.
+    /// A slot's word, if it is one: 1-100, a room of at most 100 and
+    /// known flags only.
     fn from_word(w: u32) -> Option<Claim> {
         let percent = w & PERCENT_BITS;
-        let known = w & !(PERCENT_BITS | ASKS_TURNS | REST) == 0;
-        (known && (1..=100).contains(&percent)).then_some(Claim {
+        let room = (w & ROOM_BITS) >> ROOM_SHIFT;
+        let known = w & !(PERCENT_BITS | ASKS_TURNS | REST | ROOM_BITS) == 0;
+        (known && (1..=100).contains(&percent) && room <= 100).then_some(Claim {
             percent,
             asks_turns: w & ASKS_TURNS != 0,
             rest: w & REST != 0,
+            room,
         })
     }
 }
@@ -168,6 +208,9 @@ pub struct Others {
     pub asking: u32,
     /// How many publish a rest (containers without a limit).
     pub resting: u32,
+    /// What those that publish a limit need of the GPU's time, summed
+    /// (percent): each one's room, at least its limit ([`Claim::needs`]).
+    pub rooms: u32,
 }
 
 impl Others {
@@ -178,6 +221,7 @@ impl Others {
             self.resting += 1;
         } else {
             self.limits += c.percent;
+            self.rooms += c.needs();
         }
         self.asking += u32::from(c.asks_turns);
     }
@@ -420,6 +464,7 @@ mod tests {
             percent,
             count,
             limits: percent,
+            rooms: percent,
             ..Others::default()
         }
     }
@@ -499,11 +544,7 @@ mod tests {
         // a asks for turns at 30 %: it counts as the whole GPU, its limit
         // as 30.
         a.publish(Claim::limit(30, true), NOW).unwrap();
-        let rest = Claim {
-            percent: 60,
-            asks_turns: false,
-            rest: true,
-        };
+        let rest = Claim::rest(60);
         c.publish(rest, NOW).unwrap();
         let want = Others {
             percent: 100 + 60,
@@ -511,6 +552,7 @@ mod tests {
             limits: 30,
             asking: 1,
             resting: 1,
+            rooms: 30,
         };
         assert_eq!(b.others(NOW), want);
         // A rest withdrawn is gone at once, not when it goes stale.
@@ -544,6 +586,39 @@ mod tests {
         c.withdraw();
         c.withdraw();
         assert_eq!(b.others(NOW).count, 1);
+    }
+
+    #[test]
+    fn a_limited_claim_tells_the_room_it_needs_in_its_detail_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, b, mut c) = three(dir.path());
+        // a: 50 %, its windows spanning 62 % of the period; c: 10 %,
+        // needing 36 while paced.
+        a.publish(lim(50).with_room(62), NOW).unwrap();
+        c.publish(lim(10).with_room(36), NOW).unwrap();
+        let o = b.others(NOW);
+        assert_eq!((o.limits, o.rooms, o.percent), (60, 98, 60));
+        // An older reader sees the limit alone, in the slot itself.
+        let raw = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(a.path())
+            .unwrap();
+        let mut plain = [0u8; 16];
+        raw.read_exact_at(&mut plain, 0).unwrap();
+        assert_eq!(plain[4..8], 50u32.to_le_bytes());
+        // A room under the limit is the limit; over 100 in the file, the
+        // slot is nothing.
+        a.publish(lim(50).with_room(20), NOW).unwrap();
+        assert_eq!(b.others(NOW).rooms, 50 + 36);
+        raw.write_all_at(&(50u32 | 200 << 16).to_le_bytes(), DETAIL_BASE + 4)
+            .unwrap();
+        assert_eq!(b.others(NOW).count, 1);
+        assert_eq!(b.others(NOW).rooms, 36);
+        // A rest's room counts for nothing.
+        c.publish(Claim::rest(40).with_room(90), NOW).unwrap();
+        a.publish(lim(50), NOW).unwrap();
+        assert_eq!(b.others(NOW).rooms, 50);
     }
 
     #[test]
