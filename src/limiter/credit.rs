@@ -25,6 +25,8 @@ pub struct DeviceCredit {
 pub(super) struct DeviceTurns {
     /// Whether the last window judged opened beside another.
     pub(super) late: AtomicBool,
+    /// Whether the last window judged had another's inside it.
+    pub(super) nested: AtomicBool,
     /// Windows judged in a row whose probes all ran beside another
     /// context (`turns::next_streak`).
     pub(super) covered: AtomicU32,
@@ -37,6 +39,7 @@ impl DeviceTurns {
     const fn new() -> DeviceTurns {
         DeviceTurns {
             late: AtomicBool::new(false),
+            nested: AtomicBool::new(false),
             covered: AtomicU32::new(0),
             judged: AtomicU64::new(0),
         }
@@ -44,6 +47,7 @@ impl DeviceTurns {
 
     fn reset(&self) {
         self.late.store(false, Ordering::Relaxed);
+        self.nested.store(false, Ordering::Relaxed);
         self.covered.store(0, Ordering::Relaxed);
         self.judged.store(0, Ordering::Relaxed);
     }

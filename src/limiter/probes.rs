@@ -389,6 +389,8 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         rate_scale_milli: entry.rate_scale_milli(),
         covered: mine.covered.load(Ordering::Relaxed),
         late: mine.late.load(Ordering::Relaxed),
+        nested: mine.nested.load(Ordering::Relaxed),
+        beside_rest: entry.turn_flag(vgpu_shm::layout::TURNS_BESIDE_REST),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
     let v = judge::judge(&w);
@@ -408,6 +410,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     }
     mine.covered.store(v.covered, Ordering::Relaxed);
     mine.late.store(v.late, Ordering::Relaxed);
+    mine.nested.store(v.nested, Ordering::Relaxed);
     if v.cut_ns != w.cut_ns {
         if v.reason == judge::Reason::Judged {
             log::debug!(

@@ -193,6 +193,10 @@ pub const TURN_PERIOD_NS: u64 = 100_000_000;
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
+/// [`DeviceEntry::turn_flags`]: the device's leader found, at its last
+/// look at the node's SM board, a container without an SM limit taking
+/// the rest beside this one (2.7; the library's `limiter/rest.rs`).
+pub const TURNS_BESIDE_REST: u64 = 2;
 /// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
 /// sharing the device.
 pub const TURN_SHARED_NS: u64 = 10_000_000_000;
