@@ -153,9 +153,9 @@ fn steps_room(percent: u32, got: f64, syncs_per_s: f64, period_ns: u64) -> Optio
     let steps_at_limit = syncs_per_s * limit / got;
     let in_window = steps_at_limit * period_ns as f64 / 1e9;
     let switches = steps_at_limit * SWITCHES_PER_STEP_NS / 1e9;
-    let most = ROOM_PERCENT - super::rest::MIN_REST_PERCENT;
+    // (The rest keeps its least whatever is asked: `rest.rs`.)
     (in_window < WINDOW_STEPS)
-        .then(|| (percent + (switches * 100.0).ceil() as u32).min(most.max(percent)))
+        .then(|| (percent + (switches * 100.0).ceil() as u32).min(ROOM_PERCENT.max(percent)))
 }
 
 /// The room (percent of the period) the windows of a container at
@@ -510,10 +510,10 @@ mod tests {
         assert_eq!(steps_room(30, 0.16, 1600.0, P), None);
         // 1 ms steps at 30 %, short: 30 to a window; 9 % of switches.
         assert_eq!(steps_room(30, 0.2, 200.0, P), Some(39));
-        // Never more than leaves the rest its least, nor less than the
-        // limit; nothing known, nothing asked.
-        assert_eq!(steps_room(50, 0.25, 550.0, P), Some(80));
-        assert_eq!(steps_room(85, 0.5, 10.0, P), Some(85));
+        // Never more than the room there is, nor less than the limit;
+        // nothing known, nothing asked.
+        assert_eq!(steps_room(60, 0.3, 550.0, P), Some(ROOM_PERCENT));
+        assert_eq!(steps_room(89, 0.5, 100.0, P), Some(ROOM_PERCENT));
         assert_eq!(steps_room(70, 0.5, 10.0, P), Some(71));
         assert_eq!(steps_room(90, 0.1, 1.0, P), Some(90));
         assert_eq!(steps_room(10, 0.0, 500.0, P), None);
