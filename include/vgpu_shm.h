@@ -58,7 +58,7 @@ typedef struct vgpu_shm_device {
     uint64_t turn_moved_ns;     /* when the turns last moved (2.1) */
     uint64_t turn_cut_ns;       /* ns of each period's share left unspent (2.1) */
     uint64_t admitted_ns;       /* GPU ns the bucket admitted, ever (2.1) */
-    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1); 2: a container without an SM limit takes the rest beside it (2.7) */
+    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1) */
     uint64_t turn_fill_milli;   /* cost over span of its clean windows, x1000; 0 unknown (2.2) */
     uint64_t turn_shared_ns;    /* when a probe last ran beside another context, 0 never (2.2) */
     uint64_t held_ns;           /* GPU ns admitted launches typically hold, ever (2.3) */
@@ -67,7 +67,8 @@ typedef struct vgpu_shm_device {
     uint64_t sync_wait_ns;      /* ns its processes waited in synchronisations under an SM limit (2.5) */
     uint64_t rest_percent;      /* without an SM limit: the share it takes beside busy limited containers, 0 free (2.6) */
     uint64_t syncs;             /* synchronisations its processes made under an SM limit (2.7) */
-    uint64_t reserved[3];
+    uint64_t rest_beside_ns;    /* when the leader last found only containers taking the rest beside it, 0 not (2.7) */
+    uint64_t reserved[2];
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

@@ -572,17 +572,19 @@ fn steps_beside(
     step_ns: u64,
     period_ms: u32,
 ) -> (f64, f64, f64, f64, f64) {
-    steps_at_beside(sim, 30, limit, step_ns, period_ms)
+    let (share, p50, p99, max, beside, _) = steps_at_beside(sim, 30, limit, step_ns, period_ms);
+    (share, p50, p99, max, beside)
 }
 
-/// [`steps_beside`], the steps at `steps_limit` percent.
+/// [`steps_beside`], the steps at `steps_limit` percent; also what the
+/// steps' process wrote to stderr (its log).
 fn steps_at_beside(
     sim: Sim,
     steps_limit: u32,
     limit: Option<u32>,
     step_ns: u64,
     period_ms: u32,
-) -> (f64, f64, f64, f64, f64) {
+) -> (f64, f64, f64, f64, f64, String) {
     let solo = DEVICE_RATE;
     let neighbour = container_for(&sim, "n", limit, 12);
     let step = step_ns.to_string();
@@ -610,7 +612,7 @@ fn steps_at_beside(
         "{} ms steps at {steps_limit} % beside {limit:?}, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
         step_ns as f64 * 1e-6
     );
-    (share, p50, p99, max, beside)
+    (share, p50, p99, max, beside, r.stderr.clone())
 }
 
 /// Issue 29: beside another limited container each one spends its share
@@ -860,7 +862,19 @@ fn short_steps_beside_a_container_without_a_limit_get_their_turns() {
 #[test]
 fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
     let _serial = serial();
-    let (share, p50, p99, max, beside) = steps_at_beside(with_a_board(), 10, Some(0), 200_000, 100);
+    let mut sim = with_a_board();
+    sim.set("LIBCUDA_LOG_LEVEL", "4");
+    let (share, p50, p99, max, beside, log) = steps_at_beside(sim, 10, Some(0), 200_000, 100);
+    // It asked for room, not turns.
+    assert!(
+        log.contains("asks the rest for room"),
+        "no room asked:\n{}",
+        log.lines()
+            .filter(|l| l.contains("side by side"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(!log.contains(": turns for"), "it asked for turns");
     // Paced, no step waits out a period (90 ms in turns).
     assert!(max < 40.0, "max {max:.2} ms, p50 {p50:.2}, p99 {p99:.2}");
     assert!(

@@ -35,8 +35,10 @@ pub struct Window<'a> {
     /// The last window this process judged had another's inside it
     /// (`turns::nested_until_ns`).
     pub nested: bool,
-    /// A container without a limit takes the rest beside this one (the
-    /// leader's word): only its windows are looked for inside this one's.
+    /// Every other busy container on the device takes the rest (the
+    /// leader's word, `rest_beside_ns`): only then are windows looked for
+    /// inside this one's, and one that ran on moves earlier by what it
+    /// lost.
     pub beside_rest: bool,
     /// Picks the factor of a move later (`turns::verdict`).
     pub random: u64,
@@ -133,10 +135,10 @@ pub fn judge(w: &Window) -> Verdict {
     if v.step.is_none() && w.beside_rest {
         // Another window inside this one, twice in a row (the other
         // container had a window to move out itself, as the one that
-        // opened late): this one moves past it. Only beside a rest,
-        // whose deep queue hides this window from its probes: limited
-        // neighbours judge as before (10 + 20 + 30 + 40 settle as they
-        // are).
+        // opened late): this one moves past it. Only beside rests alone,
+        // whose deep queues hide this window from their probes: beside a
+        // limited neighbour too, windows judge as before (10 + 20 + 30 +
+        // 40 settle as they are).
         let nested = turns::nested_until_ns(w.probes);
         v.nested = nested.is_some() && !w.nested;
         v.step = nested

@@ -25,14 +25,20 @@
 //! synchronisation, and each hand-over costs a switch: a container that
 //! waits for the GPU most of the time yet gets under its limit
 //! asks for turns for a while ([`Pacing::tick`]): its claim then counts
-//! as 100 %.
+//! as 100 %. Beside a container that takes the rest, one whose windows
+//! in turns would hold too few of its steps asks that one for room for
+//! its switches instead ([`steps_room`]), and one in turns asks for the
+//! span of its windows ([`span_room`]).
 //!
 //! Without a board (no directory every container sees, or no slot in it)
 //! a container takes turns, as before. What a hostile writer of the board
 //! can do: claim a limit it does not have, which sends its neighbours to
 //! turns (the behaviour without a board), or hide theirs for a period,
 //! which paces them beside it, which is what any neighbour that takes no
-//! turns already causes (an unlimited one); no quota or limit moves.
+//! turns already causes (an unlimited one); or claim a rest, which makes
+//! a short loop beside it ask for room rather than turns (and, where
+//! every other claim is a rest, its windows move as beside one) until a
+//! second after the room fails it; no quota or limit moves.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -128,7 +134,11 @@ const SHORT_OF: f64 = 0.93;
 /// hold fewer of its steps than this: one step in each window waits out
 /// the rest of the period, so 0.1 ms steps at 10 % (86 to a 10 ms window)
 /// had a p99 of 90 ms in turns beside the rest (H200, run 149), where
-/// paced beside a 60 % container they had 1.7 ms.
+/// paced beside a 60 % container they had 1.7 ms. A step is told by a
+/// synchronisation (`cuCtxSynchronize`, a stream's or an event's): a loop
+/// that synchronises several times a step counts more steps than it
+/// makes (and asks more room, at most the room there is), and one that
+/// only waits in a synchronous copy counts none, and takes turns.
 const WINDOW_STEPS: f64 = 120.0;
 /// What each step of a paced loop costs beside a busy neighbour in
 /// switches: two hand-overs between contexts, about 0.15 ms each on an
@@ -154,8 +164,14 @@ fn steps_room(percent: u32, got: f64, syncs_per_s: f64, period_ns: u64) -> Optio
     let in_window = steps_at_limit * period_ns as f64 / 1e9;
     let switches = steps_at_limit * SWITCHES_PER_STEP_NS / 1e9;
     // (The rest keeps its least whatever is asked: `rest.rs`.)
-    (in_window < WINDOW_STEPS)
-        .then(|| (percent + (switches * 100.0).ceil() as u32).min(ROOM_PERCENT.max(percent)))
+    (in_window < WINDOW_STEPS).then(|| {
+        // (`percent` is the region's, which any process of the container
+        // may write: clamped, and added without overflow.)
+        let percent = percent.min(100);
+        percent
+            .saturating_add((switches * 100.0).ceil() as u32)
+            .min(ROOM_PERCENT.max(percent))
+    })
 }
 
 /// The room (percent of the period) the windows of a container at
@@ -367,14 +383,16 @@ impl Pacing {
         log::debug!(
             "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
         );
+        let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
+        let room = steps_room(percent, got, per_s, super::turns::period_ns());
+        let asking_room = now < self.room_until_ns;
         if short_of_the_gpu(got, waited, bucket, f64::from(percent) / 100.0) {
-            let asking_room = now < self.room_until_ns;
             if asking_room && now < self.room_asked_ns + ROOM_GRACE_NS {
                 return; // the rest has yet to make the room
             }
-            let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
-            let room = steps_room(percent, got, per_s, super::turns::period_ns());
-            self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
+            if !asking_room {
+                self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
+            }
             if let Some(room) = room.filter(|_| self.beside_rest && !asking_room) {
                 // Beside a container that takes the rest, short steps are
                 // better served paced, in room it leaves, than in turns.
@@ -386,12 +404,19 @@ impl Pacing {
                 );
                 return;
             }
+            // (Short in the room asked, too: turns, for as long as the
+            // room was asked.)
             self.room_until_ns = 0;
             self.turns_until_ns = now + self.hold_ns;
             log::debug!(
                 "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
                 self.hold_ns / 1_000_000_000
             );
+        } else if let Some(room) = room.filter(|_| asking_room && self.beside_rest) {
+            // The room serves: asked on, for what the steps need now (a
+            // lapse would send the loop short for a span every hold).
+            self.room_until_ns = now + self.hold_ns.max(TURNS_HOLD_NS);
+            self.asked_room = room;
         } else if now
             > self
                 .turns_until_ns
@@ -413,6 +438,7 @@ impl Pacing {
         }
         let busy = now < self.busy_until_ns;
         let Some(board) = self.board(uuid, now) else {
+            self.beside_rest = false;
             return false;
         };
         let published = if busy {
@@ -422,7 +448,8 @@ impl Pacing {
         };
         let others = board.others(now);
         self.beside_rest = others.resting > 0;
-        entry.set_turn_flag(vgpu_shm::layout::TURNS_BESIDE_REST, self.beside_rest);
+        // (Beside a limited one too, the windows judge as they did.)
+        entry.note_rest_beside(self.beside_rest && others.count == others.resting, now);
         if let Err(e) = published {
             if !std::mem::replace(&mut self.full, true) {
                 log::warn!("SM board: {e}: turns beside other containers");
@@ -504,7 +531,7 @@ mod tests {
         const P: u64 = 100_000_000;
         // 0.1 ms steps at 10 % beside a rest of 80 (run 147): 0.053 of
         // the GPU, about 500 steps a second; at 10 %, 94 to a window.
-        // Room for their switches: 28 % more.
+        // Room for their switches: 29 % more.
         assert_eq!(steps_room(10, 0.053, 500.0, P), Some(10 + 29));
         // The same steps at 30 % make 300 to a window: turns serve them.
         assert_eq!(steps_room(30, 0.16, 1600.0, P), None);

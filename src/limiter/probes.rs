@@ -390,7 +390,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         covered: mine.covered.load(Ordering::Relaxed),
         late: mine.late.load(Ordering::Relaxed),
         nested: mine.nested.load(Ordering::Relaxed),
-        beside_rest: entry.turn_flag(vgpu_shm::layout::TURNS_BESIDE_REST),
+        beside_rest: entry.rest_beside(now),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
     let v = judge::judge(&w);

@@ -374,9 +374,10 @@ pub fn trailing_lost_ns(probes: &[Probe]) -> u64 {
 /// may not either: beside 0.1 ms steps at 50 %, the 40 % rest of a
 /// container without a limit, queued 30 ms deep, ran its windows clear
 /// from the middle of theirs while one step of theirs waited 25 ms each
-/// period, and neither moved (p99 2.5 ms, H200, run 158). Returns how far
-/// into the window the last probe that lost time ended: past it, the
-/// other window is over.
+/// period, and neither moved (p99 2.5 ms, H200, run 158). Returns about
+/// how far into the window the last probe that lost time ended (the sum
+/// of the probes' lengths to it: gaps between probes left out, probes of
+/// two streams counted twice): past it, the other window is over.
 pub fn nested_until_ns(probes: &[Probe]) -> Option<u64> {
     let clear = |p: Option<&Probe>| p.is_some_and(|p| !p.beside_another());
     if !clear(probes.first()) || !clear(probes.last()) {

@@ -165,6 +165,18 @@ impl DeviceEntry {
         self.syncs.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Notes what the leader found at `now`: only containers taking the
+    /// rest beside this one on the device (`beside`), or not.
+    pub fn note_rest_beside(&self, beside: bool, now: u64) {
+        stamp(&self.rest_beside_ns, beside, now);
+    }
+
+    /// Whether the leader found only containers taking the rest beside
+    /// this one in the [`TURN_PACED_NS`] before `now`.
+    pub fn rest_beside(&self, now: u64) -> bool {
+        recent(&self.rest_beside_ns, now, TURN_PACED_NS)
+    }
+
     /// Synchronisations made under an SM limit, ever.
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
@@ -289,7 +301,8 @@ impl DeviceEntry {
 }
 
 /// Stamps `word` with `now` where `on` (never 0, which reads "not"), else
-/// clears it: the leader's word on `alone_ns` and `paced_ns`.
+/// clears it: the leader's word on `alone_ns`, `paced_ns` and
+/// `rest_beside_ns`.
 fn stamp(word: &std::sync::atomic::AtomicU64, on: bool, now: u64) {
     word.store(if on { now.max(1) } else { 0 }, Ordering::Relaxed);
 }

@@ -182,8 +182,15 @@ pub struct DeviceEntry {
     /// was in force (2.7): over the GPU time admitted, a loop's steps,
     /// which tell how many of them a window in turns would hold.
     pub syncs: AtomicU64,
+    /// When the device's leader last found, on the node's SM board, that
+    /// every other busy container on the device is one without an SM
+    /// limit taking the rest (CLOCK_MONOTONIC ns, 0: not; 2.7). While it
+    /// is recent ([`TURN_PACED_NS`]), the container's windows yield to
+    /// the rest's as its queue hides them from it (the library's
+    /// `limiter/judge.rs`).
+    pub rest_beside_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 3],
+    pub _reserved: [AtomicU64; 2],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -193,10 +200,6 @@ pub const TURN_PERIOD_NS: u64 = 100_000_000;
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
-/// [`DeviceEntry::turn_flags`]: the device's leader found, at its last
-/// look at the node's SM board, a container without an SM limit taking
-/// the rest beside this one (2.7; the library's `limiter/rest.rs`).
-pub const TURNS_BESIDE_REST: u64 = 2;
 /// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
 /// sharing the device.
 pub const TURN_SHARED_NS: u64 = 10_000_000_000;
@@ -339,6 +342,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, sync_wait_ns) == 208);
     assert!(offset_of!(DeviceEntry, rest_percent) == 216);
     assert!(offset_of!(DeviceEntry, syncs) == 224);
+    assert!(offset_of!(DeviceEntry, rest_beside_ns) == 232);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

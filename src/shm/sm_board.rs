@@ -9,11 +9,13 @@
 //! Each slot is 16 bytes at `16 * i`: a magic word, the percent (1-100),
 //! and the CLOCK_MONOTONIC time it was last written, as every library
 //! since the board's first reads it; a claim that asks for turns writes
-//! 100 there. Its detail, the claim's own percent, two flags
-//! ([`ASKS_TURNS`], [`REST`]) and the room it needs ([`Claim::room`]), is
-//! a second slot of the same shape at
+//! 100 there. Its detail, the claim's own percent and two flags
+//! ([`ASKS_TURNS`], [`REST`]), is a second slot of the same shape at
 //! [`DETAIL_BASE`] `+ 16 * i`, written first with the same time: a reader
-//! that knows it uses it, an older one never reads it. A container without
+//! that knows it uses it, an older one never reads it. The room a limited
+//! container needs ([`Claim::room`]) is a third, at [`ROOM_BASE`] `+ 16 *
+//! i`, written before the other two with the same time: a reader of the
+//! detail from before it never reads it either. A container without
 //! an SM limit publishes the rest it takes beside limited ones (`REST`,
 //! `limiter/rest.rs`), which an older reader counts as a limit. A slot is
 //! owned by whoever
@@ -40,11 +42,15 @@ use std::path::{Path, PathBuf};
 const MAGIC: u32 = u32::from_le_bytes(*b"VGSM");
 /// `"VGSD"`: a slot's detail.
 const DETAIL_MAGIC: u32 = u32::from_le_bytes(*b"VGSD");
+/// `"VGSR"`: a slot's room.
+const ROOM_MAGIC: u32 = u32::from_le_bytes(*b"VGSR");
 /// Containers one GPU's board holds at once.
 pub const SLOTS: usize = 32;
 const SLOT_BYTES: u64 = 16;
 /// Where the slots' details begin: past the slots.
 pub const DETAIL_BASE: u64 = SLOTS as u64 * SLOT_BYTES;
+/// Where the slots' rooms begin: past the details.
+pub const ROOM_BASE: u64 = 2 * SLOTS as u64 * SLOT_BYTES;
 /// Where the slots' lock bytes begin (past any data).
 const LOCK_BASE: i64 = 1 << 20;
 /// How recently a slot must have been written to count: many of its
@@ -114,9 +120,6 @@ pub const ASKS_TURNS: u32 = 1 << 8;
 /// limit takes, not a limit.
 pub const REST: u32 = 1 << 9;
 const PERCENT_BITS: u32 = 0xff;
-/// Where a claim's room ([`Claim::room`]) sits in its detail's word.
-const ROOM_SHIFT: u32 = 16;
-const ROOM_BITS: u32 = 0xff << ROOM_SHIFT;
 
 /// What one container publishes: its share (percent, 1-100) and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,31 +167,22 @@ impl Claim {
         self.room.clamp(self.percent, 100)
     }
 
-    /// The word a slot holds.
+    /// The word a slot's detail holds.
     fn word(self) -> u32 {
         let flag = |on: bool, bit: u32| if on { bit } else { 0 };
-        let room = if self.room > self.percent {
-            self.room.min(100) << ROOM_SHIFT
-        } else {
-            0
-        };
-        self.percent.clamp(1, 100)
-            | flag(self.asks_turns, ASKS_TURNS)
-            | flag(self.rest, REST)
-            | room
+        self.percent.clamp(1, 100) | flag(self.asks_turns, ASKS_TURNS) | flag(self.rest, REST)
     }
 
-    /// A slot's word, if it is one: 1-100, a room of at most 100 and
-    /// known flags only.
+    /// A detail's word, if it is one: 1-100 and known flags only (as
+    /// every reader of details since they came reads it).
     fn from_word(w: u32) -> Option<Claim> {
         let percent = w & PERCENT_BITS;
-        let room = (w & ROOM_BITS) >> ROOM_SHIFT;
-        let known = w & !(PERCENT_BITS | ASKS_TURNS | REST | ROOM_BITS) == 0;
-        (known && (1..=100).contains(&percent) && room <= 100).then_some(Claim {
+        let known = w & !(PERCENT_BITS | ASKS_TURNS | REST) == 0;
+        (known && (1..=100).contains(&percent)).then_some(Claim {
             percent,
             asks_turns: w & ASKS_TURNS != 0,
             rest: w & REST != 0,
-            room,
+            room: 0,
         })
     }
 }
@@ -302,9 +296,16 @@ impl SmBoard {
                 i
             }
         };
-        // The detail first: a reader that finds the slot with this time
-        // finds its detail too.
+        // The room and the detail first: a reader that finds the slot
+        // with this time finds them too.
         let at = slot as u64 * SLOT_BYTES;
+        let room = if claim.room > claim.percent {
+            claim.room.min(100)
+        } else {
+            0
+        };
+        self.file
+            .write_all_at(&slot_bytes(ROOM_MAGIC, room, now), ROOM_BASE + at)?;
         self.file.write_all_at(
             &slot_bytes(DETAIL_MAGIC, claim.word(), now),
             DETAIL_BASE + at,
@@ -322,9 +323,11 @@ impl SmBoard {
         };
         let at = i as u64 * SLOT_BYTES;
         let _ = self.file.write_all_at(&[0u8; SLOT_BYTES as usize], at);
-        let _ = self
-            .file
-            .write_all_at(&[0u8; SLOT_BYTES as usize], DETAIL_BASE + at);
+        for base in [DETAIL_BASE, ROOM_BASE] {
+            let _ = self
+                .file
+                .write_all_at(&[0u8; SLOT_BYTES as usize], base + at);
+        }
         let mut fl = lock_of(i);
         fl.l_type = libc::F_UNLCK as libc::c_short;
         // SAFETY: fcntl on our open descriptor with a flock we own (l_pid
@@ -334,7 +337,7 @@ impl SmBoard {
 
     /// What the other live, fresh slots publish at time `now`.
     pub fn others(&self, now: u64) -> Others {
-        let mut all = [0u8; 2 * SLOTS * SLOT_BYTES as usize];
+        let mut all = [0u8; 3 * SLOTS * SLOT_BYTES as usize];
         // A file cut short reads short: the rest stay zeros (no slot).
         let got = read_up_to(&self.file, &mut all);
         let mut o = Others::default();
@@ -343,12 +346,14 @@ impl SmBoard {
             if at + SLOT_BYTES as usize > got {
                 break;
             }
-            let detail_at = DETAIL_BASE as usize + at;
             // (Not read: a file cut short, or an older writer's.)
-            let detail = all
-                .get(detail_at..detail_at + SLOT_BYTES as usize)
-                .filter(|_| detail_at + (SLOT_BYTES as usize) <= got);
-            let Some(claim) = slot_claim(&all[at..at + SLOT_BYTES as usize], detail, now) else {
+            let part = |base: u64| {
+                let from = base as usize + at;
+                all.get(from..from + SLOT_BYTES as usize)
+                    .filter(|_| from + SLOT_BYTES as usize <= got)
+            };
+            let slot = &all[at..at + SLOT_BYTES as usize];
+            let Some(claim) = slot_claim(slot, part(DETAIL_BASE), part(ROOM_BASE), now) else {
                 continue;
             };
             if self.held_by_other(i) {
@@ -399,17 +404,22 @@ fn fields(b: &[u8]) -> Option<(u32, u32, u64)> {
 /// at `now`: the magic, a percent of 1-100, written within [`FRESH_NS`]
 /// (and not from the future). Its detail counts where it is one, written
 /// at the same time ([`Claim::from_word`]); otherwise (an older writer, or
-/// a detail left by an earlier owner) the slot is a plain limit.
-fn slot_claim(b: &[u8], detail: Option<&[u8]>, now: u64) -> Option<Claim> {
+/// a detail left by an earlier owner) the slot is a plain limit. Its
+/// room counts likewise, where it is at most 100.
+fn slot_claim(b: &[u8], detail: Option<&[u8]>, room: Option<&[u8]>, now: u64) -> Option<Claim> {
     let (magic, percent, at) = fields(b)?;
     let fresh = at <= now.saturating_add(AHEAD_NS) && now.saturating_sub(at) <= FRESH_NS;
     if magic != MAGIC || !fresh || !(1..=100).contains(&percent) {
         return None;
     }
-    match detail.and_then(fields) {
-        Some((DETAIL_MAGIC, word, t)) if t == at => Claim::from_word(word),
-        _ => Some(Claim::limit(percent, false)),
-    }
+    let claim = match detail.and_then(fields) {
+        Some((DETAIL_MAGIC, word, t)) if t == at => Claim::from_word(word)?,
+        _ => Claim::limit(percent, false),
+    };
+    Some(match room.and_then(fields) {
+        Some((ROOM_MAGIC, r, t)) if t == at && r <= 100 => claim.with_room(r),
+        _ => claim,
+    })
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
@@ -607,14 +617,29 @@ mod tests {
         let mut plain = [0u8; 16];
         raw.read_exact_at(&mut plain, 0).unwrap();
         assert_eq!(plain[4..8], 50u32.to_le_bytes());
-        // A room under the limit is the limit; over 100 in the file, the
-        // slot is nothing.
+        // What a reader of details from before rooms reads of the
+        // detail: a word of its percent and known flags only (the room is
+        // in its own slot, which it never reads).
+        let mut detail = [0u8; 16];
+        raw.read_exact_at(&mut detail, DETAIL_BASE).unwrap();
+        let word = u32::from_le_bytes(detail[4..8].try_into().unwrap());
+        assert_eq!(word & !(PERCENT_BITS | ASKS_TURNS | REST), 0);
+        assert_eq!(word & PERCENT_BITS, 50);
+        // A room under the limit is the limit; over 100 in the file, or
+        // of another time, it is not believed, and the claim still
+        // counts.
         a.publish(lim(50).with_room(20), NOW).unwrap();
         assert_eq!(b.others(NOW).rooms, 50 + 36);
-        raw.write_all_at(&(50u32 | 200 << 16).to_le_bytes(), DETAIL_BASE + 4)
+        a.publish(lim(50).with_room(62), NOW).unwrap();
+        raw.write_all_at(&200u32.to_le_bytes(), ROOM_BASE + 4)
             .unwrap();
-        assert_eq!(b.others(NOW).count, 1);
-        assert_eq!(b.others(NOW).rooms, 36);
+        assert_eq!((b.others(NOW).count, b.others(NOW).rooms), (2, 50 + 36));
+        raw.write_all_at(&62u32.to_le_bytes(), ROOM_BASE + 4)
+            .unwrap();
+        assert_eq!(b.others(NOW).rooms, 62 + 36);
+        raw.write_all_at(&(NOW - 1).to_le_bytes(), ROOM_BASE + 8)
+            .unwrap();
+        assert_eq!(b.others(NOW).rooms, 50 + 36);
         // A rest's room counts for nothing.
         c.publish(Claim::rest(40).with_room(90), NOW).unwrap();
         a.publish(lim(50), NOW).unwrap();
