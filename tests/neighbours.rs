@@ -74,6 +74,27 @@ fn container_for(sim: &Sim, name: &str, limit: Option<u32>, secs: u32) -> Child 
 
 /// [`container_for`], its loop launching in `mode`.
 fn container_running(sim: &Sim, name: &str, limit: Option<u32>, secs: u32, mode: &str) -> Child {
+    container_command(sim, name, limit, secs, mode)
+        .spawn()
+        .expect("spawn cuclient")
+}
+
+/// A process of container `name` ([`container_for`]) on the GPU of
+/// `CUDA_VISIBLE_DEVICES=visible`: processes of one name share its region.
+fn container_on(sim: &Sim, name: &str, limit: Option<u32>, secs: u32, visible: &str) -> Child {
+    let mut c = container_command(sim, name, limit, secs, DENSE);
+    c.env("CUDA_VISIBLE_DEVICES", visible);
+    c.spawn().expect("spawn cuclient")
+}
+
+/// [`container_running`]'s command, not yet spawned.
+fn container_command(
+    sim: &Sim,
+    name: &str,
+    limit: Option<u32>,
+    secs: u32,
+    mode: &str,
+) -> std::process::Command {
     let args = spin_args(secs, mode);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut c = sim.client_cmd(Path3::ProcAddr, limit.is_some(), &args);
@@ -99,10 +120,8 @@ fn container_running(sim: &Sim, name: &str, limit: Option<u32>, secs: u32, mode:
         }
         None => std::process::Stdio::piped(),
     };
-    c.stdout(std::process::Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn cuclient")
+    c.stdout(std::process::Stdio::piped()).stderr(stderr);
+    c
 }
 
 /// A container's limit, its fraction of the solo rate, and that fraction
@@ -886,6 +905,42 @@ fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
         (0.2..0.75).contains(&beside),
         "the neighbour without a limit got {beside:.3}"
     );
+}
+
+/// A container without a limit on two GPUs, a limited one beside it on
+/// the first only: it takes the rest there, and runs free on the other
+/// (each device's leader reads its own GPU's board).
+#[test]
+fn a_container_without_a_limit_on_two_gpus_takes_the_rest_only_where_limits_are() {
+    let _serial = serial();
+    let mut sim = Sim::new(2, "8g");
+    let board = sim.dir.path().join("vgpulock");
+    std::fs::create_dir(&board).unwrap();
+    sim.set("VGPU_SM_BOARD_DIR", board.to_str().unwrap());
+    let limited = container_on(&sim, "limited", Some(30), 10, "0");
+    let first = container_on(&sim, "free", Some(0), 10, "0");
+    let second = container_on(&sim, "free", Some(0), 10, "1");
+    let (l, f0, f1) = (
+        finish(limited).ok(),
+        finish(first).ok(),
+        finish(second).ok(),
+    );
+    let (wl, w0, w1) = (
+        per_sec_of_device(&l),
+        per_sec_of_device(&f0),
+        per_sec_of_device(&f1),
+    );
+    eprintln!("30 % on GPU 0: {wl:.3?}\nwithout a limit, GPU 0: {w0:.3?}\nGPU 1: {w1:.3?}");
+    let mean = |w: &[f64]| w[3..9].iter().sum::<f64>() / 6.0;
+    assert!(
+        (mean(&wl) - 0.30).abs() <= 0.03,
+        "the limited one: {wl:.3?}"
+    );
+    assert!(
+        (mean(&w0) - 0.60).abs() <= 0.05,
+        "beside 30 % on GPU 0: {w0:.3?}"
+    );
+    assert!(mean(&w1) >= 0.9, "alone on GPU 1: {w1:.3?}");
 }
 
 /// The other start order: the limited container first, alone for 3 s,
