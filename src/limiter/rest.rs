@@ -81,12 +81,11 @@ pub fn rest_percent(others: &Others) -> u32 {
 /// returns it; running free (0), it gives its slot on the board back.
 pub fn take(pacing: &mut Pacing, entry: &DeviceEntry, dev: EntryIndex) -> u32 {
     let now = clock::monotonic_ns();
-    let rest = pacing
-        .others(&entry.uuid(), now)
-        .map_or(0, |o| rest_percent(&o));
+    let others = pacing.others(&entry.uuid(), now);
+    let rest = others.as_ref().map_or(0, rest_percent);
     if rest != entry.rest_percent() {
         log::debug!(
-            "dev {dev}: without an SM limit, beside limited containers: {}",
+            "dev {dev}: without an SM limit, beside limited containers: {} ({others:?})",
             match rest {
                 0 => "runs free".to_string(),
                 r => format!("takes the rest, {r} %"),
