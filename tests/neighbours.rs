@@ -631,7 +631,11 @@ fn steps_at_beside(
         "{} ms steps at {steps_limit} % beside {limit:?}, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
         step_ns as f64 * 1e-6
     );
-    (share, p50, p99, max, beside, r.stderr.clone())
+    // (Its log went to a file where one was asked for.)
+    let log = std::env::var_os("NEIGHBOURS_LOG_DIR")
+        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join("steps.log")).ok())
+        .unwrap_or_else(|| r.stderr.clone());
+    (share, p50, p99, max, beside, log)
 }
 
 /// Issue 29: beside another limited container each one spends its share

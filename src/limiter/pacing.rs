@@ -412,7 +412,8 @@ impl Pacing {
                 "side by side the container got {got:.3} of the GPU at {percent} %, {waited:.2} of the time waiting for it: turns for {} s",
                 self.hold_ns / 1_000_000_000
             );
-        } else if let Some(room) = room.filter(|_| asking_room && self.beside_rest) {
+        } else if let Some(room) = room.filter(|&r| asking_room && self.beside_rest && r > percent)
+        {
             // The room serves: asked on, for what the steps need now (a
             // lapse would send the loop short for a span every hold).
             self.room_until_ns = now + self.hold_ns.max(TURNS_HOLD_NS);
