@@ -393,7 +393,7 @@ impl Pacing {
             if !asking_room {
                 self.hold_ns = (self.hold_ns * 2).clamp(TURNS_HOLD_NS, MAX_TURNS_HOLD_NS);
             }
-            if let Some(room) = room.filter(|_| self.beside_rest && !asking_room) {
+            if let Some(room) = room.filter(|&r| self.beside_rest && !asking_room && r > percent) {
                 // Beside a container that takes the rest, short steps are
                 // better served paced, in room it leaves, than in turns.
                 (self.room_until_ns, self.room_asked_ns) = (now + self.hold_ns, now);
