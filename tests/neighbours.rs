@@ -124,6 +124,23 @@ fn container_command(
     c
 }
 
+/// Container `first` (name, limit, seconds: [`container_for`]) alone for
+/// 3 s, then `second` beside it: each one's run and its per-second
+/// fractions of the device.
+fn one_then_another(
+    sim: &Sim,
+    first: (&str, Option<u32>, u32),
+    second: (&str, Option<u32>, u32),
+) -> (Run, Vec<f64>, Run, Vec<f64>) {
+    let a = container_for(sim, first.0, first.1, first.2);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let b = container_for(sim, second.0, second.1, second.2);
+    let b = finish(b).ok();
+    let a = finish(a).ok();
+    let (wa, wb) = (per_sec_of_device(&a), per_sec_of_device(&b));
+    (a, wa, b, wb)
+}
+
 /// A container's limit, its fraction of the solo rate, and that fraction
 /// in each second.
 type Share = (Option<u32>, f64, Vec<f64>);
@@ -389,14 +406,8 @@ fn unlimited_processes_time_slice_the_simulated_gpu() {
 fn a_container_is_back_at_its_limit_within_2_s_of_a_neighbour_leaving() {
     let _serial = serial();
     let solo = DEVICE_RATE;
-    let sim = Sim::new(1, "8g");
-    let a = container_for(&sim, "a", Some(30), 14);
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let b = container_for(&sim, "b", Some(60), 5);
-    let b = finish(b).ok();
-    let a = finish(a).ok();
-    let wa = per_sec_of_device(&a);
-    let wb = per_sec_of_device(&b);
+    let (a, wa, b, wb) =
+        one_then_another(&Sim::new(1, "8g"), ("a", Some(30), 14), ("b", Some(60), 5));
     eprintln!("30 %: {wa:.3?}\n60 % from 3 s to 8 s: {wb:.3?}");
     let fraction = a.f64("rate") / solo;
     assert!((fraction - 0.30).abs() <= 0.03, "30 % got {fraction:.3}");
@@ -731,7 +742,12 @@ fn a_serving_loop_s_host_pauses_do_not_move_its_windows() {
 /// A simulated node whose containers share an SM board (HAMi's
 /// `/tmp/vgpulock`, here a directory of the test's own).
 fn with_a_board() -> Sim {
-    let mut sim = Sim::new(1, "8g");
+    with_a_board_on(1)
+}
+
+/// [`with_a_board`] with `gpus` GPUs.
+fn with_a_board_on(gpus: u32) -> Sim {
+    let mut sim = Sim::new(gpus, "8g");
     let board = sim.dir.path().join("vgpulock");
     std::fs::create_dir(&board).unwrap();
     sim.set("VGPU_SM_BOARD_DIR", board.to_str().unwrap());
@@ -881,7 +897,7 @@ fn short_steps_beside_a_container_without_a_limit_get_their_turns() {
 /// few of them (one in each waits out the period: p99 90 ms on an H200),
 /// beside a container without a limit: short of the GPU paced beside its
 /// rest of 80 %, they ask it for room for their switches instead of for
-/// turns, and stay paced (limiter/pacing.rs, `steps_room`).
+/// turns, and stay paced (limiter/room.rs, `steps_room`).
 #[test]
 fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
     let _serial = serial();
@@ -917,10 +933,7 @@ fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
 #[test]
 fn a_container_without_a_limit_on_two_gpus_takes_the_rest_only_where_limits_are() {
     let _serial = serial();
-    let mut sim = Sim::new(2, "8g");
-    let board = sim.dir.path().join("vgpulock");
-    std::fs::create_dir(&board).unwrap();
-    sim.set("VGPU_SM_BOARD_DIR", board.to_str().unwrap());
+    let sim = with_a_board_on(2);
     let limited = container_on(&sim, "limited", Some(30), 10, "0");
     let first = container_on(&sim, "free", Some(0), 10, "0");
     let second = container_on(&sim, "free", Some(0), 10, "1");
@@ -953,14 +966,11 @@ fn a_container_without_a_limit_on_two_gpus_takes_the_rest_only_where_limits_are(
 #[test]
 fn a_container_without_a_limit_that_comes_second_takes_the_rest_too() {
     let _serial = serial();
-    let sim = with_a_board();
-    let limited = container_for(&sim, "limited", Some(30), 12);
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let free = container_for(&sim, "free", Some(0), 8);
-    let f = finish(free).ok();
-    let l = finish(limited).ok();
-    let wl = per_sec_of_device(&l);
-    let wf = per_sec_of_device(&f);
+    let (l, wl, _, wf) = one_then_another(
+        &with_a_board(),
+        ("limited", Some(30), 12),
+        ("free", Some(0), 8),
+    );
     eprintln!("30 %: {wl:.3?}\nwithout a limit from 3 s: {wf:.3?}");
     let fl = l.f64("rate") / DEVICE_RATE;
     assert!((fl - 0.30).abs() <= 0.03, "the limited one got {fl:.3}");

@@ -38,6 +38,7 @@ pub mod pacing;
 pub mod probes;
 pub mod readings;
 pub mod rest;
+pub mod room;
 pub mod synced;
 pub mod turns;
 

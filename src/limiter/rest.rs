@@ -9,7 +9,7 @@
 //! case the limits could not answer. So while the node's SM board
 //! (`pacing.rs`) shows busy limited containers on its GPU, a container
 //! without a limit holds itself to a share, as if it had that limit: what
-//! leaves room for everyone to pace side by side (`pacing::ROOM_PERCENT`
+//! leaves room for everyone to pace side by side (`room::ROOM_PERCENT`
 //! less their limits: 60 % beside a 30 % container, as a 60 % neighbour
 //! would), at least [`MIN_REST_PERCENT`]. Where a limited one asks for
 //! turns (its loop went short of the GPU side by side) or no room is
@@ -19,8 +19,8 @@
 //! ms steps on the simulated GPU).
 //!
 //! A limited container whose short steps would fare badly in turns asks
-//! for more room than its limit, for its switches (`pacing.rs`,
-//! `steps_room`): the rest leaves what the limited ones ask
+//! for more room than its limit, for its switches (`room.rs`,
+//! asked by `pacing.rs`): the rest leaves what the limited ones ask
 //! (`Others::rooms`), their limits where they ask nothing.
 //!
 //! Containers without limits split it evenly. It publishes its rest on the
@@ -43,7 +43,8 @@ use vgpu_shm::EntryIndex;
 use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::sm_board::Others;
 
-use super::pacing::{Pacing, ROOM_PERCENT};
+use super::pacing::Pacing;
+use super::room::ROOM_PERCENT;
 use crate::clock;
 
 /// The least rest: a container without a limit is never held to less
