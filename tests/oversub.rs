@@ -226,7 +226,9 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
     // long checkpoint (5 s here) and while suspended.
     let _serial = serial();
     let node = Node::new();
-    let keep = keeper("9");
+    // A idles 12 s before its next call restores it: the 6 s watched below
+    // start once the checkpoint does, and a loaded machine delays that.
+    let keep = keeper("12");
     let a = node.spawn("a", &[("SIM_GPU_CKPT_MS", "5000")], &args(&keep));
     let region = node.sim.dir.path().join("a.cache");
     let age = || {
@@ -247,13 +249,22 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
         "{}",
         node.board()
     );
+    // Watched through the checkpoint and into the suspension: the state is
+    // read on each round, since the next call may restore A before the end.
     let mut oldest = 0;
+    let mut suspended = false;
+    let mut board = String::new();
     let until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < until {
         oldest = oldest.max(age().unwrap_or(u64::MAX));
+        board = node.board();
+        suspended |= board.contains("state=suspended") || board.contains("state=restoring");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(node.board().contains("state=suspended") || node.board().contains("state=restoring"));
+    assert!(
+        suspended,
+        "never seen suspended; the board last read:\n{board}"
+    );
     assert!(oldest < 1500, "the slot's heartbeat aged {oldest} ms");
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
