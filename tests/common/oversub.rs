@@ -17,7 +17,18 @@ impl Node {
     /// only once a is suspended; returns b once the board shows `seen`
     /// (within `within_s`).
     pub fn crowd_out_with(&self, bytes: u64, seen: &str, within_s: f64) -> Child {
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // b comes 1.5 s after a's start, and no sooner than half a second
+        // after a holds its 1 GiB: on a loaded host a's start can take
+        // longer, and b would then take the card first and a never be
+        // suspended (a loaded CI run).
+        let start = std::time::Instant::now();
+        assert!(
+            super::wait_until(30.0, || self.used_bytes("a") >= 1 << 30),
+            "a never held 1 GiB"
+        );
+        let go = (start + std::time::Duration::from_millis(1500))
+            .max(std::time::Instant::now() + std::time::Duration::from_millis(500));
+        std::thread::sleep(go.saturating_duration_since(std::time::Instant::now()));
         let b = self.spawn(
             "b",
             &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
@@ -29,6 +40,21 @@ impl Node {
             self.board()
         );
         b
+    }
+
+    /// Every byte container `name`'s processes hold, as its region says.
+    pub fn used_bytes(&self, name: &str) -> u64 {
+        let region = self.sim.dir.path().join(format!("{name}.cache"));
+        let Some(s) = self.sim.try_status(&region) else {
+            return 0; // not made yet
+        };
+        s["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["devices"].as_array().into_iter().flatten())
+            .filter_map(|d| d["used_bytes"].as_u64())
+            .sum()
     }
 
     /// Host copies the simulated driver's checkpoint API holds: one per
