@@ -58,7 +58,7 @@ fn a_full_card_makes_an_allocation_wait_then_fail_saying_so_and_without_the_flag
         ],
         &args(&keep),
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let t = Instant::now();
     let b = node.run(
         "b",
@@ -204,7 +204,7 @@ fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
     let node = Node::new();
     let keep = keeper("4");
     let a = node.spawn("a", &[("SIM_GPU_CKPT_MS", "5000")], &args(&keep));
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.spawn(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000")],
@@ -238,7 +238,7 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
         let s: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
         s["regions"][0]["processes"][0]["heartbeat_age_ms"].as_u64()
     };
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.spawn(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000")],
@@ -286,7 +286,7 @@ fn a_restore_that_finds_no_room_within_its_bound_fails_the_call_and_a_later_call
         &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "1000")],
         &args(&keep),
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.spawn(
         "b",
         &[
@@ -335,7 +335,7 @@ fn a_process_killed_while_suspended_frees_its_host_copy() {
     let node = Node::new();
     let keep = keeper("60");
     let mut a = node.spawn("a", &[], &args(&keep));
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.spawn(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
@@ -361,7 +361,7 @@ fn with_its_watcher_gone_a_suspended_process_restores_itself_on_its_next_call() 
     let node = Node::new();
     let keep = keeper("4");
     let a = node.spawn("a", &[("VGPU_TEST_WATCHER_STOP", "1")], &args(&keep));
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.run(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
@@ -389,7 +389,7 @@ fn past_the_host_memory_bound_nobody_is_suspended() {
         &[("VGPU_OVERSUBSCRIBE_HOST_LIMIT", "1g")],
         &args(&keep),
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.run(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "1500")],

@@ -69,7 +69,7 @@ fn assert_intact(a: &Run) {
 /// Suspends `a` for a neighbour `b` that holds 2 GiB for `hold` seconds
 /// and is never idle long enough to be suspended itself; returns b.
 fn crowd_out(node: &Node, hold: &str) -> Child {
-    std::thread::sleep(Duration::from_millis(1500));
+    node.settle("a");
     let b = node.spawn(
         "b",
         &[

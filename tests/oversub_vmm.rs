@@ -360,7 +360,7 @@ fn with_vmm_past_the_host_memory_bound_no_arena_is_pinned() {
         ],
         &keeper("67108864"),
     );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    node.settle("a");
     let b = node.run(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "3000")],

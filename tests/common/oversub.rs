@@ -4,12 +4,17 @@
 //! board, and NVML's memory queries of a suspended process wait for its
 //! restore, as on the H200.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use super::{Path3, Run, Sim};
 
 pub struct Node {
     pub sim: Sim,
+    /// When each container's last process was spawned (`settle`).
+    spawned: RefCell<HashMap<String, Instant>>,
 }
 
 impl Node {
@@ -17,18 +22,7 @@ impl Node {
     /// only once a is suspended; returns b once the board shows `seen`
     /// (within `within_s`).
     pub fn crowd_out_with(&self, bytes: u64, seen: &str, within_s: f64) -> Child {
-        // b comes 1.5 s after a's start, and no sooner than half a second
-        // after a holds its 1 GiB: on a loaded host a's start can take
-        // longer, and b would then take the card first and a never be
-        // suspended (a loaded CI run).
-        let start = std::time::Instant::now();
-        assert!(
-            super::wait_until(30.0, || self.used_bytes("a") >= 1 << 30),
-            "a never held 1 GiB"
-        );
-        let go = (start + std::time::Duration::from_millis(1500))
-            .max(std::time::Instant::now() + std::time::Duration::from_millis(500));
-        std::thread::sleep(go.saturating_duration_since(std::time::Instant::now()));
+        self.settle("a");
         let b = self.spawn(
             "b",
             &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
@@ -40,6 +34,23 @@ impl Node {
             self.board()
         );
         b
+    }
+
+    /// Waits until container `name` (spawned last) holds 1 GiB, then 1.5 s
+    /// from its spawn and at least half a second more: the time a
+    /// neighbour comes to crowd it out. On a loaded host its start takes
+    /// longer, and a neighbour that came at a fixed time took the card
+    /// first, so it was never suspended (a loaded CI run).
+    pub fn settle(&self, name: &str) {
+        let spawned = self.spawned.borrow().get(name).copied();
+        let spawned = spawned.unwrap_or_else(Instant::now);
+        assert!(
+            super::wait_until(30.0, || self.used_bytes(name) >= 1 << 30),
+            "{name} never held 1 GiB"
+        );
+        let go = (spawned + Duration::from_millis(1500))
+            .max(Instant::now() + Duration::from_millis(500));
+        std::thread::sleep(go.saturating_duration_since(Instant::now()));
     }
 
     /// Every byte container `name`'s processes hold, as its region says.
@@ -118,7 +129,10 @@ impl Node {
             // As the H200 behaved: NVML's memory queries of a suspended
             // process wait for its restore.
             .set("SIM_GPU_NVML_LOCKED", "1");
-        Node { sim }
+        Node {
+            sim,
+            spawned: RefCell::default(),
+        }
     }
 
     /// The node's board directory.
@@ -159,6 +173,9 @@ impl Node {
 
     /// `spawn` through another entry path of the driver.
     pub fn spawn_via(&self, path: Path3, name: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+        self.spawned
+            .borrow_mut()
+            .insert(name.to_string(), Instant::now());
         self.client_via(path, name, env, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
