@@ -190,14 +190,15 @@ fn a_reader_built_from_the_c_header_sees_what_vgpu_sees() {
         .client_cmd(
             Path3::ProcAddr,
             true,
-            &["hold", &(500 * MIB).to_string(), "6"],
+            // (15 s: it outlives the reads below on a loaded host.)
+            &["hold", &(500 * MIB).to_string(), "15"],
         )
         .env("CUDA_VISIBLE_DEVICES", "1")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let region = sim.region();
-    let shown_both = wait_until(10.0, || {
+    let shown_both = wait_until(30.0, || {
         procs_shown(&region) == Some(2)
             && shown_totals(&read(&region))
                 .iter()

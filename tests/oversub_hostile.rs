@@ -81,7 +81,7 @@ fn crowd_out(node: &Node, hold: &str) -> Child {
     // (The count, not the state: a process whose idle spell ends at once
     // is restoring by the time a loaded host lists the board.)
     assert!(
-        wait_until(10.0, || node.board().contains("suspensions=1")),
+        wait_until(30.0, || node.board().contains("suspensions=1")),
         "{}",
         node.board()
     );
@@ -98,9 +98,11 @@ fn a_hostile_free_figure_never_makes_a_process_restore_onto_a_full_card() {
     let a = node.spawn(
         "a",
         &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000")],
-        &["keep", "67108864", "2147483648", "7", "3"],
+        &["keep", "67108864", "2147483648", "7", "8"],
     );
-    let b = crowd_out(&node, "5");
+    // (a idles 8 s, and b holds 10: a loaded host may take seconds to
+    // start b, and a wakes to a full card all the same.)
+    let b = crowd_out(&node, "10");
     let liar = node.hostile("figure", "30", &[]);
     let a = finish_within(a, 40.0);
     stop(liar);
@@ -153,7 +155,7 @@ fn held_locks_never_block_a_restore_on_a_card_with_room_for_long() {
     let a = node.spawn(
         "a",
         &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "12000")],
-        &["keep", "67108864", "2147483648", "7", "4"],
+        &["keep", "67108864", "2147483648", "7", "8"],
     );
     let b = crowd_out(&node, "1");
     let squatter = node.hostile("locks", "60", &[]);
@@ -181,11 +183,17 @@ fn a_board_cut_short_under_running_processes_kills_nobody() {
     // process of the node with SIGBUS.
     let _serial = serial();
     let node = Node::new();
-    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "2"]);
-    let c = node.spawn("c", &[], &["keep", "67108864", "0", "8", "2"]);
+    // (Idle 5 s each, and both on the board before the cut: a loaded
+    // host can start one seconds after the other.)
+    let a = node.spawn("a", &[], &["keep", "67108864", "0", "7", "5"]);
+    let c = node.spawn("c", &[], &["keep", "67108864", "0", "8", "5"]);
     let file = node.board_dir().join("vgpu-oversub.board");
-    assert!(wait_until(10.0, || file.exists()
-        && node.board().contains("state=running")));
+    assert!(
+        wait_until(30.0, || file.exists()
+            && node.board().matches("state=running").count() == 2),
+        "{}",
+        node.board()
+    );
     std::thread::sleep(Duration::from_millis(300));
     std::fs::OpenOptions::new()
         .write(true)
@@ -270,7 +278,7 @@ fn a_claim_that_never_lands_holds_a_restore_up_for_its_bound_only() {
             ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "25000"),
             ("VGPU_TEST_CLAIM_BOUND_MS", "3000"),
         ],
-        &["keep", "67108864", "2147483648", "7", "4"],
+        &["keep", "67108864", "2147483648", "7", "8"],
     );
     let b = crowd_out(&node, "1");
     let liar = node.hostile("claim", "60", &[]);

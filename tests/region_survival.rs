@@ -176,11 +176,18 @@ fn truncating_the_region_under_busy_processes_is_one_error_line_not_a_crash() {
     let racer = spawn(&mut sim.client_cmd(
         Path3::Link,
         true,
-        &["race", "2", "4", &(600 * MIB).to_string(), "0", "10"],
+        &["race", "2", "8", &(600 * MIB).to_string(), "0", "10"],
     ));
     let spinner =
-        spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["spin", "1000000", "132", "4"]));
-    assert!(wait_until(5.0, || sim.region_used(0) >= 256 * MIB));
+        spawn(&mut sim.client_cmd(Path3::ProcAddr, true, &["spin", "1000000", "132", "8"]));
+    // Both attached before the truncation (8 s each, and up to 30 s to
+    // start: a loaded host takes seconds).
+    let attached = || {
+        sim.try_status(&sim.region())
+            .and_then(|s| s["processes"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    };
+    assert!(wait_until(30.0, || attached() >= 2 && sim.region_used(0) >= 256 * MIB));
     std::thread::sleep(Duration::from_millis(500));
     let t = Command::new("truncate")
         .args(["-s", "0"])

@@ -402,6 +402,21 @@ impl Sim {
         r.status.success().then(|| region_of(&r))
     }
 
+    /// Every byte the processes of `region` hold, as it says (0 while it
+    /// cannot be read yet).
+    pub fn used_bytes(&self, region: &Path) -> u64 {
+        let Some(s) = self.try_status(region) else {
+            return 0;
+        };
+        s["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["devices"].as_array().into_iter().flatten())
+            .filter_map(|d| d["used_bytes"].as_u64())
+            .sum()
+    }
+
     /// What the simulated NVML reports, without vgpu: (total, used).
     pub fn physical(&self, dev: usize) -> (u64, u64) {
         let r = Run::from(self.cmd("smi", false).output().expect("run smi"));

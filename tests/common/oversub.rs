@@ -56,16 +56,7 @@ impl Node {
     /// Every byte container `name`'s processes hold, as its region says.
     pub fn used_bytes(&self, name: &str) -> u64 {
         let region = self.sim.dir.path().join(format!("{name}.cache"));
-        let Some(s) = self.sim.try_status(&region) else {
-            return 0; // not made yet
-        };
-        s["processes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|p| p["devices"].as_array().into_iter().flatten())
-            .filter_map(|d| d["used_bytes"].as_u64())
-            .sum()
+        self.sim.used_bytes(&region)
     }
 
     /// Host copies the simulated driver's checkpoint API holds: one per

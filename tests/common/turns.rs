@@ -7,7 +7,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use super::oversub::Node;
-use super::{GIB, MIB, Run, finish, serial};
+use super::{GIB, MIB, Run, finish, serial, wait_until};
 
 /// A busy job: 64 MiB of checksummed data and ballast up to `total`
 /// bytes, `bursts` bursts of 1 ms kernels with no idle time between them,
@@ -121,7 +121,12 @@ pub fn take_turns_on(
         job_of(total, "9", "1500", &BURSTS.to_string()),
     );
     let mut a = node.spawn("a", &env, &args(&ja));
-    std::thread::sleep(Duration::from_millis(1000));
+    // b comes once a holds the card (a fixed second let b, on a loaded
+    // host, allocate first).
+    assert!(
+        wait_until(60.0, || node.used_bytes("a") >= total),
+        "a never held its {total} bytes"
+    );
     let mut b = node.spawn("b", &env, &args(&jb));
     let seen = watch(&node, &mut [&mut a, &mut b], 120.0);
     let (a, b) = (finish(a), finish(b));

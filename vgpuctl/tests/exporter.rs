@@ -515,14 +515,22 @@ fn feedback_blocks_a_normal_container_while_a_high_priority_one_runs() {
         sim.try_status(region)
             .and_then(|s| s["hami"][field].as_i64())
     };
-    let n = spin(&normal, "1", "12");
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // (The normal one runs 20 s, and the high one comes once it
+    // launches: a loaded host takes seconds to start either.)
+    let n = spin(&normal, "1", "20");
+    assert!(
+        wait_until(30.0, || hami(&normal, "recent_kernel")
+            .is_some_and(|k| k > 0)),
+        "the normal one never launched: {}",
+        sim.status(&normal)
+    );
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let h = spin(&high, "0", "5");
     // Within a few rounds of the high-priority container's first launches
     // the normal one is blocked; the high one, alone on the GPU, has its
     // switch off, the blocked one on.
     assert!(
-        wait_until(5.0, || hami(&normal, "recent_kernel") == Some(-1)),
+        wait_until(30.0, || hami(&normal, "recent_kernel") == Some(-1)),
         "never blocked: {}",
         sim.status(&normal)
     );
@@ -725,18 +733,24 @@ fn the_oversubscription_board_is_exported_per_process_and_without_one_nothing_is
     assert!(!exporter.scrape().text.contains("vgpu_oversub"));
 
     // A (2 GiB and a checksummed 64 MiB) goes idle and is suspended for
-    // B's 2 GiB; B leaves after 2.5 s and A is restored at its next call
-    // (4.5 s), then stays a while.
+    // B's 2 GiB; B leaves after 5 s and A is restored at its next call
+    // (8 s), then stays a while. B comes once A holds its memory (on a
+    // loaded host a fixed delay let B take the card first).
     let a = spawn(
         "a",
         &[],
-        &["keep", "67108864", "2147483648", "7", "4.5", "0", "30"],
+        &["keep", "67108864", "2147483648", "7", "8", "0", "30"],
     );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let region_a = sim.dir.path().join("a.cache");
+    assert!(
+        wait_until(30.0, || sim.used_bytes(&region_a) >= 2 * GIB),
+        "A never held 2 GiB"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let b = spawn(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-        &["hold", "2147483648", "2.5"],
+        &["hold", "2147483648", "5"],
     );
     let (pa, pb) = (a.id().to_string(), b.id().to_string());
     let pa = pa.as_str();
@@ -753,7 +767,7 @@ fn the_oversubscription_board_is_exported_per_process_and_without_one_nothing_is
             })
             .map(|x| x.labels["device_uuid"].clone())
     };
-    let s = scrape_until(&exporter, 10.0, |s| {
+    let s = scrape_until(&exporter, 20.0, |s| {
         state(s, pa, "suspended") == Some(1.0)
             && uuid_of(s, pb).is_some_and(|u| {
                 s.value(
