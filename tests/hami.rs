@@ -404,14 +404,20 @@ fn switched_off(policy: &str) -> (f64, f64) {
 #[test]
 fn the_utilization_switch_lifts_the_sm_limit_under_the_default_policy_only() {
     let _serial = serial();
+    // Judged against the limit's rate (20 % of 1 ms kernels: 200/s), not
+    // the first seconds', which a loaded host holds down (135/s once,
+    // where 216/s after the switch then looked like a lift).
+    const LIMITED: f64 = 200.0;
     let (before, after) = switched_off("default");
+    assert!(before < 1.5 * LIMITED, "default: {before:.0}/s before");
     assert!(
-        after > 2.5 * before,
+        after > 2.5 * LIMITED,
         "default: {before:.0}/s then {after:.0}/s"
     );
     let (before, after) = switched_off("force");
+    assert!(before < 1.5 * LIMITED, "force: {before:.0}/s before");
     assert!(
-        after < 1.5 * before && after > 0.5 * before,
+        after < 1.5 * LIMITED && after > 0.5 * LIMITED,
         "force: {before:.0}/s then {after:.0}/s"
     );
 }
