@@ -232,13 +232,7 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
     let keep = keeper("20");
     let a = node.spawn("a", &[("SIM_GPU_CKPT_MS", "5000")], &args(&keep));
     let region = node.sim.dir.path().join("a.cache");
-    let age = || {
-        let r = node
-            .sim
-            .ctl(&["status", "--json", region.to_str().unwrap()]);
-        let s: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
-        s["regions"][0]["processes"][0]["heartbeat_age_ms"].as_u64()
-    };
+    let age = || node.sim.try_status(&region)?["processes"][0]["heartbeat_age_ms"].as_u64();
     node.settle("a");
     let b = node.spawn(
         "b",
