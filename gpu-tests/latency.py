@@ -14,7 +14,9 @@ vgpu: for the record, each step waits out its time slice); SM 10, 50 and
 process (`LATENCY_MATRIX`); SM 10, 30, 50 and 90 beside a busy container
 without a limit, with vgpu (it takes the rest; `LATENCY_REST_ONLY=1`
 runs native and these alone, `LATENCY_REST_LIMITS` picks their limits
-and `LATENCY_STEPS` (ns, say 100000) the step sizes of every case); then
+and `LATENCY_STEPS` (ns, say 100000) the step sizes of every case;
+`LATENCY_BESIDE_ONLY=1` runs native and the cases beside a busy limited
+container alone, `=30/60,50/40` the pairs named); then
 the period's
 trade beside a neighbour (`VGPU_SM_PERIOD_MS` 100, 20, 10 on both
 containers: p99 of 1 ms steps at 30 % against what the two get together,
@@ -160,7 +162,7 @@ def latency(s):
         return
     if not torch_only:
         spin_cases(s, sec, spin, native, ms)
-    if s.SIM or os.environ.get("LATENCY_REST_ONLY") == "1":
+    if s.SIM or os.environ.get("LATENCY_REST_ONLY") == "1" or os.environ.get("LATENCY_BESIDE_ONLY"):
         return
     torch_case(s, sec)
 
@@ -174,9 +176,22 @@ def rest_cases(s, sec, spin, native, ms):
         case(s, sec, f"SM {lim} beside a busy container without a limit", lim, "rest", spin, native, ms)
 
 
+def beside_limited_cases(s, sec, spin, native, ms):
+    """Beside a busy limited container: 30 % beside 60, and the matrix's
+    10 / 60, 50 / 40, 90 / 10 (`LATENCY_BESIDE_ONLY=30/60,50/40` picks)."""
+    pick = os.environ.get("LATENCY_BESIDE_ONLY", "1")
+    pairs = ((30, 60), (10, 60), (50, 40), (90, 10)) if pick == "1" else \
+        tuple(tuple(int(x) for x in pair.split("/")) for pair in pick.split(","))
+    for lim, other in pairs:
+        case(s, sec, f"SM {lim} beside a busy {other}% container", lim, str(other), spin, native, ms)
+
+
 def spin_cases(s, sec, spin, native, ms):
     if os.environ.get("LATENCY_REST_ONLY") == "1":
         rest_cases(s, sec, spin, native, ms)
+        return
+    if os.environ.get("LATENCY_BESIDE_ONLY"):
+        beside_limited_cases(s, sec, spin, native, ms)
         return
     case(s, sec, "SM 30 alone", 30, None, spin, native, ms)
     case(s, sec, "SM 30 beside a busy 60% container", 30, "60", spin, native, ms)

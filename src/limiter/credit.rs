@@ -27,6 +27,8 @@ pub(super) struct DeviceTurns {
     pub(super) late: AtomicBool,
     /// Whether the last window judged had another's inside it.
     pub(super) nested: AtomicBool,
+    /// Whether the last window judged ran on from a clear start.
+    pub(super) ran_on: AtomicBool,
     /// Windows judged in a row whose probes all ran beside another
     /// context (`turns::next_streak`).
     pub(super) covered: AtomicU32,
@@ -40,6 +42,7 @@ impl DeviceTurns {
         DeviceTurns {
             late: AtomicBool::new(false),
             nested: AtomicBool::new(false),
+            ran_on: AtomicBool::new(false),
             covered: AtomicU32::new(0),
             judged: AtomicU64::new(0),
         }
@@ -48,6 +51,7 @@ impl DeviceTurns {
     fn reset(&self) {
         self.late.store(false, Ordering::Relaxed);
         self.nested.store(false, Ordering::Relaxed);
+        self.ran_on.store(false, Ordering::Relaxed);
         self.covered.store(0, Ordering::Relaxed);
         self.judged.store(0, Ordering::Relaxed);
     }

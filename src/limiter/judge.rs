@@ -35,10 +35,13 @@ pub struct Window<'a> {
     /// The last window this process judged had another's inside it
     /// (`turns::nested_until_ns`).
     pub nested: bool,
+    /// The last window this process judged ran on from a clear start
+    /// (`turns::ran_on_from_a_clear_start`).
+    pub ran_on: bool,
     /// Every other busy container on the device takes the rest (the
     /// leader's word, `rest_beside_ns`): only then are windows looked for
     /// inside this one's, and one that ran on moves earlier by what it
-    /// lost.
+    /// lost at once.
     pub beside_rest: bool,
     /// Picks the factor of a move later (`turns::verdict`).
     pub random: u64,
@@ -69,6 +72,8 @@ pub struct Verdict {
     pub late: bool,
     /// This window had another's inside it.
     pub nested: bool,
+    /// This window ran on from a clear start.
+    pub ran_on: bool,
     /// What the container leaves unspent of each share.
     pub cut_ns: u64,
     /// Where the turns move, if they do.
@@ -89,6 +94,7 @@ pub fn judge(w: &Window) -> Verdict {
         covered: w.covered,
         late: w.late,
         nested: false,
+        ran_on: w.ran_on,
         cut_ns: w.cut_ns,
         step: None,
     };
@@ -101,6 +107,7 @@ pub fn judge(w: &Window) -> Verdict {
             reason: Reason::Alone,
             covered: 0,
             late: false,
+            ran_on: false,
             cut_ns: 0,
             ..v
         };
@@ -123,11 +130,16 @@ pub fn judge(w: &Window) -> Verdict {
     v.cut_ns = turns::next_cut(w.cut_ns, share, w.probes, v.covered, shared);
     v.late = w.probes.first().is_some_and(Probe::beside_another);
     v.step = turns::verdict(w.probes, w.random, w.late);
-    if w.beside_rest && turns::ran_on_from_a_clear_start(w.probes) {
-        // The rest does not yield to this window's tail (its queue hides
-        // it): 0.5 ms earlier every other period left 50 % of 0.1 ms
-        // steps running into it for 4 s (H200, run 162). As far as what
-        // the tail lost.
+    v.ran_on = turns::ran_on_from_a_clear_start(w.probes);
+    if v.ran_on && (w.beside_rest || w.ran_on) {
+        // The other does not yield to this window's tail: a rest's queue
+        // hides it, and so does a limited neighbour's queue of long
+        // kernels from its probes. 0.5 ms earlier every other period left
+        // 50 % of 0.1 ms steps running into a rest for 4 s (H200, run
+        // 162), and PyTorch steps at 30 % into a 60 % container's 1 ms
+        // kernels for 4 s (p99 2.48 ms, run 165). Beside a rest at once,
+        // beside a limited one once the 0.5 ms did not clear it (that one
+        // had its window to move): as far as what the tail lost.
         let lost = turns::trailing_lost_ns(w.probes);
         let most = turns::period_ns() / 10;
         v.step = Some(Move::Earlier(lost.clamp(turns::min_move_ns(), most)));
@@ -172,6 +184,7 @@ mod tests {
             covered: 0,
             late: false,
             nested: false,
+            ran_on: false,
             beside_rest: true,
             random: 0,
         }
@@ -220,10 +233,30 @@ mod tests {
             beside_rest: false,
             ..window(&ran_on)
         };
-        assert_eq!(
-            judge(&limited).step,
-            Some(Move::Earlier(turns::min_move_ns()))
+        let first = judge(&limited);
+        assert_eq!(first.step, Some(Move::Earlier(turns::min_move_ns())));
+        assert!(first.ran_on);
+        // Beside a limited one, the 0.5 ms did not clear it: as far as
+        // what the tail lost (run 165).
+        let again = Window {
+            ran_on: first.ran_on,
+            ..limited
+        };
+        assert_eq!(judge(&again).step, Some(Move::Earlier(4 * MS)));
+        // One that ended clear forgets it; so does a window alone.
+        let clear = [clean(3), clean(3), clean(3)];
+        assert!(
+            !judge(&Window {
+                ran_on: true,
+                ..window(&clear)
+            })
+            .ran_on
         );
+        let alone = Window {
+            alone: true,
+            ..again
+        };
+        assert!(!judge(&alone).ran_on);
         // Beside limited neighbours only, nothing new.
         let limited = Window {
             nested: true,

@@ -390,6 +390,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         covered: mine.covered.load(Ordering::Relaxed),
         late: mine.late.load(Ordering::Relaxed),
         nested: mine.nested.load(Ordering::Relaxed),
+        ran_on: mine.ran_on.load(Ordering::Relaxed),
         beside_rest: entry.rest_beside(now),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
@@ -411,6 +412,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
     mine.covered.store(v.covered, Ordering::Relaxed);
     mine.late.store(v.late, Ordering::Relaxed);
     mine.nested.store(v.nested, Ordering::Relaxed);
+    mine.ran_on.store(v.ran_on, Ordering::Relaxed);
     if v.cut_ns != w.cut_ns {
         if v.reason == judge::Reason::Judged {
             log::debug!(
