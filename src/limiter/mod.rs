@@ -123,6 +123,8 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                 if !waited {
                     entry.count_wait();
                     waited = true;
+                    // (In turns, the window's end: its last steps are timed.)
+                    probes::close_at_wait(dev);
                 }
                 pause(ns, now);
                 now = clock::monotonic_ns();
