@@ -109,7 +109,8 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
-        match bucket::admit(entry, cost, lease, now) {
+        let admitted = bucket::admit(entry, cost, lease, now);
+        match admitted {
             Admit::Now(granted) => {
                 entry.add_admitted_ns(granted);
                 entry.add_held_ns(shape.held_ns(granted, cost));
@@ -119,12 +120,14 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                 credit.add(i64::try_from(granted.saturating_sub(cost)).unwrap_or(0));
                 return;
             }
-            Admit::Wait(ns) => {
+            Admit::Wait(ns) | Admit::NextWindow(ns) => {
                 if !waited {
                     entry.count_wait();
                     waited = true;
-                    // (In turns, the window's end: its last steps are timed.)
-                    probes::close_at_wait(dev);
+                    if matches!(admitted, Admit::NextWindow(_)) {
+                        // The window's last steps are timed.
+                        probes::close_at_window_end(dev);
+                    }
                 }
                 pause(ns, now);
                 now = clock::monotonic_ns();

@@ -268,14 +268,14 @@ pub fn after(token: Token, rc: CUresult) {
     }
 }
 
-/// Where a limited launch on device entry `dev` must wait for the bucket
-/// (its window's share is spent): closes the thread's open probe there,
-/// which the next window would drop. The steps at a window's end were in
+/// Where a limited launch on device entry `dev` in turns must wait for
+/// the next window (`bucket::Admit::NextWindow`): closes the thread's
+/// open probe there, which the next window would drop. The steps at a window's end were in
 /// no probe: 0.1 ms steps at 30 % whose last six ran 15 ms into a 60 %
 /// container's window each period, 2.5 ms each, looked clear to every
 /// probe and never moved (p99 2.49 ms, H200, run 168). Kept open where
 /// the probe is another device's or context's.
-pub fn close_at_wait(dev: EntryIndex) {
+pub fn close_at_window_end(dev: EntryIndex) {
     let Some(open) = OPEN.try_with(OpenProbe::take).ok().flatten() else {
         return;
     };
