@@ -220,6 +220,82 @@ fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
 }
 
 #[test]
+fn a_checkpoint_that_fails_leaves_the_process_running_and_intact() {
+    let _serial = serial();
+    let node = Node::new();
+    let keep = keeper("8");
+    let a = node.spawn(
+        "a",
+        &[
+            ("SIM_GPU_CKPT_FAIL", "checkpoint"),
+            ("LIBCUDA_LOG_LEVEL", "2"),
+        ],
+        &args(&keep),
+    );
+    node.settle("a");
+    let b = node.spawn(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "3000")],
+        &["hold", "2147483648", "1"],
+    );
+    let _ = finish(b);
+    let a = finish_within(a, 60.0);
+    assert_intact(&a);
+    assert!(
+        a.stderr.contains("not suspended: the checkpoint failed ("),
+        "{}",
+        a.stderr
+    );
+    // Tried once, not again within 10 s (each try locks its calls).
+    assert_eq!(
+        a.stderr.matches("the checkpoint failed (").count(),
+        1,
+        "{}",
+        a.stderr
+    );
+    assert!(
+        !a.stderr.contains("its last checkpoint failed"),
+        "{}",
+        a.stderr
+    );
+    assert!(!a.stderr.contains("suspended this process"), "{}", a.stderr);
+    assert!(!a.stderr.contains("fail from now on"), "{}", a.stderr);
+    assert_eq!(node.host_copies(), 0);
+}
+
+#[test]
+fn a_checkpoint_that_fails_and_leaves_the_process_locked_fails_its_calls_rather_than_hang() {
+    // The driver's lock outlives a failed checkpoint where the unlock
+    // fails too: every call of the process would wait on it for good.
+    let _serial = serial();
+    let node = Node::new();
+    let keep = keeper("8");
+    let a = node.spawn(
+        "a",
+        &[("SIM_GPU_CKPT_FAIL", "checkpoint-unlock")],
+        &args(&keep),
+    );
+    node.settle("a");
+    let b = node.spawn(
+        "b",
+        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "3000")],
+        &["hold", "2147483648", "1"],
+    );
+    let _ = finish(b);
+    let a = finish_within(a, 60.0);
+    assert!(
+        a.stderr.contains("the checkpoint failed (")
+            && a.stderr.contains("could not be unlocked ("),
+        "{}",
+        a.stderr
+    );
+    assert!(a.stderr.contains("fail from now on"), "{}", a.stderr);
+    // Its read back failed with CUDA_ERROR_ILLEGAL_STATE (401).
+    assert_eq!(a.get("back_rc"), "401", "{}\n{}", a.stdout, a.stderr);
+    assert_eq!(a.get("intact"), "0", "{}", a.stdout);
+}
+
+#[test]
 fn a_suspended_process_keeps_its_region_slot_beating() {
     // In a pid namespace a slot whose heartbeat stops looks dead to its
     // neighbours after 3 s, and NVML lists no memory for a suspended

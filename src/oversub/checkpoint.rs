@@ -9,6 +9,7 @@ use crate::cuda::sys::{CUresult, CheckpointLockArgs};
 use crate::ffi::{In, Out};
 
 /// `CUprocessState` values.
+pub const RUNNING: c_int = 0;
 pub const FAILED: c_int = 3;
 
 fn own_pid() -> c_int {

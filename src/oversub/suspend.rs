@@ -235,6 +235,10 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         .saturating_sub(super::mover::context_bytes(attach));
     let may_checkpoint =
         !shares && (busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR);
+    if may_checkpoint && let Err(why) = not_failed_lately() {
+        log::debug!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
+        return true;
+    }
     if may_checkpoint && !a_child_reads_nvml(attach, &card) {
         return true;
     }
@@ -378,7 +382,10 @@ fn suspend(
                 )
             }
         };
-        if let Err(why) = child().and_then(|()| checkpointed(attach, h)) {
+        if let Err(why) = not_failed_lately()
+            .and_then(|()| child())
+            .and_then(|()| checkpointed(attach, h))
+        {
             if why.is_empty() {
                 return;
             }
@@ -447,6 +454,29 @@ fn suspend(
     }
 }
 
+/// When this process's last checkpoint failed (0: none has).
+static CHECKPOINT_FAILED_NS: AtomicU64 = AtomicU64::new(0);
+/// How long after a failed checkpoint the process is not checkpointed
+/// again: each try locks its calls, and a checkpoint that fails every
+/// time was tried 66 times in 3 s beside one waiting allocation on the
+/// simulated GPU.
+const CHECKPOINT_RETRY_NS: u64 = 10_000_000_000;
+
+/// Err where this process's last checkpoint failed less than
+/// [`CHECKPOINT_RETRY_NS`] ago.
+fn not_failed_lately() -> Result<(), String> {
+    let failed = CHECKPOINT_FAILED_NS.load(Ordering::Relaxed);
+    let since = clock::monotonic_ns().saturating_sub(failed);
+    if failed != 0 && since < CHECKPOINT_RETRY_NS {
+        return Err(format!(
+            "its last checkpoint failed {:.1} s ago (tried again {} s after)",
+            since as f64 / 1e9,
+            CHECKPOINT_RETRY_NS / 1_000_000_000
+        ));
+    }
+    Ok(())
+}
+
 /// Locks and checkpoints this process. Err: why not (empty: the process
 /// failed, already said).
 fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
@@ -467,6 +497,7 @@ fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
     // nothing saved, and the driver failed it (run 19).
     STATE.store(SUSPENDING, Ordering::Release);
     if let Err(rc) = beating(Some(attach), checkpoint::checkpoint) {
+        CHECKPOINT_FAILED_NS.store(clock::monotonic_ns().max(1), Ordering::Relaxed);
         if checkpoint::state() == Some(checkpoint::FAILED) {
             fail(
                 h,
@@ -474,7 +505,19 @@ fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
             );
             return Err(String::new());
         }
-        let _ = checkpoint::unlock();
+        if let Err(unlock_rc) = checkpoint::unlock()
+            && checkpoint::state() != Some(checkpoint::RUNNING)
+        {
+            // Still locked, every CUDA call of the process would wait for
+            // good: they fail instead.
+            fail(
+                h,
+                format!(
+                    "the checkpoint failed ({rc}) and the process could not be unlocked ({unlock_rc})"
+                ),
+            );
+            return Err(String::new());
+        }
         return Err(format!("the checkpoint failed ({rc})"));
     }
     Ok(())

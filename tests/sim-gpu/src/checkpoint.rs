@@ -17,7 +17,9 @@
 //! Another process's pid gets CUDA_ERROR_NOT_SUPPORTED: the simulation
 //! models the self-driven case only. `SIM_GPU_CKPT_FAIL=restore` makes a
 //! restore fail for good (state FAILED), as an uncorrectable error would.
-//! `SIM_GPU_CKPT_MS` makes a checkpoint take that long (46.7 GiB took 25 s
+//! `SIM_GPU_CKPT_FAIL=checkpoint` makes a checkpoint fail (still locked),
+//! and `checkpoint-unlock` the unlock after it too, leaving the process
+//! locked for good. `SIM_GPU_CKPT_MS` makes a checkpoint take that long (46.7 GiB took 25 s
 //! on an H200, run 19), during which the other checkpoint calls fail at
 //! once, as the real driver's restore did (304).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -125,6 +127,9 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *mut c
         g = gate();
         g.state = LOCKED;
     }
+    if fails("checkpoint") {
+        return UNKNOWN;
+    }
     let mut l = local_ungated();
     let mut image = Vec::new();
     for (base, bytes) in &l.data {
@@ -188,6 +193,16 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, _args: *mut c_vo
     SUCCESS
 }
 
+/// Whether `SIM_GPU_CKPT_FAIL` asks this call to fail: `checkpoint` for
+/// the checkpoint, `checkpoint-unlock` for it and the unlock after it.
+fn fails(call: &str) -> bool {
+    let asked = std::env::var("SIM_GPU_CKPT_FAIL").unwrap_or_default();
+    match call {
+        "checkpoint" => asked == "checkpoint" || asked == "checkpoint-unlock",
+        _ => asked == call,
+    }
+}
+
 fn read_image(path: &std::path::Path) -> Option<Vec<(u64, Vec<u8>)>> {
     let mut raw = Vec::new();
     std::fs::File::open(path).ok()?.read_to_end(&mut raw).ok()?;
@@ -208,6 +223,9 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(pid: c_int, _args: *mut c_voi
     let mut g = gate();
     if g.state != LOCKED {
         return ILLEGAL_STATE;
+    }
+    if fails("checkpoint-unlock") {
+        return UNKNOWN;
     }
     g.state = RUNNING;
     OPEN.notify_all();
