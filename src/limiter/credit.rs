@@ -27,7 +27,9 @@ pub(super) struct DeviceTurns {
     pub(super) late: AtomicBool,
     /// Whether the last window judged had another's inside it.
     pub(super) nested: AtomicBool,
-    /// Whether the last window judged ran on from a clear start.
+    /// Whether the last window judged in full ran on from a clear start
+    /// (a window during which the turns moved, as the one after a move
+    /// mostly is, keeps it: `judge::Reason::Moved`).
     pub(super) ran_on: AtomicBool,
     /// Windows judged in a row whose probes all ran beside another
     /// context (`turns::next_streak`).

@@ -126,7 +126,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                     waited = true;
                     if matches!(admitted, Admit::NextWindow(_)) {
                         // The window's last steps are timed.
-                        probes::close_at_window_end(dev);
+                        probes::close_at_window_end(dev, entry.turns_in_force());
                     }
                 }
                 pause(ns, now);

@@ -3,7 +3,9 @@
 //! container learns whether its window opened while another context
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
-//! `turns::probe_ns`. A probe that the thread left (another stream or
+//! `turns::probe_ns`, or where the window's share is spent and the
+//! thread's next launch waits for the next window
+//! ([`close_at_window_end`]). A probe that the thread left (another stream or
 //! context, a later window, a pause of the host over 0.2 ms with its
 //! stream dry) is dropped: its timing would hold time that was not the
 //! GPU's. A pause spent waiting in a synchronisation is not one
@@ -273,9 +275,14 @@ pub fn after(token: Token, rc: CUresult) {
 /// open probe there, which the next window would drop. The steps at a window's end were in
 /// no probe: 0.1 ms steps at 30 % whose last six ran 15 ms into a 60 %
 /// container's window each period, 2.5 ms each, looked clear to every
-/// probe and never moved (p99 2.49 ms, H200, run 168). Kept open where
-/// the probe is another device's or context's.
-pub fn close_at_window_end(dev: EntryIndex) {
+/// probe and never moved (p99 2.49 ms, H200, run 168). `anchor`: the
+/// turns in force. Kept open where the probe is another device's or
+/// context's, or a stream capture is under way (no driver call then:
+/// `events.rs`); dropped where it is of another window.
+pub fn close_at_window_end(dev: EntryIndex, anchor: u64) {
+    if super::capturing() {
+        return;
+    }
     let Some(open) = OPEN.try_with(OpenProbe::take).ok().flatten() else {
         return;
     };
@@ -291,6 +298,11 @@ pub fn close_at_window_end(dev: EntryIndex) {
         return;
     }
     let now = clock::monotonic_ns();
+    if open.anchor != anchor || open.period != turns::period_start(anchor, now) {
+        // (Opened in an earlier window: it would time several periods.)
+        drop_open(open, generation);
+        return;
+    }
     let stream = open.stream as CUstream;
     // (As a launch that took it in: a pause of the host with the stream
     // dry is no time of the GPU's.)
