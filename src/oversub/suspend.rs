@@ -235,7 +235,12 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         .saturating_sub(super::mover::context_bytes(attach));
     let may_checkpoint =
         !shares && (busy || !super::backing::any() || rest >= super::mover::CHECKPOINT_FLOOR);
-    if may_checkpoint && let Err(why) = not_failed_lately() {
+    // (Only where the checkpoint is certain: one with VMM-backed blocks
+    // may make its room by moving them alone, and `suspend` asks again.)
+    if may_checkpoint
+        && !super::backing::any()
+        && let Err(why) = not_failed_lately()
+    {
         log::debug!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
         return true;
     }
@@ -505,11 +510,12 @@ fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
             );
             return Err(String::new());
         }
-        if let Err(unlock_rc) = checkpoint::unlock()
+        if let Err(unlock_rc) = checkpoint::unlock().or_else(|_| checkpoint::unlock())
             && checkpoint::state() != Some(checkpoint::RUNNING)
         {
-            // Still locked, every CUDA call of the process would wait for
-            // good: they fail instead.
+            // Still locked (tried twice), every later CUDA call of the
+            // process would wait for good: its hooked calls fail instead
+            // (one already inside the driver stays blocked).
             fail(
                 h,
                 format!(
