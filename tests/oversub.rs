@@ -340,7 +340,10 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
         suspended_at.is_some(),
         "never seen suspended; the board last read:\n{board}"
     );
-    assert!(oldest < 1500, "the slot's heartbeat aged {oldest} ms");
+    // (Neighbours take a slot for dead after 3 s; without the beat it
+    // aged 5.2 s. Under a loaded CI host the beating thread waited up to
+    // 1.7 s for a CPU.)
+    assert!(oldest < 2500, "the slot's heartbeat aged {oldest} ms");
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
     let a = finish_within(a, 60.0);

@@ -124,8 +124,9 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                 if !waited {
                     entry.count_wait();
                     waited = true;
-                    if matches!(admitted, Admit::NextWindow(_)) {
-                        // The window's last steps are timed.
+                    if matches!(admitted, Admit::NextWindow(_)) && !capturing() {
+                        // The window's last steps are timed (no driver
+                        // call while a capture is under way).
                         probes::close_at_window_end(dev, entry.turns_in_force());
                     }
                 }

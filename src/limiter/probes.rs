@@ -276,13 +276,11 @@ pub fn after(token: Token, rc: CUresult) {
 /// no probe: 0.1 ms steps at 30 % whose last six ran 15 ms into a 60 %
 /// container's window each period, 2.5 ms each, looked clear to every
 /// probe and never moved (p99 2.49 ms, H200, run 168). `anchor`: the
-/// turns in force. Kept open where the probe is another device's or
-/// context's, or a stream capture is under way (no driver call then:
-/// `events.rs`); dropped where it is of another window.
+/// turns in force. Not while a stream capture is under way (no driver
+/// call then, `events.rs`: the caller asks). Kept open where the probe
+/// is another device's or context's; dropped where it is of another
+/// window.
 pub fn close_at_window_end(dev: EntryIndex, anchor: u64) {
-    if super::capturing() {
-        return;
-    }
     let Some(open) = OPEN.try_with(OpenProbe::take).ok().flatten() else {
         return;
     };
