@@ -109,8 +109,7 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
-        let admitted = bucket::admit(entry, cost, lease, now);
-        match admitted {
+        match bucket::admit(entry, cost, lease, now) {
             Admit::Now(granted) => {
                 entry.add_admitted_ns(granted);
                 entry.add_held_ns(shape.held_ns(granted, cost));
@@ -120,15 +119,10 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                 credit.add(i64::try_from(granted.saturating_sub(cost)).unwrap_or(0));
                 return;
             }
-            Admit::Wait(ns) | Admit::NextWindow(ns) => {
+            Admit::Wait(ns) => {
                 if !waited {
                     entry.count_wait();
                     waited = true;
-                    if matches!(admitted, Admit::NextWindow(_)) && !capturing() {
-                        // The window's last steps are timed (no driver
-                        // call while a capture is under way).
-                        probes::close_at_window_end(dev, entry.turns_in_force());
-                    }
                 }
                 pause(ns, now);
                 now = clock::monotonic_ns();
