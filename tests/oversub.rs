@@ -219,19 +219,12 @@ fn a_call_during_a_long_checkpoint_waits_for_it_and_the_data_comes_back() {
     assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
 }
 
-#[test]
-fn a_checkpoint_that_fails_leaves_the_process_running_and_intact() {
-    let _serial = serial();
+/// A keeps 2 GiB, idle 8 s, its environment `env` (a checkpoint the
+/// simulated driver fails); b waits up to 3 s for 2 GiB beside it. A's
+/// run, which must end within 60 s, and the node.
+fn with_a_failing_checkpoint(env: &[(&str, &str)]) -> (Node, Run) {
     let node = Node::new();
-    let keep = keeper("8");
-    let a = node.spawn(
-        "a",
-        &[
-            ("SIM_GPU_CKPT_FAIL", "checkpoint"),
-            ("LIBCUDA_LOG_LEVEL", "4"),
-        ],
-        &args(&keep),
-    );
+    let a = node.spawn("a", env, &args(&keeper("8")));
     node.settle("a");
     let b = node.spawn(
         "b",
@@ -240,6 +233,16 @@ fn a_checkpoint_that_fails_leaves_the_process_running_and_intact() {
     );
     let _ = finish(b);
     let a = finish_within(a, 60.0);
+    (node, a)
+}
+
+#[test]
+fn a_checkpoint_that_fails_leaves_the_process_running_and_intact() {
+    let _serial = serial();
+    let (node, a) = with_a_failing_checkpoint(&[
+        ("SIM_GPU_CKPT_FAIL", "checkpoint"),
+        ("LIBCUDA_LOG_LEVEL", "4"),
+    ]);
     assert_intact(&a);
     assert!(
         a.stderr.contains("not suspended: the checkpoint failed ("),
@@ -270,21 +273,7 @@ fn a_checkpoint_that_fails_and_leaves_the_process_locked_fails_its_calls_rather_
     // The driver's lock outlives a failed checkpoint where the unlock
     // fails too: every call of the process would wait on it for good.
     let _serial = serial();
-    let node = Node::new();
-    let keep = keeper("8");
-    let a = node.spawn(
-        "a",
-        &[("SIM_GPU_CKPT_FAIL", "checkpoint-unlock")],
-        &args(&keep),
-    );
-    node.settle("a");
-    let b = node.spawn(
-        "b",
-        &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "3000")],
-        &["hold", "2147483648", "1"],
-    );
-    let _ = finish(b);
-    let a = finish_within(a, 60.0);
+    let (_node, a) = with_a_failing_checkpoint(&[("SIM_GPU_CKPT_FAIL", "checkpoint-unlock")]);
     assert!(
         a.stderr.contains("the checkpoint failed (")
             && a.stderr.contains("could not be unlocked ("),

@@ -39,6 +39,7 @@ mod arena;
 pub mod backing;
 mod blocked;
 mod checkpoint;
+mod checkpointing;
 mod claim;
 mod free_probe;
 mod handover;

@@ -16,7 +16,7 @@ use std::time::Instant;
 use vgpu_shm::board::ProcState;
 
 use super::blocked::Baseline;
-use super::checkpoint;
+use super::checkpointing::{self, a_child_reads_nvml, not_failed_lately};
 use super::handover::{BEAT, LAST_ACTIVE, SAVED, WAITING, beating};
 use super::policy::{Seen, card_to_free};
 use super::restore::{
@@ -30,9 +30,6 @@ use crate::attach::Attach;
 use crate::lock::{Listed, Lock, Name};
 use crate::log::fmt_bytes;
 use crate::{clock, process};
-
-/// How long the lock waits for calls in flight before giving up.
-const LOCK_TIMEOUT_MS: u32 = 1000;
 
 /// ACTIVITY as the watcher last saw it (when it changed: `LAST_ACTIVE`).
 static SEEN_ACTIVITY: AtomicU64 = AtomicU64::new(0);
@@ -254,38 +251,6 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
     !(s.test_watcher_stop && STATE.load(Ordering::Acquire) == SUSPENDED)
 }
 
-/// Whether a child process reads NVML's free memory on `card` (what a
-/// checkpointed restore needs): one child at most every 10 s where none
-/// answers; one that answered stands for 60 s. Says why not, once.
-fn a_child_reads_nvml(attach: &Attach, card: &[u8; 16]) -> bool {
-    static FRESH_FAILED: AtomicU64 = AtomicU64::new(0);
-    static FRESH_OK: AtomicU64 = AtomicU64::new(0);
-    let now = clock::monotonic_ns();
-    let failed = FRESH_FAILED.load(Ordering::Relaxed);
-    let ok = FRESH_OK.load(Ordering::Relaxed);
-    if ok != 0 && now.saturating_sub(ok) < 60_000_000_000 {
-        return true;
-    }
-    if (failed != 0 && now.saturating_sub(failed) < 10_000_000_000)
-        || beating(Some(attach), || {
-            crate::nvml::fresh::free_memory(card, crate::nvml::fresh::ANSWER_WAIT)
-        })
-        .is_none()
-    {
-        if failed == 0 || now.saturating_sub(failed) >= 10_000_000_000 {
-            FRESH_FAILED.store(now.max(1), Ordering::Relaxed);
-        }
-        crate::warn_once!(
-            "CUDA_OVERSUBSCRIBE: a child process could not read NVML's free memory on {} within {} s, which a restore needs: this process is not suspended (asked again in 10 s)",
-            vgpu_shm::format_uuid(card),
-            crate::nvml::fresh::ANSWER_WAIT.as_secs()
-        );
-        return false;
-    }
-    FRESH_OK.store(now.max(1), Ordering::Relaxed);
-    true
-}
-
 /// Suspends this process to make room on `card`; `busy`: at its turn's
 /// end, not idle; `wanted`: what the waiters there want.
 fn suspend(
@@ -459,74 +424,16 @@ fn suspend(
     }
 }
 
-/// When this process's last checkpoint failed (0: none has).
-static CHECKPOINT_FAILED_NS: AtomicU64 = AtomicU64::new(0);
-/// How long after a failed checkpoint the process is not checkpointed
-/// again: each try locks its calls, and a checkpoint that fails every
-/// time was tried 66 times in 3 s beside one waiting allocation on the
-/// simulated GPU.
-const CHECKPOINT_RETRY_NS: u64 = 10_000_000_000;
-
-/// Err where this process's last checkpoint failed less than
-/// [`CHECKPOINT_RETRY_NS`] ago.
-fn not_failed_lately() -> Result<(), String> {
-    let failed = CHECKPOINT_FAILED_NS.load(Ordering::Relaxed);
-    let since = clock::monotonic_ns().saturating_sub(failed);
-    if failed != 0 && since < CHECKPOINT_RETRY_NS {
-        return Err(format!(
-            "its last checkpoint failed {:.1} s ago (tried again {} s after)",
-            since as f64 / 1e9,
-            CHECKPOINT_RETRY_NS / 1_000_000_000
-        ));
-    }
-    Ok(())
-}
-
-/// Locks and checkpoints this process. Err: why not (empty: the process
-/// failed, already said).
+/// Locks and checkpoints this process, the threads as they are while
+/// idle noted first: one that moves into the driver from now on waits on
+/// the lock (blocked.rs). Err: why not (empty: the process failed,
+/// already said).
 fn checkpointed(attach: &Attach, h: &Here) -> Result<(), String> {
-    // The threads as they are while idle: one that moves into the driver
-    // from now on waits on the lock (blocked.rs).
     let driver = crate::cuda::real::slot::cuInit
         .get()
         .map(|f| f.as_ptr() as u64);
     *BASELINE.lock() = Some(Baseline::take(driver));
-    if let Err(rc) = checkpoint::lock(LOCK_TIMEOUT_MS) {
-        return Err(format!(
-            "the lock was not taken within {LOCK_TIMEOUT_MS} ms ({rc})"
-        ));
-    }
-    // Not SUSPENDED before the checkpoint is done and SAVED says what to
-    // restore: a caller that took the watcher's silence during a 25 s
-    // checkpoint for its death restored a half-checkpointed process with
-    // nothing saved, and the driver failed it (run 19).
-    STATE.store(SUSPENDING, Ordering::Release);
-    if let Err(rc) = beating(Some(attach), checkpoint::checkpoint) {
-        CHECKPOINT_FAILED_NS.store(clock::monotonic_ns().max(1), Ordering::Relaxed);
-        if checkpoint::state() == Some(checkpoint::FAILED) {
-            fail(
-                h,
-                format!("the checkpoint failed ({rc}) and the driver marks the process failed"),
-            );
-            return Err(String::new());
-        }
-        if let Err(unlock_rc) = checkpoint::unlock().or_else(|_| checkpoint::unlock())
-            && checkpoint::state() != Some(checkpoint::RUNNING)
-        {
-            // Still locked (tried twice), every later CUDA call of the
-            // process would wait for good: its hooked calls fail instead
-            // (one already inside the driver stays blocked).
-            fail(
-                h,
-                format!(
-                    "the checkpoint failed ({rc}) and the process could not be unlocked ({unlock_rc})"
-                ),
-            );
-            return Err(String::new());
-        }
-        return Err(format!("the checkpoint failed ({rc})"));
-    }
-    Ok(())
+    checkpointing::lock_and_checkpoint(attach, h)
 }
 
 #[cfg(test)]
