@@ -54,6 +54,9 @@ pub enum Admit {
     Now(u64),
     /// Try again after this many nanoseconds.
     Wait(u64),
+    /// In turns, the window's share is spent: try again after this many
+    /// nanoseconds, in the next window.
+    NextWindow(u64),
 }
 
 /// Wall-clock nanoseconds of the device's schedule that `cost_ns` of GPU
@@ -171,7 +174,7 @@ fn admit_in_turns(
             // Not before the next period: with a cut, `end` comes before
             // the period's end, and the schedule may stand between them.
             let open = turns::next_open(anchor, from).max(start + period);
-            return Err(Admit::Wait(open.saturating_sub(now).max(1)));
+            return Err(Admit::NextWindow(open.saturating_sub(now).max(1)));
         }
         let left = gpu_ns(end - from, percent, scale);
         let granted = lease_ns.min(left).max(least_ns);
@@ -232,7 +235,7 @@ mod tests {
                         now += cost; // one stream: the next launch follows it
                     }
                 }
-                Admit::Wait(ns) => now += ns,
+                Admit::Wait(ns) | Admit::NextWindow(ns) => now += ns,
             }
         }
         (gpu as f64 / (secs * 1_000_000_000) as f64, went)
@@ -265,7 +268,7 @@ mod tests {
                             credit += granted - cost;
                             break;
                         }
-                        Admit::Wait(ns) => now += ns + slack,
+                        Admit::Wait(ns) | Admit::NextWindow(ns) => now += ns + slack,
                     }
                 }
             }
@@ -358,7 +361,7 @@ mod tests {
         d.tat_ns.store(now + 3_600_000_000_000, Ordering::Relaxed);
         match admit(d, 100_000, 100_000, now) {
             Admit::Wait(ns) => assert!(ns <= MAX_AHEAD_NS, "waits {ns} ns"),
-            Admit::Now(_) => panic!("a full bucket admitted"),
+            other => panic!("a full bucket alone answered {other:?}"),
         }
         assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + MAX_AHEAD_NS);
         d.tat_ns.store(u64::MAX, Ordering::Relaxed);
@@ -376,7 +379,7 @@ mod tests {
                     gpu += cost;
                     now += span;
                 }
-                Admit::Wait(ns) => return (gpu, now, Some(ns)),
+                Admit::Wait(ns) | Admit::NextWindow(ns) => return (gpu, now, Some(ns)),
             }
         }
         (gpu, now, None)
@@ -422,6 +425,19 @@ mod tests {
         assert!(
             (share..share + 1_000_000).contains(&gpu),
             "{gpu} ns for a share of {share}"
+        );
+        // The window's end says so (its last probe closes there), with the
+        // wait to the next window's start.
+        assert_eq!(
+            admit(d, 1_000_000, 2_000_000, now),
+            Admit::NextWindow(start + turns::PERIOD_NS - now)
+        );
+        // Alone, the same bucket paces: its waits are no window's end.
+        d.note_alone(true, now);
+        assert!(
+            matches!(admit(d, 1_000_000, 2_000_000, now), Admit::Wait(_)),
+            "{:?}",
+            admit(d, 1_000_000, 2_000_000, now)
         );
         // A launch that costs more than is left still goes whole, and the
         // schedule runs past the window's end by what it took.

@@ -43,6 +43,10 @@ pub struct Window<'a> {
     /// inside this one's, and one that ran on moves earlier by what it
     /// lost at once.
     pub beside_rest: bool,
+    /// The container has a limit, and a busy one with a limit is on the
+    /// board beside it (the leader's word, `limited_beside_ns`): only then
+    /// does a whole window inside this one move it past.
+    pub beside_limited: bool,
     /// Picks the factor of a move later (`turns::verdict`).
     pub random: u64,
 }
@@ -144,14 +148,20 @@ pub fn judge(w: &Window) -> Verdict {
         let most = turns::period_ns() / 10;
         v.step = Some(Move::Earlier(lost.clamp(turns::min_move_ns(), most)));
     }
-    if v.step.is_none() && w.beside_rest {
+    if v.step.is_none() {
         // Another window inside this one, twice in a row (the other
         // container had a window to move out itself, as the one that
-        // opened late): this one moves past it. Only beside rests alone,
-        // whose deep queues hide this window from their probes: beside a
-        // limited neighbour too, windows judge as before (10 + 20 + 30 +
-        // 40 settle as they are).
-        let nested = turns::nested_until_ns(w.probes);
+        // opened late): this one moves past it. Beside rests alone, whose
+        // deep queues hide this window from their probes, at a few ms
+        // lost; beside a limited neighbour, only at a whole window's worth
+        // (`turns::NESTED_BESIDE_LIMITED_PCT`), so that 10 + 20 + 30 + 40
+        // settle as they are.
+        let least = match (w.beside_rest, w.beside_limited) {
+            (true, _) => Some(turns::min_lead_ns()),
+            (false, true) => Some(turns::period_ns() / 100 * turns::NESTED_BESIDE_LIMITED_PCT),
+            (false, false) => None,
+        };
+        let nested = least.and_then(|least| turns::nested_until_ns(w.probes, least));
         v.nested = nested.is_some() && !w.nested;
         v.step = nested
             .filter(|_| w.nested)
@@ -186,6 +196,7 @@ mod tests {
             nested: false,
             ran_on: false,
             beside_rest: true,
+            beside_limited: false,
             random: 0,
         }
     }
@@ -257,15 +268,62 @@ mod tests {
             ..again
         };
         assert!(!judge(&alone).ran_on);
-        // Beside limited neighbours only, nothing new.
+        // Beside limited neighbours only, 24 ms lost is no whole window:
+        // nothing new.
+        let less = [clean(3), clean(3), shared(3, 20), shared(3, 4), clean(3)];
         let limited = Window {
             nested: true,
             beside_rest: false,
-            ..window(&probes)
+            beside_limited: true,
+            ..window(&less)
         };
         assert_eq!(
             (judge(&limited).step, judge(&limited).nested),
             (None, false)
+        );
+    }
+
+    #[test]
+    fn a_limited_neighbour_s_whole_window_inside_this_one_twice_moves_it_past() {
+        // 0.1 ms steps at 30 % beside a 60 % container: seven clear
+        // probes, then one that crawled through the other's window, then
+        // the window's clear tail (H200, run 171).
+        let probes = [
+            clean(3),
+            clean(3),
+            clean(3),
+            clean(3),
+            clean(3),
+            clean(3),
+            clean(3),
+            shared(3, 58),
+            clean(1),
+        ];
+        let limited = Window {
+            beside_rest: false,
+            beside_limited: true,
+            ..window(&probes)
+        };
+        let first = judge(&limited);
+        assert_eq!(first.step, None);
+        assert!(first.nested);
+        // Beside a process off the board (without vgpu), or as a rest,
+        // nothing new.
+        let unseen = Window {
+            nested: true,
+            beside_limited: false,
+            ..limited
+        };
+        assert_eq!((judge(&unseen).step, judge(&unseen).nested), (None, false));
+        let again = judge(&Window {
+            nested: true,
+            ..limited
+        });
+        assert_eq!(
+            again.step,
+            Some(Move::Later(
+                turns::max_move_ns().min(7 * 3_100_000 + 61 * MS)
+            ))
         );
     }
 

@@ -109,7 +109,8 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     // (Not intact only when even a private copy failed: the launch goes.)
     while attach.intact() {
         let entry = attach.region.device(dev);
-        match bucket::admit(entry, cost, lease, now) {
+        let admitted = bucket::admit(entry, cost, lease, now);
+        match admitted {
             Admit::Now(granted) => {
                 entry.add_admitted_ns(granted);
                 entry.add_held_ns(shape.held_ns(granted, cost));
@@ -119,10 +120,23 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
                 credit.add(i64::try_from(granted.saturating_sub(cost)).unwrap_or(0));
                 return;
             }
-            Admit::Wait(ns) => {
+            Admit::Wait(ns) | Admit::NextWindow(ns) => {
                 if !waited {
                     entry.count_wait();
                     waited = true;
+                    if matches!(admitted, Admit::NextWindow(_))
+                        && entry.limited_beside(now)
+                        && !capturing()
+                    {
+                        // The window's last steps are timed (no driver
+                        // call while a capture is under way). Only beside
+                        // a container that takes turns: beside one that
+                        // takes none every tail reads lost, and a 30 %
+                        // container of long kernels beside a process
+                        // without vgpu moved and fell to 0.20-0.25 of
+                        // solo (simulated GPU, 9d77219).
+                        probes::close_at_window_end(dev, entry.turns_in_force());
+                    }
                 }
                 pause(ns, now);
                 now = clock::monotonic_ns();

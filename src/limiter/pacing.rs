@@ -421,6 +421,8 @@ impl Pacing {
         self.beside_rest = others.resting > 0;
         // (Beside a limited one too, the windows judge as they did.)
         entry.note_rest_beside(self.beside_rest && others.count == others.resting, now);
+        // (A rest yields to the limited ones: it looks for nothing more.)
+        entry.note_limited_beside(!claim.rest && others.count > others.resting, now);
         if let Err(e) = published {
             if !std::mem::replace(&mut self.full, true) {
                 log::warn!("SM board: {e}: turns beside other containers");

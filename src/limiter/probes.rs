@@ -3,7 +3,9 @@
 //! container learns whether its window opened while another context
 //! still ran. A probe opens at a limited launch, takes in the launches
 //! after it on the same stream and context, and closes once they cost
-//! `turns::probe_ns`. A probe that the thread left (another stream or
+//! `turns::probe_ns`, or, beside a limited neighbour, where the window's
+//! share is spent and the thread's next launch waits for the next window
+//! ([`close_at_window_end`]). A probe that the thread left (another stream or
 //! context, a later window, a pause of the host over 0.2 ms with its
 //! stream dry) is dropped: its timing would hold time that was not the
 //! GPU's. A pause spent waiting in a synchronisation is not one
@@ -268,6 +270,72 @@ pub fn after(token: Token, rc: CUresult) {
     }
 }
 
+/// Where a limited launch on device entry `dev` in turns must wait for
+/// the next window (`bucket::Admit::NextWindow`): closes the thread's
+/// open probe there, which the next window would drop. The steps at a
+/// window's end were in no probe: 0.1 ms steps at 30 % whose last six ran
+/// 15 ms into a 60 % container's window each period, 2.5 ms each, looked
+/// clear to every probe and never moved (p99 2.49 ms, H200, run 168).
+/// The caller asks only beside a limited neighbour (`limited_beside`):
+/// beside a process that takes no turns every tail reads lost. `anchor`: the
+/// turns in force. Not while a stream capture is under way (no driver
+/// call then, `events.rs`: the caller asks). Kept open where the probe
+/// is another device's or context's; dropped where it is of another
+/// window.
+pub fn close_at_window_end(dev: EntryIndex, anchor: u64) {
+    let Some(open) = OPEN.try_with(OpenProbe::take).ok().flatten() else {
+        return;
+    };
+    let generation = GENERATION.load(Ordering::Relaxed);
+    if open.generation != generation || open.epoch != EPOCH.load(Ordering::Acquire) {
+        return; // its events may be gone
+    }
+    let ctx = driver::current_context().map(|c| c as usize);
+    if open.dev != dev || ctx != Some(open.ctx) {
+        if OPEN.try_with(|o| o.set(Some(open))).is_err() {
+            drop_open(open, generation);
+        }
+        return;
+    }
+    let now = clock::monotonic_ns();
+    if open.anchor != anchor || open.period != turns::period_start(anchor, now) {
+        // (Opened in an earlier window: it would time several periods.)
+        log::trace!("turns: the window's last probe opened in an earlier window");
+        drop_open(open, generation);
+        return;
+    }
+    let stream = open.stream as CUstream;
+    // (As a launch that took it in: a pause of the host with the stream
+    // dry is no time of the GPU's.)
+    let timed = now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
+        || super::synced::waited_for_the_gpu(open.last_ns, open.ctx, stream, now)
+        || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY;
+    if !timed {
+        log::trace!("turns: the window's last probe is not timed (the host paused)");
+        drop_open(open, generation);
+        return;
+    }
+    log::trace!(
+        "turns: the window's last probe closes at its end ({:.2} ms of launches over {:.2} ms)",
+        open.cost_ns as f64 / 1e6,
+        now.saturating_sub(open.opened_ns) as f64 / 1e6
+    );
+    let open = Open {
+        dry_ns: open.dry_ns.saturating_add(super::synced::dry_since(
+            open.last_ns,
+            open.ctx,
+            stream,
+            now,
+        )),
+        ..open
+    };
+    if real::cuEventRecord(open.end as CUevent, stream).is_ok() {
+        PROBES.lock().0.push(Pending { open });
+    } else {
+        events::give_back(open.ctx, &[open.start, open.end]);
+    }
+}
+
 /// Gives a probe's events back, unless they may be gone (a fork, or a
 /// context destroyed since it opened).
 fn drop_open(open: Open, generation: u32) {
@@ -392,6 +460,7 @@ fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[
         nested: mine.nested.load(Ordering::Relaxed),
         ran_on: mine.ran_on.load(Ordering::Relaxed),
         beside_rest: entry.rest_beside(now),
+        beside_limited: entry.limited_beside(now),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
     let v = judge::judge(&w);

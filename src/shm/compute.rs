@@ -177,6 +177,19 @@ impl DeviceEntry {
         recent(&self.rest_beside_ns, now, TURN_PACED_NS)
     }
 
+    /// Notes what the leader found at `now`: a busy container with an SM
+    /// limit beside this one, itself limited, on the device (`beside`), or
+    /// not.
+    pub fn note_limited_beside(&self, beside: bool, now: u64) {
+        stamp(&self.limited_beside_ns, beside, now);
+    }
+
+    /// Whether the leader found a busy container with an SM limit beside
+    /// this one in the [`TURN_PACED_NS`] before `now`.
+    pub fn limited_beside(&self, now: u64) -> bool {
+        recent(&self.limited_beside_ns, now, TURN_PACED_NS)
+    }
+
     /// Synchronisations made under an SM limit, ever.
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)

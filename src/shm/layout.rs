@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 7;
+pub const VERSION_MINOR: u32 = 8;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -189,8 +189,14 @@ pub struct DeviceEntry {
     /// the rest's as its queue hides them from it (the library's
     /// `limiter/judge.rs`).
     pub rest_beside_ns: AtomicU64,
+    /// When the device's leader last found, on the node's SM board, a busy
+    /// container with an SM limit beside this one, itself limited: both
+    /// take turns (CLOCK_MONOTONIC ns, 0: not; 2.8). While it is recent
+    /// ([`TURN_PACED_NS`]), the steps at the end of the container's
+    /// windows are timed (the library's `limiter/probes.rs`).
+    pub limited_beside_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 2],
+    pub _reserved: [AtomicU64; 1],
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -343,6 +349,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, rest_percent) == 216);
     assert!(offset_of!(DeviceEntry, syncs) == 224);
     assert!(offset_of!(DeviceEntry, rest_beside_ns) == 232);
+    assert!(offset_of!(DeviceEntry, limited_beside_ns) == 240);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);
