@@ -39,8 +39,9 @@ pub struct Window<'a> {
     /// (`turns::ran_on_from_a_clear_start`).
     pub ran_on: bool,
     /// Every other busy container on the device takes the rest (the
-    /// leader's word, `rest_beside_ns`): only then are windows looked for
-    /// inside this one's, and one that ran on moves earlier by what it
+    /// leader's word, `rest_beside_ns`): windows are looked for inside
+    /// this one's at a few ms lost (beside a limited one, `beside_limited`,
+    /// at a whole window's), and one that ran on moves earlier by what it
     /// lost at once.
     pub beside_rest: bool,
     /// The container has a limit, and a busy one with a limit is on the

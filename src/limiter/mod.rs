@@ -41,6 +41,7 @@ pub mod rest;
 pub mod room;
 pub mod synced;
 pub mod turns;
+pub mod verdicts;
 
 use std::time::Duration;
 

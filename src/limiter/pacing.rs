@@ -419,7 +419,7 @@ impl Pacing {
         };
         let others = board.others(now);
         self.beside_rest = others.resting > 0;
-        // (Beside a limited one too, the windows judge as they did.)
+        // (Beside a limited one the windows judge by `limited_beside`.)
         entry.note_rest_beside(self.beside_rest && others.count == others.resting, now);
         // (A rest yields to the limited ones: it looks for nothing more.)
         entry.note_limited_beside(!claim.rest && others.count > others.resting, now);

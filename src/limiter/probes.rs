@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use vgpu_shm::EntryIndex;
 
 use super::events;
-use super::judge;
 use super::turns::{self, Probe};
+use super::verdicts;
 use crate::attach::Attach;
 use crate::clock;
 use crate::cuda::sys::*;
@@ -202,7 +202,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             && open.period == period
             && open.ctx == ctx
             && open.stream == stream as usize
-            && (now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
+            && (now.saturating_sub(open.last_ns) <= super::synced::HOST_PAUSE_NS
                 || super::synced::waited_for_the_gpu(open.last_ns, ctx, stream, now)
                 || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY);
         if same {
@@ -307,7 +307,7 @@ pub fn close_at_window_end(dev: EntryIndex, anchor: u64) {
     let stream = open.stream as CUstream;
     // (As a launch that took it in: a pause of the host with the stream
     // dry is no time of the GPU's.)
-    let timed = now.saturating_sub(open.last_ns) <= turns::HOST_PAUSE_NS
+    let timed = now.saturating_sub(open.last_ns) <= super::synced::HOST_PAUSE_NS
         || super::synced::waited_for_the_gpu(open.last_ns, open.ctx, stream, now)
         || real::cuStreamQuery(stream) == CUresult::ERROR_NOT_READY;
     if !timed {
@@ -387,7 +387,7 @@ fn poll(attach: &Attach, now: u64) {
         ready_windows(&mut probes, now)
     };
     for (dev, anchor, period, timings) in windows {
-        judge(attach, dev, anchor, period, &timings, now);
+        verdicts::carry_out(attach, dev, anchor, period, &timings, now);
     }
 }
 
@@ -425,102 +425,6 @@ fn ready_windows(
             (dev, anchor, period, timings)
         })
         .collect()
-}
-
-/// Judges the window that began at `period` (`judge::judge`) and carries
-/// the verdict out: the fill it measured, the covered streak, what the
-/// container leaves unspent and whether its turns move.
-fn judge(attach: &Attach, dev: EntryIndex, anchor: u64, period: u64, timings: &[Probe], now: u64) {
-    let entry = attach.region.device(dev);
-    let mine = &process::device(dev).limiter.turns;
-    if mine.judged.fetch_max(period, Ordering::Relaxed) >= period {
-        return; // judged already, or a later window was
-    }
-    let w = judge::Window {
-        anchor,
-        period,
-        probes: timings,
-        anchor_now: entry.turn_anchor(),
-        moved_ns: entry.turn_moved_ns(),
-        // Paced side by side, the windows hold nothing of the container's
-        // (it runs beside the others all the time): judged as alone, they
-        // measure the fill and build no covered streak, cut and move,
-        // which would outlast the pacing (two 50 % containers that began
-        // paced, a second before each saw the other on the board, then
-        // took each other for neighbours that take no turns, and
-        // time-sliced at 0.454 each on a loaded CI host).
-        alone: entry.alone(now) || super::pacing::paces_beside_others(entry, now),
-        shared: entry.turn_shared(now),
-        fill_milli: entry.turn_fill_milli(),
-        cut_ns: entry.turn_cut_ns(),
-        percent: entry.sm_percent(),
-        rate_scale_milli: entry.rate_scale_milli(),
-        covered: mine.covered.load(Ordering::Relaxed),
-        late: mine.late.load(Ordering::Relaxed),
-        nested: mine.nested.load(Ordering::Relaxed),
-        ran_on: mine.ran_on.load(Ordering::Relaxed),
-        beside_rest: entry.rest_beside(now),
-        beside_limited: entry.limited_beside(now),
-        random: now ^ u64::from(std::process::id()).rotate_left(17),
-    };
-    let v = judge::judge(&w);
-    if let Some(window) = v.window_fill {
-        entry.set_turn_fill_milli(v.fill_milli);
-        if v.fill_milli.abs_diff(w.fill_milli) >= 20 {
-            log::debug!(
-                "turns: fill {:.3} (this window {:.3}, {} probes)",
-                v.fill_milli as f64 / 1000.0,
-                window as f64 / 1000.0,
-                timings.len()
-            );
-        }
-    }
-    if v.note_shared {
-        entry.note_turn_shared(now);
-    }
-    mine.covered.store(v.covered, Ordering::Relaxed);
-    mine.late.store(v.late, Ordering::Relaxed);
-    mine.nested.store(v.nested, Ordering::Relaxed);
-    mine.ran_on.store(v.ran_on, Ordering::Relaxed);
-    if v.cut_ns != w.cut_ns {
-        if v.reason == judge::Reason::Judged {
-            log::debug!(
-                "turns: leaving {:.1} ms of each share unspent",
-                v.cut_ns as f64 / 1e6
-            );
-        }
-        entry.set_turn_cut_ns(v.cut_ns);
-    }
-    let step = match (v.reason, v.step) {
-        (judge::Reason::Alone, _) => {
-            log::trace!("turns: window at {period} alone on the device ({timings:?})");
-            return;
-        }
-        (judge::Reason::Moved, _) => {
-            log::trace!("turns: window at {period} began before the turns moved ({timings:?})");
-            return;
-        }
-        (judge::Reason::Judged, None) => {
-            log::trace!("turns: window at {period} stays ({timings:?})");
-            return;
-        }
-        (judge::Reason::Judged, Some(step)) => {
-            log::trace!("turns: window at {period} moves ({timings:?})");
-            step
-        }
-    };
-    let (to, how) = match step {
-        turns::Move::Later(ns) => (anchor.saturating_add(ns), "later"),
-        turns::Move::Earlier(ns) => (anchor.saturating_sub(ns), "earlier"),
-    };
-    if entry.move_turn(anchor, to, now) {
-        log::debug!(
-            "turns: the window met another context ({} of {} probes); moved {:.1} ms {how}",
-            timings.iter().filter(|p| p.beside_another()).count(),
-            timings.len(),
-            anchor.abs_diff(to) as f64 / 1e6
-        );
-    }
 }
 
 /// Context `ctx` was destroyed: its probes went with it. (Those other

@@ -7,7 +7,6 @@
 
 use std::cell::Cell;
 
-use super::turns;
 use crate::clock;
 use crate::cuda::driver;
 use crate::cuda::sys::*;
@@ -87,11 +86,10 @@ pub fn synchronise(
 
 /// Whether the thread spent the pause from its last launch on `stream`
 /// of context `ctx` (`last_ns`) to `now` waiting for the GPU, in a
-/// synchronisation that covers `stream` (`turns::waited_for_the_gpu`).
+/// synchronisation that covers `stream` ([`pause_was_a_wait`]).
 pub(super) fn waited_for_the_gpu(last_ns: u64, ctx: usize, stream: CUstream, now: u64) -> bool {
     SYNCED.with(Cell::get).is_some_and(|s| {
-        s.covers(ctx, stream)
-            && turns::waited_for_the_gpu(last_ns, s.entered_ns, s.returned_ns, now)
+        s.covers(ctx, stream) && pause_was_a_wait(last_ns, s.entered_ns, s.returned_ns, now)
     })
 }
 
@@ -112,6 +110,121 @@ impl Synced {
 pub(super) fn dry_since(last_ns: u64, ctx: usize, stream: CUstream, now: u64) -> u64 {
     SYNCED.with(Cell::get).map_or(0, |s| {
         let covers = s.drained && s.covers(ctx, stream);
-        turns::dry_ns(last_ns, s.entered_ns, s.returned_ns, now, covers)
+        dry_ns(last_ns, s.entered_ns, s.returned_ns, now, covers)
     })
+}
+
+/// A pause of the host longer than this between two launches of a probe
+/// may have left the GPU idle in it ([`pause_was_a_wait`]).
+pub const HOST_PAUSE_NS: u64 = 200_000;
+
+/// Whether a pause since a probe's last launch (`last_launch_ns`) to
+/// `now` was spent waiting for the GPU: a synchronisation that covers the
+/// probe's stream was entered within [`HOST_PAUSE_NS`] of that launch
+/// (`entered_ns`) and returned within as long before `now`
+/// (`returned_ns`). The GPU then ran the probe's work until about the
+/// return, so the pause held no idle GPU time to speak of; host work
+/// before the synchronisation (which may have left the GPU idle) fails
+/// the first test. A loop that synchronises every ten 0.05 ms kernels
+/// pauses 0.45 ms at each, with its stream dry when it launches again:
+/// without this, none of its probes ever closed, and its windows never
+/// found their turns (docs/benchmarks.md, runs 47-49).
+pub fn pause_was_a_wait(last_launch_ns: u64, entered_ns: u64, returned_ns: u64, now: u64) -> bool {
+    entered_ns >= last_launch_ns
+        && entered_ns - last_launch_ns <= HOST_PAUSE_NS
+        && returned_ns >= entered_ns
+        && now >= returned_ns
+        && now - returned_ns <= HOST_PAUSE_NS
+}
+/// The time a probe's stream stood dry before a launch at `now`
+/// (`synced::dry_since`): since the return (`returned_ns`) of a
+/// synchronisation that `covers` the stream and was entered
+/// (`entered_ns`) after the probe's last launch (`last_launch_ns`). It
+/// ran the probe's work to the end, so from its return to `now` the GPU
+/// had none of it; at most [`HOST_PAUSE_NS`], as long as the other ways
+/// a probe stays open allow (one kept open because its stream had work
+/// again, another thread's or a copy's, was not dry all that time). 0 for
+/// any other.
+pub fn dry_ns(
+    last_launch_ns: u64,
+    entered_ns: u64,
+    returned_ns: u64,
+    now: u64,
+    covers: bool,
+) -> u64 {
+    if covers && entered_ns >= last_launch_ns && returned_ns >= entered_ns {
+        now.saturating_sub(returned_ns).min(HOST_PAUSE_NS)
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_synchronisation_after_the_last_launch_leaves_the_stream_dry() {
+        // Launched at 100, synchronised from 110 to 180, launched at 200.
+        assert_eq!(dry_ns(100, 110, 180, 200, true), 20);
+        // One that did not cover the stream, or began before the launch.
+        assert_eq!(dry_ns(100, 110, 180, 200, false), 0);
+        assert_eq!(dry_ns(100, 90, 180, 200, true), 0);
+        // A probe kept open by its stream's new work counts no more dry
+        // time than a pause that keeps it open otherwise.
+        assert_eq!(dry_ns(100, 110, 180, 900_000, true), HOST_PAUSE_NS);
+        // Clocks out of order count nothing.
+        assert_eq!(dry_ns(100, 110, 100, 200, true), 0);
+        assert_eq!(dry_ns(100, 110, 250, 200, true), 0);
+    }
+
+    #[test]
+    fn a_pause_counts_as_waiting_only_when_the_host_went_straight_into_a_synchronisation() {
+        let us = 1_000u64;
+        let last = 1_000_000_000;
+        // Ten 0.05 ms kernels: in the synchronisation 20 us after the last
+        // launch, out 450 us later, launching again 60 us after that.
+        assert!(pause_was_a_wait(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 530 * us
+        ));
+        // 1 ms of host work first, then a synchronisation that returned at
+        // once: the GPU may have idled for most of that millisecond.
+        let entered = last + 1_000 * us;
+        assert!(!pause_was_a_wait(
+            last,
+            entered,
+            entered + 5 * us,
+            entered + 20 * us
+        ));
+        // Host work after the synchronisation returned.
+        assert!(!pause_was_a_wait(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 900 * us
+        ));
+        // A synchronisation from before the last launch says nothing.
+        assert!(!pause_was_a_wait(
+            last,
+            last - 10 * us,
+            last - 5 * us,
+            last + 100 * us
+        ));
+        // Out of order clocks (another thread's values) do not wrap.
+        assert!(!pause_was_a_wait(
+            last,
+            last + 20 * us,
+            last + 10 * us,
+            last + 30 * us
+        ));
+        assert!(!pause_was_a_wait(
+            last,
+            last + 20 * us,
+            last + 470 * us,
+            last + 400 * us
+        ));
+    }
 }

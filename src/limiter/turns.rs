@@ -172,56 +172,6 @@ pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
 /// windows run into the next one's: a quarter.
 pub const MAX_CUT_PCT: u64 = 25;
 
-/// A pause of the host longer than this between two launches of a probe
-/// may have left the GPU idle in it ([`waited_for_the_gpu`]).
-pub const HOST_PAUSE_NS: u64 = 200_000;
-
-/// Whether a pause since a probe's last launch (`last_launch_ns`) to
-/// `now` was spent waiting for the GPU: a synchronisation that covers the
-/// probe's stream was entered within [`HOST_PAUSE_NS`] of that launch
-/// (`entered_ns`) and returned within as long before `now`
-/// (`returned_ns`). The GPU then ran the probe's work until about the
-/// return, so the pause held no idle GPU time to speak of; host work
-/// before the synchronisation (which may have left the GPU idle) fails
-/// the first test. A loop that synchronises every ten 0.05 ms kernels
-/// pauses 0.45 ms at each, with its stream dry when it launches again:
-/// without this, none of its probes ever closed, and its windows never
-/// found their turns (docs/benchmarks.md, runs 47-49).
-pub fn waited_for_the_gpu(
-    last_launch_ns: u64,
-    entered_ns: u64,
-    returned_ns: u64,
-    now: u64,
-) -> bool {
-    entered_ns >= last_launch_ns
-        && entered_ns - last_launch_ns <= HOST_PAUSE_NS
-        && returned_ns >= entered_ns
-        && now >= returned_ns
-        && now - returned_ns <= HOST_PAUSE_NS
-}
-/// The time a probe's stream stood dry before a launch at `now`
-/// (`synced::dry_since`): since the return (`returned_ns`) of a
-/// synchronisation that `covers` the stream and was entered
-/// (`entered_ns`) after the probe's last launch (`last_launch_ns`). It
-/// ran the probe's work to the end, so from its return to `now` the GPU
-/// had none of it; at most [`HOST_PAUSE_NS`], as long as the other ways
-/// a probe stays open allow (one kept open because its stream had work
-/// again, another thread's or a copy's, was not dry all that time). 0 for
-/// any other.
-pub fn dry_ns(
-    last_launch_ns: u64,
-    entered_ns: u64,
-    returned_ns: u64,
-    now: u64,
-    covers: bool,
-) -> u64 {
-    if covers && entered_ns >= last_launch_ns && returned_ns >= entered_ns {
-        now.saturating_sub(returned_ns).min(HOST_PAUSE_NS)
-    } else {
-        0
-    }
-}
-
 /// Covered windows in a row (every probe beside another context) after
 /// which the container stops leaving time unspent for them: whatever
 /// covers its windows takes no turns (a container without a limit), and
@@ -717,21 +667,6 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn only_a_synchronisation_after_the_last_launch_leaves_the_stream_dry() {
-        // Launched at 100, synchronised from 110 to 180, launched at 200.
-        assert_eq!(dry_ns(100, 110, 180, 200, true), 20);
-        // One that did not cover the stream, or began before the launch.
-        assert_eq!(dry_ns(100, 110, 180, 200, false), 0);
-        assert_eq!(dry_ns(100, 90, 180, 200, true), 0);
-        // A probe kept open by its stream's new work counts no more dry
-        // time than a pause that keeps it open otherwise.
-        assert_eq!(dry_ns(100, 110, 180, 900_000, true), HOST_PAUSE_NS);
-        // Clocks out of order count nothing.
-        assert_eq!(dry_ns(100, 110, 100, 200, true), 0);
-        assert_eq!(dry_ns(100, 110, 250, 200, true), 0);
-    }
-
-    #[test]
     fn small_losses_and_long_covers_are_bounded() {
         // A host that fed the GPU 0.9 ms late over 3 ms is not a neighbour.
         assert_eq!(verdict(&[shared(3, 0), clean(3)], 0, false), None);
@@ -750,55 +685,5 @@ pub(super) mod tests {
         all.pop();
         assert_eq!(verdict(&all, 1, false), None);
         assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
-    }
-
-    #[test]
-    fn a_pause_counts_as_waiting_only_when_the_host_went_straight_into_a_synchronisation() {
-        let us = 1_000u64;
-        let last = 1_000_000_000;
-        // Ten 0.05 ms kernels: in the synchronisation 20 us after the last
-        // launch, out 450 us later, launching again 60 us after that.
-        assert!(waited_for_the_gpu(
-            last,
-            last + 20 * us,
-            last + 470 * us,
-            last + 530 * us
-        ));
-        // 1 ms of host work first, then a synchronisation that returned at
-        // once: the GPU may have idled for most of that millisecond.
-        let entered = last + 1_000 * us;
-        assert!(!waited_for_the_gpu(
-            last,
-            entered,
-            entered + 5 * us,
-            entered + 20 * us
-        ));
-        // Host work after the synchronisation returned.
-        assert!(!waited_for_the_gpu(
-            last,
-            last + 20 * us,
-            last + 470 * us,
-            last + 900 * us
-        ));
-        // A synchronisation from before the last launch says nothing.
-        assert!(!waited_for_the_gpu(
-            last,
-            last - 10 * us,
-            last - 5 * us,
-            last + 100 * us
-        ));
-        // Out of order clocks (another thread's values) do not wrap.
-        assert!(!waited_for_the_gpu(
-            last,
-            last + 20 * us,
-            last + 10 * us,
-            last + 30 * us
-        ));
-        assert!(!waited_for_the_gpu(
-            last,
-            last + 20 * us,
-            last + 470 * us,
-            last + 400 * us
-        ));
     }
 }
