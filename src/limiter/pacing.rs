@@ -409,7 +409,10 @@ impl Pacing {
         }
         let busy = now < self.busy_until_ns;
         let Some(board) = self.board(uuid, now) else {
+            // No board, no neighbour known: neither word stands.
             self.beside_rest = false;
+            entry.note_rest_beside(false, now);
+            entry.note_limited_beside(false, now);
             return false;
         };
         let published = if busy {

@@ -143,8 +143,7 @@ impl DeviceEntry {
     /// Whether a probe of the container ran beside another context in the
     /// [`TURN_SHARED_NS`] before `now`.
     pub fn turn_shared(&self, now: u64) -> bool {
-        let at = self.turn_shared_ns.load(Ordering::Relaxed);
-        at != 0 && now.saturating_sub(at) < TURN_SHARED_NS
+        recent(&self.turn_shared_ns, now, TURN_SHARED_NS)
     }
 
     /// Notes what the leader found at `now`: no process of another
@@ -209,8 +208,7 @@ impl DeviceEntry {
     /// Whether the leader found the container alone on the device in the
     /// [`TURN_ALONE_NS`] before `now`.
     pub fn alone(&self, now: u64) -> bool {
-        let at = self.alone_ns.load(Ordering::Relaxed);
-        at != 0 && at <= now && now - at < TURN_ALONE_NS
+        recent(&self.alone_ns, now, TURN_ALONE_NS)
     }
 
     /// Sets how full the container's launches keep the GPU in its window.
@@ -320,8 +318,14 @@ fn stamp(word: &std::sync::atomic::AtomicU64, on: bool, now: u64) {
     word.store(if on { now.max(1) } else { 0 }, Ordering::Relaxed);
 }
 
-/// Whether `word` was stamped less than `bound` before `now`.
+/// How far ahead of a reader's clock a stamp may be and still count: the
+/// leader may stamp between the reader's clock read and its load.
+const STAMP_AHEAD_NS: u64 = 1_000_000;
+
+/// Whether `word` was stamped less than `bound` before `now`. A stamp
+/// further in the future (another writer's garbage) is not recent: it
+/// would never expire.
 fn recent(word: &std::sync::atomic::AtomicU64, now: u64, bound: u64) -> bool {
     let at = word.load(Ordering::Relaxed);
-    at != 0 && now.saturating_sub(at) < bound
+    at != 0 && at <= now.saturating_add(STAMP_AHEAD_NS) && now.saturating_sub(at) < bound
 }

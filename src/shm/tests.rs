@@ -1,6 +1,6 @@
 //! Unit tests of the region on files in a temp dir.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 
@@ -436,4 +436,63 @@ fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
     // Alone at time 0 still counts (0 is "no word").
     e.note_alone(true, 0);
     assert!(e.alone(1));
+}
+
+/// The leader's other words expire as `alone` does, and one written far
+/// ahead of the reader's clock (a hostile writer's `u64::MAX`) never
+/// stands: it would never expire.
+#[test]
+fn the_leader_s_words_expire_and_words_from_the_future_do_not_stand() {
+    let p = temp_path("words.cache");
+    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+    let info = DeviceInfo {
+        uuid: [8; 16],
+        total_mem: 1 << 30,
+        sm_count: 4,
+    };
+    let limits = Limits {
+        mem: 0,
+        sm: 30,
+        policy: CorePolicy::Default,
+    };
+    let e = r.device(r.register_device(&info, limits).unwrap().index);
+    let s = 1_000_000_000;
+    let bound = crate::layout::TURN_PACED_NS;
+    type Note = fn(&crate::layout::DeviceEntry, bool, u64);
+    type Read = fn(&crate::layout::DeviceEntry, u64) -> bool;
+    let words: [(&str, Note, Read, &AtomicU64); 3] = [
+        (
+            "paced",
+            |e, on, now| e.note_paced(on, now),
+            |e, now| e.paced(now),
+            &e.paced_ns,
+        ),
+        (
+            "rest_beside",
+            |e, on, now| e.note_rest_beside(on, now),
+            |e, now| e.rest_beside(now),
+            &e.rest_beside_ns,
+        ),
+        (
+            "limited_beside",
+            |e, on, now| e.note_limited_beside(on, now),
+            |e, now| e.limited_beside(now),
+            &e.limited_beside_ns,
+        ),
+    ];
+    for (name, note, read, word) in words {
+        assert!(!read(e, 5 * s), "{name}: never noted");
+        note(e, true, 5 * s);
+        assert!(read(e, 5 * s) && read(e, 5 * s + bound - 1), "{name}");
+        assert!(!read(e, 5 * s + bound), "{name}: a stale word stands");
+        note(e, false, 6 * s);
+        assert!(!read(e, 6 * s), "{name}: cleared");
+        // Stamped by the leader between a reader's clock read and its load.
+        note(e, true, 7 * s + 1000);
+        assert!(read(e, 7 * s), "{name}: a word a moment ahead");
+        word.store(u64::MAX, Ordering::Relaxed);
+        assert!(!read(e, 7 * s), "{name}: a word from the future");
+        word.store(9 * s, Ordering::Relaxed);
+        assert!(!read(e, 8 * s), "{name}: a word a second ahead");
+    }
 }
