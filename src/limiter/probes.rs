@@ -368,6 +368,7 @@ fn poll(attach: &Attach, now: u64) {
                 period: o.period,
                 opened_ns: o.opened_ns,
                 probe: Probe {
+                    stream: o.stream,
                     cost_ns: o.cost_ns,
                     elapsed_ns: (f64::from(ms) * 1e6) as u64,
                     dry_ns: o.dry_ns,

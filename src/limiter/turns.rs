@@ -326,25 +326,37 @@ pub fn trailing_lost_ns(probes: &[Probe]) -> u64 {
 /// from the middle of theirs while one step of theirs waited 25 ms each
 /// period, and neither moved (p99 2.5 ms, H200, run 158). Returns about
 /// how far into the window the last probe that lost time ended (the sum
-/// of the probes' lengths to it: gaps between probes left out, probes of
-/// two streams counted twice): past it, the other window is over.
-/// `least_lost_ns`: what the probes must lose between the clear ends, at
-/// least [`min_lead_ns`].
+/// of the probes' lengths to it, gaps between probes left out): past it,
+/// the other window is over. `least_lost_ns`: what the probes must lose
+/// between the clear ends, at least [`min_lead_ns`]. Each stream is
+/// judged on its own probes, and the one that lost most counts: two
+/// streams that wait out the same other window lose the same time, once.
 pub fn nested_until_ns(probes: &[Probe], least_lost_ns: u64) -> Option<u64> {
     let clear = |p: Option<&Probe>| p.is_some_and(|p| !p.beside_another());
     if !clear(probes.first()) || !clear(probes.last()) {
         return None;
     }
-    let last_lossy = probes.iter().rposition(Probe::beside_another)?;
-    let lost = probes
-        .iter()
-        .filter(|p| p.beside_another())
-        .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
-    (lost >= least_lost_ns.max(min_lead_ns())).then(|| {
-        probes[..=last_lossy]
-            .iter()
-            .fold(0u64, |sum, p| sum.saturating_add(p.elapsed_ns))
-    })
+    let mut streams: Vec<usize> = probes.iter().map(|p| p.stream).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    let (lost, until) = streams
+        .into_iter()
+        .map(|stream| {
+            let mine: Vec<&Probe> = probes.iter().filter(|p| p.stream == stream).collect();
+            let Some(last_lossy) = mine.iter().rposition(|p| p.beside_another()) else {
+                return (0, 0);
+            };
+            let lost = mine
+                .iter()
+                .filter(|p| p.beside_another())
+                .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
+            let until = mine[..=last_lossy]
+                .iter()
+                .fold(0u64, |sum, p| sum.saturating_add(p.elapsed_ns));
+            (lost, until)
+        })
+        .max()?;
+    (lost > 0 && lost >= least_lost_ns.max(min_lead_ns())).then_some(until)
 }
 
 /// What a window beside a limited neighbour (one that takes turns) must
@@ -369,6 +381,8 @@ pub fn first_anchor(now: u64, random: u64) -> u64 {
 /// stream stood dry while the host prepared the next launch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Probe {
+    /// The stream whose launches it timed (the handle's address).
+    pub stream: usize,
     pub cost_ns: u64,
     pub elapsed_ns: u64,
     /// From a synchronisation that drained the stream to the probe's next
@@ -467,6 +481,7 @@ pub(super) mod tests {
     /// A probe that met no one (judge.rs's tests use these too).
     pub(in crate::limiter) fn clean(ms: u64) -> Probe {
         Probe {
+            stream: 0,
             cost_ns: ms * MS,
             elapsed_ns: ms * MS + 100_000,
             dry_ns: 0,
@@ -476,6 +491,7 @@ pub(super) mod tests {
     /// A probe that lost `lost_ms` to another context.
     pub(in crate::limiter) fn shared(ms: u64, lost_ms: u64) -> Probe {
         Probe {
+            stream: 0,
             cost_ns: ms * MS,
             elapsed_ns: (ms + lost_ms) * MS,
             dry_ns: 0,
@@ -534,6 +550,7 @@ pub(super) mod tests {
         let late = [clean(3), shared(3, 3)];
         assert_eq!(next_cut(u64::MAX, share, &late, 0, true), share / 4);
         let huge = Probe {
+            stream: 0,
             cost_ns: u64::MAX,
             elapsed_ns: u64::MAX,
             dry_ns: 0,
@@ -647,6 +664,7 @@ pub(super) mod tests {
         // A synchronised loop of 0.1 ms steps with 0.03 ms of host work
         // between them: 3 ms of launches in 4.3 ms, 1.2 ms of it dry.
         let dry = Probe {
+            stream: 0,
             cost_ns: 3 * MS,
             elapsed_ns: 4_300_000,
             dry_ns: 1_200_000,
@@ -671,6 +689,7 @@ pub(super) mod tests {
         // A host that fed the GPU 0.9 ms late over 3 ms is not a neighbour.
         assert_eq!(verdict(&[shared(3, 0), clean(3)], 0, false), None);
         let late = Probe {
+            stream: 0,
             cost_ns: 3 * MS,
             elapsed_ns: 3 * MS + 900_000,
             dry_ns: 0,
@@ -685,5 +704,44 @@ pub(super) mod tests {
         all.pop();
         assert_eq!(verdict(&all, 1, false), None);
         assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
+    }
+
+    #[test]
+    fn a_nested_window_counts_each_stream_s_loss_once() {
+        let on = |stream: usize, p: Probe| Probe { stream, ..p };
+        // One stream that lost 26 ms between clear ends: past 25 ms, and
+        // the other window is over where its last lossy probe ended.
+        let one = [clean(3), shared(3, 20), shared(3, 6), clean(3)];
+        let until = 3 * MS + 100_000 + 23 * MS + 9 * MS;
+        assert_eq!(nested_until_ns(&one, 25 * MS), Some(until));
+        assert_eq!(nested_until_ns(&one, 27 * MS), None);
+        // Two streams that each lost 13 ms waiting out the same window:
+        // 13 ms, not 26.
+        let two = [
+            on(1, clean(3)),
+            on(2, clean(3)),
+            on(1, shared(3, 13)),
+            on(2, shared(3, 13)),
+            on(1, clean(3)),
+            on(2, clean(3)),
+        ];
+        assert_eq!(nested_until_ns(&two, 25 * MS), None);
+        // The stream that lost most decides, and its own probes place the
+        // end.
+        let uneven = [
+            on(1, clean(3)),
+            on(2, clean(3)),
+            on(1, shared(3, 27)),
+            on(2, shared(3, 13)),
+            on(2, clean(3)),
+            on(1, clean(3)),
+        ];
+        assert_eq!(
+            nested_until_ns(&uneven, 25 * MS),
+            Some(3 * MS + 100_000 + 30 * MS)
+        );
+        // A window that opened or ended beside another is not nested.
+        assert_eq!(nested_until_ns(&one[1..], 1), None);
+        assert_eq!(nested_until_ns(&one[..3], 1), None);
     }
 }
