@@ -156,7 +156,12 @@ pub fn marker_ts(dev: usize, seq: u64) -> Option<u64> {
 /// (the driver spins, then yields); a sleep here overshot by Linux's
 /// timer slack, 50 us or more, at every wait, and a loop of short
 /// synchronised steps showed the GPU idle a third of the time. So the
-/// thread's slack is cut to 1 us first.
+/// thread's slack is cut to 1 us first. Some virtual machines wake a
+/// sleeper late all the same (1 us of slack: 60-120 us at the median,
+/// 0.6-3.7 ms at the 99th percentile, on the dev VM of 2026-11-28), and a
+/// loop of 0.3 ms steps lost a fifth of its GPU time to it. So the last
+/// [`POLL_NS`] of the caller's own work on the device is polled, yielding
+/// the CPU between looks, as the driver spins and yields.
 pub fn wait(dev: usize, seq: u64) {
     thread_local! {
         static SLACK_CUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -178,7 +183,37 @@ pub fn wait(dev: usize, seq: u64) {
             }
         }
         left = left.saturating_sub(q.progress.load(Ordering::Relaxed));
-        let ns = left.clamp(20_000, 10_000_000);
-        std::thread::sleep(Duration::from_nanos(ns));
+        if !on_device(dev) {
+            // Another context's slice, or a switch: at least that long.
+            std::thread::sleep(Duration::from_nanos(left.clamp(20_000, 10_000_000)));
+        } else if left > POLL_NS {
+            std::thread::sleep(Duration::from_nanos((left - POLL_NS).min(10_000_000)));
+        } else {
+            // Looks at the queue alone between replays: a replay takes the
+            // device's lock, which the other processes' waits need too.
+            let until = now_ns() + POLL_REPLAY_NS;
+            while !q.done(seq) && now_ns() < until {
+                std::thread::yield_now();
+            }
+        }
     }
+}
+
+/// How often a polling waiter replays the schedule.
+const POLL_REPLAY_NS: u64 = 10_000;
+
+/// How much of its own work on the device a waiter polls for, not sleeps.
+const POLL_NS: u64 = 200_000;
+
+/// Whether the calling process's context holds `dev` (the schedule as far
+/// as it is known), not switching.
+fn on_device(dev: usize) -> bool {
+    let sh = shared();
+    let s = &sh.sched[dev];
+    let me = state::me();
+    let Some(slot) = sh.procs.iter().position(|p| std::ptr::eq(p, me)) else {
+        return false;
+    };
+    s.cur.load(Ordering::Relaxed) == slot as u64 + 1
+        && s.switch_end.load(Ordering::Relaxed) <= s.t.load(Ordering::Acquire)
 }
