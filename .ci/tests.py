@@ -15,7 +15,12 @@ tests, neighbours alone 176 s), and CI took 18 min.
 2. The timing group (TIMING), alone and one after another: their tests
    judge shares of the simulated GPU against the host's scheduling, and
    beside a second lane and two busy loops a 40 % container got 0.367
-   (an earlier try with two lanes for every binary).
+   (an earlier try with two lanes for every binary). A test of the group
+   that fails runs once more, alone (RETRIES): a virtual machine that
+   wakes sleepers milliseconds late now and then (the dev VM of
+   2026-11-28) failed one or two of neighbours' twenty in most runs, a
+   different one each time, on old code and new alike. A test that fails
+   twice fails CI, and every retry is printed with its first failure.
 
 `cargo test --workspace --no-run --message-format=json` names the
 binaries. Prints one line per binary with its time and test counts, the
@@ -44,6 +49,8 @@ WEIGHT = {
 # Binaries whose tests judge shares and rates of the simulated GPU: run
 # alone.
 TIMING = {"neighbours", "launch_limit", "utilization"}
+# How often a failed test of the timing group runs again, alone.
+RETRIES = 1
 
 
 class RigLock:
@@ -89,7 +96,30 @@ def binaries():
     return found
 
 
-def run_one(entry, logs, lock, results):
+def failed_tests(text):
+    """The names a libtest run lists as failed."""
+    return re.findall(r"^test (\S+) \.\.\. FAILED$", text, re.M)
+
+
+def retry(entry, logs, names):
+    """Runs each of `names` of a timing binary once more, alone. Returns
+    (names that failed again, the retries' log)."""
+    _, label, exe, pkg, _ = entry
+    log = os.path.join(logs, label.replace("/", "-") + ".retry.log")
+    env = dict(os.environ, CARGO_MANIFEST_DIR=pkg)
+    still = []
+    with open(log, "w") as f:
+        for name in names:
+            f.write(f"===== {name}, again =====\n")
+            f.flush()
+            rc = subprocess.run([exe, "--exact", name], cwd=pkg, env=env, stdout=f,
+                                stderr=subprocess.STDOUT).returncode
+            if rc != 0:
+                still.append(name)
+    return still, log
+
+
+def run_one(entry, logs, lock, results, retries=0):
     _, label, exe, pkg, _ = entry
     log = os.path.join(logs, label.replace("/", "-") + ".log")
     cmd = [exe] if exe else ["cargo", "test", "--workspace", "--doc"]
@@ -119,11 +149,35 @@ def run_one(entry, logs, lock, results):
     passed = sum(c[0] for c in counts)
     failed = sum(c[1] for c in counts)
     ignored = sum(c[2] for c in counts)
+    note = ""
+    names = failed_tests(text)
+    # Retried only where every failure is a named test's (a crash of the
+    # binary itself is no timing).
+    if rc != 0 and retries > 0 and exe and names and len(names) == failed:
+        with lock:
+            # (The head of each failure: its whole output is in the log.)
+            print(f"\n===== {label}: first run's failures =====", flush=True)
+            for part in text[text.find("failures:"):].split("\n---- ")[1:]:
+                sys.stdout.write("---- " + "\n".join(part.splitlines()[:8]) + "\n")
+        still = names
+        for _ in range(retries):
+            still, retry_log = retry(entry, logs, still)
+            if not still:
+                break
+        secs = time.monotonic() - start
+        passed += len(names) - len(still)
+        failed = len(still)
+        rc = 1 if still else 0
+        note = (f"  (retried alone: {', '.join(names)}; "
+                f"failed again: {', '.join(still) or 'none'})")
+        if still:
+            with open(log, "a") as f:
+                f.write(open(retry_log, errors="replace").read())
     with lock:
         ok = rc == 0
         results.append((label, ok, secs, passed, failed, ignored, log))
         print(f"{'ok  ' if ok else 'FAIL'} {label:32} {secs:7.1f} s  "
-              f"{passed} passed, {failed} failed, {ignored} ignored", flush=True)
+              f"{passed} passed, {failed} failed, {ignored} ignored{note}", flush=True)
 
 
 def main():
@@ -164,7 +218,7 @@ def main():
         t.join()
     t1 = time.monotonic()
     for entry in timing:
-        run_one(entry, logs, lock, results)
+        run_one(entry, logs, lock, results, retries=RETRIES)
     print(f"lanes {t1 - t0:.0f} s, timing group alone {time.monotonic() - t1:.0f} s", flush=True)
     bad = [r for r in results if not r[1]]
     for label, _, _, _, _, _, log in bad:
