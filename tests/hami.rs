@@ -156,11 +156,18 @@ fn agrees(r: &Run, region: &Region) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether every process the reader shows has vgpu's host pid, status,
-/// context and data, and NVML's figure for it.
+/// Whether the reader shows both processes, each with vgpu's host pid,
+/// status, context and data, and NVML's figure for it.
 fn per_process_agrees(shown: &Run, r: &Region) -> Result<(), String> {
+    let n = value(shown, "proc_num").ok_or("no proc_num")?;
+    if n != 2 {
+        return Err(format!("{n} processes shown"));
+    }
     for k in 0..2 {
-        let pid: i32 = shown.get(&format!("proc{k}.pid")).parse().unwrap();
+        let field = |name: &str| {
+            value(shown, &format!("proc{k}.{name}")).ok_or(format!("no proc{k}.{name}"))
+        };
+        let pid = field("pid")? as i32;
         let slot = r
             .occupied_slots()
             .find(|&s| r.pid(s) == pid)
@@ -173,25 +180,18 @@ fn per_process_agrees(shown: &Run, r: &Region) -> Result<(), String> {
             .ok_or(format!("entry {e} has no HAMi index"))?;
         let context = r.slot_usage(slot, e, Kind::Context);
         let figures = [
-            (
-                "hostpid",
-                shown.u64(&format!("proc{k}.hostpid")),
-                pid as u64,
-            ),
-            ("status", shown.u64(&format!("proc{k}.status")), 1),
-            (
-                "context",
-                shown.u64(&format!("proc{k}.dev{d}.context")),
-                context,
-            ),
+            ("hostpid", field("hostpid")?, pid as u64),
+            ("status", field("status")?, 1),
+            ("context", field(&format!("dev{d}.context"))?, context),
             (
                 "data",
-                shown.u64(&format!("proc{k}.dev{d}.data")),
-                r.slot_total(slot, e) - context,
+                field(&format!("dev{d}.data"))?,
+                // (Read apart from the context: it may move between.)
+                r.slot_total(slot, e).saturating_sub(context),
             ),
             (
                 "monitorused",
-                shown.u64(&format!("proc{k}.dev{d}.monitorused")),
+                field(&format!("dev{d}.monitorused"))?,
                 r.nvml_used(slot, e),
             ),
         ];

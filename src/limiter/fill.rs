@@ -85,7 +85,7 @@ mod tests {
 
     fn timed(cost_us: u64, elapsed_us: u64) -> Probe {
         Probe {
-            stream: 0,
+            stream: Default::default(),
             cost_ns: cost_us * 1000,
             elapsed_ns: elapsed_us * 1000,
             dry_ns: 0,

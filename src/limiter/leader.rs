@@ -259,7 +259,7 @@ impl Leader {
         }
         state.neighbours_present = present;
         let misread = misattributed(reading.ours, admitted_share);
-        let beside_others = present || misread || entry.turn_shared(now);
+        let beside_others = present || misread || entry.turn_shared(clock::monotonic_ns());
         state.show(
             &attach.region,
             dev,

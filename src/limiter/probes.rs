@@ -22,12 +22,12 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_shm::EntryIndex;
 
 use super::events;
-use super::turns::{self, Probe};
+use super::turns::{self, Probe, StreamKey};
 use super::verdicts;
 use crate::attach::Attach;
 use crate::clock;
@@ -49,6 +49,8 @@ struct Open {
     period: u64,
     ctx: usize,
     stream: usize,
+    /// The stream as the window's judging tells streams apart.
+    key: StreamKey,
     start: usize,
     end: usize,
     /// When it opened and when its last launch returned (monotonic ns).
@@ -64,6 +66,30 @@ struct Open {
 /// A closed probe waiting for its end event.
 pub struct Pending {
     open: Open,
+}
+
+/// Numbers the threads that open probes, for [`StreamKey::thread`].
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(1);
+
+thread_local! {
+    static THREAD: usize = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Which stream `stream` of `ctx` is, for the window's judging.
+fn stream_key(ctx: usize, stream: CUstream) -> StreamKey {
+    let handle = stream as usize;
+    // CU_STREAM_LEGACY (1) is NULL's stream.
+    let handle = if handle == 1 { 0 } else { handle };
+    let thread = if stream == STREAM_PER_THREAD {
+        THREAD.try_with(|t| *t).unwrap_or(0)
+    } else {
+        0
+    };
+    StreamKey {
+        ctx,
+        handle,
+        thread,
+    }
 }
 
 /// A finished probe.
@@ -235,6 +261,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             period,
             ctx,
             stream: stream as usize,
+            key: stream_key(ctx, stream),
             start: start as usize,
             end: end as usize,
             opened_ns: now,
@@ -368,7 +395,7 @@ fn poll(attach: &Attach, now: u64) {
                 period: o.period,
                 opened_ns: o.opened_ns,
                 probe: Probe {
-                    stream: o.stream,
+                    stream: o.key,
                     cost_ns: o.cost_ns,
                     elapsed_ns: (f64::from(ms) * 1e6) as u64,
                     dry_ns: o.dry_ns,
@@ -438,4 +465,31 @@ pub fn forget_context(ctx: usize) {
             o.set(None);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_told_apart_as_the_driver_tells_them() {
+        let (ctx, other) = (0x1000, 0x2000);
+        let null = std::ptr::null_mut();
+        // NULL and CU_STREAM_LEGACY are one stream, but one per context.
+        assert_eq!(stream_key(ctx, null), stream_key(ctx, 1 as CUstream));
+        assert_ne!(stream_key(ctx, null), stream_key(other, null));
+        // Each thread's per-thread default stream is its own.
+        let here = stream_key(ctx, STREAM_PER_THREAD);
+        assert_eq!(here, stream_key(ctx, STREAM_PER_THREAD));
+        let there = std::thread::spawn(move || stream_key(ctx, STREAM_PER_THREAD))
+            .join()
+            .unwrap();
+        assert_ne!(here, there);
+        // A created stream is one, whichever thread launches on it.
+        let made = 0x7f00_0000usize;
+        let made_there = std::thread::spawn(move || stream_key(ctx, made as CUstream))
+            .join()
+            .unwrap();
+        assert_eq!(stream_key(ctx, made as CUstream), made_there);
+    }
 }

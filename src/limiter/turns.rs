@@ -336,7 +336,7 @@ pub fn nested_until_ns(probes: &[Probe], least_lost_ns: u64) -> Option<u64> {
     if !clear(probes.first()) || !clear(probes.last()) {
         return None;
     }
-    let mut streams: Vec<usize> = probes.iter().map(|p| p.stream).collect();
+    let mut streams: Vec<StreamKey> = probes.iter().map(|p| p.stream).collect();
     streams.sort_unstable();
     streams.dedup();
     let (lost, until) = streams
@@ -376,13 +376,24 @@ pub fn first_anchor(now: u64, random: u64) -> u64 {
     now + random % period_ns()
 }
 
+/// Which stream a probe timed: its context, its handle (the legacy
+/// default stream, NULL or `CU_STREAM_LEGACY`, as 0) and, for the
+/// per-thread default stream, its thread's number (else 0): each thread's
+/// is a stream of its own under one handle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamKey {
+    pub ctx: usize,
+    pub handle: usize,
+    pub thread: usize,
+}
+
 /// One probe: consecutive launches of one stream in one window, what
 /// they cost, how long the GPU took over them, and how long of that the
 /// stream stood dry while the host prepared the next launch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Probe {
-    /// The stream whose launches it timed (the handle's address).
-    pub stream: usize,
+    /// The stream whose launches it timed.
+    pub stream: StreamKey,
     pub cost_ns: u64,
     pub elapsed_ns: u64,
     /// From a synchronisation that drained the stream to the probe's next
@@ -481,7 +492,7 @@ pub(super) mod tests {
     /// A probe that met no one (judge.rs's tests use these too).
     pub(in crate::limiter) fn clean(ms: u64) -> Probe {
         Probe {
-            stream: 0,
+            stream: StreamKey::default(),
             cost_ns: ms * MS,
             elapsed_ns: ms * MS + 100_000,
             dry_ns: 0,
@@ -491,7 +502,7 @@ pub(super) mod tests {
     /// A probe that lost `lost_ms` to another context.
     pub(in crate::limiter) fn shared(ms: u64, lost_ms: u64) -> Probe {
         Probe {
-            stream: 0,
+            stream: StreamKey::default(),
             cost_ns: ms * MS,
             elapsed_ns: (ms + lost_ms) * MS,
             dry_ns: 0,
@@ -550,7 +561,7 @@ pub(super) mod tests {
         let late = [clean(3), shared(3, 3)];
         assert_eq!(next_cut(u64::MAX, share, &late, 0, true), share / 4);
         let huge = Probe {
-            stream: 0,
+            stream: StreamKey::default(),
             cost_ns: u64::MAX,
             elapsed_ns: u64::MAX,
             dry_ns: 0,
@@ -664,7 +675,7 @@ pub(super) mod tests {
         // A synchronised loop of 0.1 ms steps with 0.03 ms of host work
         // between them: 3 ms of launches in 4.3 ms, 1.2 ms of it dry.
         let dry = Probe {
-            stream: 0,
+            stream: StreamKey::default(),
             cost_ns: 3 * MS,
             elapsed_ns: 4_300_000,
             dry_ns: 1_200_000,
@@ -689,7 +700,7 @@ pub(super) mod tests {
         // A host that fed the GPU 0.9 ms late over 3 ms is not a neighbour.
         assert_eq!(verdict(&[shared(3, 0), clean(3)], 0, false), None);
         let late = Probe {
-            stream: 0,
+            stream: StreamKey::default(),
             cost_ns: 3 * MS,
             elapsed_ns: 3 * MS + 900_000,
             dry_ns: 0,
@@ -708,7 +719,13 @@ pub(super) mod tests {
 
     #[test]
     fn a_nested_window_counts_each_stream_s_loss_once() {
-        let on = |stream: usize, p: Probe| Probe { stream, ..p };
+        let on = |handle: usize, p: Probe| Probe {
+            stream: StreamKey {
+                handle,
+                ..StreamKey::default()
+            },
+            ..p
+        };
         // One stream that lost 26 ms between clear ends: past 25 ms, and
         // the other window is over where its last lossy probe ended.
         let one = [clean(3), shared(3, 20), shared(3, 6), clean(3)];

@@ -54,6 +54,8 @@ impl Region {
                 d.turn_shared_ns.store(0, Ordering::Release);
                 d.alone_ns.store(0, Ordering::Release);
                 d.paced_ns.store(0, Ordering::Release);
+                d.rest_beside_ns.store(0, Ordering::Release);
+                d.limited_beside_ns.store(0, Ordering::Release);
             }
         }
         record(h, now);

@@ -137,7 +137,14 @@ impl DeviceEntry {
     /// Notes that a probe of the container ran beside another context at
     /// `now` (CLOCK_MONOTONIC ns).
     pub fn note_turn_shared(&self, now: u64) {
-        self.turn_shared_ns.fetch_max(now, Ordering::Relaxed);
+        // The latest note stands; one from the future (garbage) is
+        // replaced, or no real note could ever set the word again.
+        let ahead = now.saturating_add(ahead_ns(TURN_SHARED_NS));
+        let _ = self
+            .turn_shared_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |at| {
+                (at < now || at > ahead).then_some(now)
+            });
     }
 
     /// Whether a probe of the container ran beside another context in the
@@ -312,20 +319,23 @@ impl DeviceEntry {
 }
 
 /// Stamps `word` with `now` where `on` (never 0, which reads "not"), else
-/// clears it: the leader's word on `alone_ns`, `paced_ns` and
-/// `rest_beside_ns`.
+/// clears it: the leader's word on `alone_ns`, `paced_ns`,
+/// `rest_beside_ns` and `limited_beside_ns`.
 fn stamp(word: &std::sync::atomic::AtomicU64, on: bool, now: u64) {
     word.store(if on { now.max(1) } else { 0 }, Ordering::Relaxed);
 }
 
-/// How far ahead of a reader's clock a stamp may be and still count: the
-/// leader may stamp between the reader's clock read and its load.
-const STAMP_AHEAD_NS: u64 = 1_000_000;
+/// How far ahead of a reader's `now` a stamp with lifetime `bound` may be
+/// and still count: readers take `now` before NVML calls or a poll of
+/// many windows, and a process may stamp meanwhile.
+fn ahead_ns(bound: u64) -> u64 {
+    bound / 4
+}
 
 /// Whether `word` was stamped less than `bound` before `now`. A stamp
-/// further in the future (another writer's garbage) is not recent: it
-/// would never expire.
+/// further in the future (another boot's clock, or a writer's garbage) is
+/// not recent: it would never expire.
 fn recent(word: &std::sync::atomic::AtomicU64, now: u64, bound: u64) -> bool {
     let at = word.load(Ordering::Relaxed);
-    at != 0 && at <= now.saturating_add(STAMP_AHEAD_NS) && now.saturating_sub(at) < bound
+    at != 0 && at <= now.saturating_add(ahead_ns(bound)) && now.saturating_sub(at) < bound
 }

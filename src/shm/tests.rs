@@ -495,4 +495,17 @@ fn the_leader_s_words_expire_and_words_from_the_future_do_not_stand() {
         word.store(9 * s, Ordering::Relaxed);
         assert!(!read(e, 8 * s), "{name}: a word a second ahead");
     }
+    // A probe's note: garbage from the future neither stands nor blocks
+    // the next real note.
+    assert!(!e.turn_shared(5 * s), "never noted");
+    e.note_turn_shared(5 * s);
+    assert!(e.turn_shared(6 * s));
+    e.turn_shared_ns.store(u64::MAX, Ordering::Relaxed);
+    assert!(!e.turn_shared(6 * s), "a note from the future stands");
+    e.note_turn_shared(6 * s);
+    assert!(e.turn_shared(6 * s), "a real note after garbage is lost");
+    // Notes from several processes out of order: the latest stands.
+    e.note_turn_shared(7 * s);
+    e.note_turn_shared(6 * s);
+    assert!(e.turn_shared(7 * s + crate::layout::TURN_SHARED_NS - 1));
 }

@@ -193,7 +193,7 @@ pub fn wait(dev: usize, seq: u64) {
             // device's lock, which the other processes' waits need too.
             let until = now_ns() + POLL_REPLAY_NS;
             while !q.done(seq) && now_ns() < until {
-                std::thread::yield_now();
+                std::hint::spin_loop();
             }
         }
     }
