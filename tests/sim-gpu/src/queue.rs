@@ -160,8 +160,10 @@ pub fn marker_ts(dev: usize, seq: u64) -> Option<u64> {
 /// sleeper late all the same (1 us of slack: 60-120 us at the median,
 /// 0.6-3.7 ms at the 99th percentile, on the dev VM of 2026-11-28), and a
 /// loop of 0.3 ms steps lost a fifth of its GPU time to it. So the last
-/// [`POLL_NS`] of the caller's own work on the device is polled, yielding
-/// the CPU between looks, as the driver spins and yields.
+/// [`POLL_NS`] of the caller's own work on the device is spun for, as the
+/// driver spins. (Yielding between looks lost the CPU to busy loops on
+/// the same core for a whole slice of theirs: under two `yes` loops the
+/// neighbours tests failed 7 of 20.)
 pub fn wait(dev: usize, seq: u64) {
     thread_local! {
         static SLACK_CUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
