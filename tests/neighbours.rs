@@ -862,6 +862,58 @@ fn a_container_without_a_limit_takes_the_rest_beside_a_limited_one() {
     assert_eq!(sim.status(&region)["devices"][0]["sm_rest_percent"], 0);
 }
 
+/// The leaders' words on who is beside them (`rest_beside_ns`,
+/// `limited_beside_ns`), which decide how windows are judged: 30 % and
+/// 60 % busy beside a container taking the rest, on one board. Each
+/// limited one finds a limited one beside it, and not only rests; the
+/// rest never marks itself beside a limited one (it yields, and looks for
+/// nothing more).
+#[test]
+fn the_leaders_note_who_is_beside_them_on_the_board() {
+    let _serial = serial();
+    let sim = with_a_board();
+    let kids = [
+        container_for(&sim, "thirty", Some(30), 10),
+        container_for(&sim, "sixty", Some(60), 10),
+        container_for(&sim, "rest", Some(0), 10),
+    ];
+    let now = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    // (rest_beside, limited_beside) of each container's device, if up.
+    let words = |name: &str| {
+        let path = sim.dir.path().join(format!("{name}.cache"));
+        let r = vgpu_shm::Region::open(&path, vgpu_shm::OpenMode::ExistingOnly).ok()?;
+        let e = vgpu_shm::EntryIndex::all().find(|&e| r.device(e).is_used())?;
+        let d = r.device(e);
+        Some((d.rest_beside(now()), d.limited_beside(now())))
+    };
+    let mut seen = Vec::new();
+    let ok = wait_until(8.0, || {
+        seen = ["thirty", "sixty", "rest"].map(words).to_vec();
+        seen[0] == Some((false, true)) && seen[1] == Some((false, true))
+    });
+    assert!(
+        ok,
+        "(rest_beside, limited_beside) of 30, 60, rest: {seen:?}"
+    );
+    // The rest's own words, over the seconds both limited ones run.
+    for _ in 0..20 {
+        let rest = words("rest");
+        assert_eq!(rest.map(|w| w.1), Some(false), "the rest: {rest:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for k in kids {
+        let _ = finish(k);
+    }
+}
+
 /// Short synchronised steps at 30 % beside a busy container without a
 /// limit: beside it running free each waits out its time slice; beside it
 /// taking the rest the limited loop, paced side by side, goes short of the
