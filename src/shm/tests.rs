@@ -405,12 +405,12 @@ fn a_wrong_slot_count_is_named_not_reported_as_equal_sizes() {
     );
 }
 
-#[test]
-fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
-    let p = temp_path("alone.cache");
-    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
+/// A new region at `name` with one device of uuid `[uuid; 16]` at SM 30 %,
+/// and its entry.
+fn region_with_a_device_at_30(name: &str, uuid: u8) -> (Region, EntryIndex) {
+    let r = Region::open(&temp_path(name), OpenMode::CreateIfMissing).unwrap();
     let info = DeviceInfo {
-        uuid: [9; 16],
+        uuid: [uuid; 16],
         total_mem: 1 << 30,
         sm_count: 4,
     };
@@ -419,7 +419,14 @@ fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
         sm: 30,
         policy: CorePolicy::Default,
     };
-    let e = r.device(r.register_device(&info, limits).unwrap().index);
+    let at = r.register_device(&info, limits).unwrap().index;
+    (r, at)
+}
+
+#[test]
+fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
+    let (r, at) = region_with_a_device_at_30("alone.cache", 9);
+    let e = r.device(at);
     let s = 1_000_000_000;
     assert!(!e.alone(5 * s), "never looked: not alone");
     e.note_alone(true, 5 * s);
@@ -443,19 +450,8 @@ fn the_leader_s_word_that_the_container_is_alone_lasts_a_few_looks() {
 /// stands: it would never expire.
 #[test]
 fn the_leader_s_words_expire_and_words_from_the_future_do_not_stand() {
-    let p = temp_path("words.cache");
-    let r = Region::open(&p, OpenMode::CreateIfMissing).unwrap();
-    let info = DeviceInfo {
-        uuid: [8; 16],
-        total_mem: 1 << 30,
-        sm_count: 4,
-    };
-    let limits = Limits {
-        mem: 0,
-        sm: 30,
-        policy: CorePolicy::Default,
-    };
-    let e = r.device(r.register_device(&info, limits).unwrap().index);
+    let (r, at) = region_with_a_device_at_30("words.cache", 8);
+    let e = r.device(at);
     let s = 1_000_000_000;
     let bound = crate::layout::TURN_PACED_NS;
     type Note = fn(&crate::layout::DeviceEntry, bool, u64);
