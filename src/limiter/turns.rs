@@ -196,8 +196,8 @@ pub fn covered_streak_at(period: u64) -> u32 {
 /// was judged (`streak`: [`next_streak`] after this window).
 /// Two containers that always have work never find their turns, as
 /// neither window ever opens on an idle GPU; so:
-/// - a window that ran on into another's (its trailing probes lost time)
-///   adds half what they lost (the other one leaves some too), unless it
+/// - a window that ran on into another's (its trailing probes lost time,
+///   [`trailing_lost_ns`]) adds half what they lost (the other one leaves some too), unless it
 ///   opened on an idle GPU: it moves earlier instead ([`verdict`]);
 /// - a covered window adds an eighth of the share, until the streak
 ///   says nothing that takes turns covers it: then nothing is cut;
@@ -313,9 +313,26 @@ pub fn trailing_lost_ns(probes: &[Probe]) -> u64 {
     let Some(last_clean) = probes.iter().rposition(|p| !p.beside_another()) else {
         return 0;
     };
-    probes[last_clean + 1..]
-        .iter()
-        .fold(0, |sum, p| sum.saturating_add(p.lost_ns()))
+    lost_once_ns(&probes[last_clean + 1..])
+}
+
+/// What `probes` lost to other contexts, each stream's probes summed and
+/// the stream that lost most counted: two streams that wait out the same
+/// other window lose the same time, once (judged on their sum, a window
+/// would move and cut by twice what the other window took).
+pub fn lost_once_ns<'a>(probes: impl IntoIterator<Item = &'a Probe>) -> u64 {
+    let mut by_stream: Vec<(StreamKey, u64)> = Vec::new();
+    for p in probes {
+        match by_stream.iter_mut().find(|(stream, _)| *stream == p.stream) {
+            Some((_, lost)) => *lost = lost.saturating_add(p.lost_ns()),
+            None => by_stream.push((p.stream, p.lost_ns())),
+        }
+    }
+    by_stream
+        .into_iter()
+        .map(|(_, lost)| lost)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Where another context's window lies inside this one: the window opened
@@ -346,10 +363,7 @@ pub fn nested_until_ns(probes: &[Probe], least_lost_ns: u64) -> Option<u64> {
             let Some(last_lossy) = mine.iter().rposition(|p| p.beside_another()) else {
                 return (0, 0);
             };
-            let lost = mine
-                .iter()
-                .filter(|p| p.beside_another())
-                .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
+            let lost = lost_once_ns(mine.iter().copied().filter(|p| p.beside_another()));
             let until = mine[..=last_lossy]
                 .iter()
                 .fold(0u64, |sum, p| sum.saturating_add(p.elapsed_ns));
@@ -433,7 +447,8 @@ pub enum Move {
 /// What one window's probes, in the order they ran, say: where the
 /// window should open, if it moves at all.
 /// - Its first probe ran beside another context (the window opened on a
-///   busy GPU): later, by what the leading such probes lost, times a
+///   busy GPU): later, by what the leading such probes lost
+///   ([`lost_once_ns`]), times a
 ///   factor from 0.6 to 1 picked by `random`. A window covered from end
 ///   to end moves with odds of one in two: two containers whose windows
 ///   open together then part. Less than [`MIN_LEAD_NS`] lost moves the
@@ -465,10 +480,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
         // H200 then never settled, run 44.)
         return None;
     }
-    let lost = probes
-        .iter()
-        .take_while(|p| p.beside_another())
-        .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
+    let lost = lost_once_ns(probes.iter().take_while(|p| p.beside_another()));
     if lost < min_lead_ns() {
         // A predecessor a little late once: it leaves some of its share
         // unspent (`next_cut`). Moving would only push this window into
@@ -760,5 +772,55 @@ pub(super) mod tests {
         // A window that opened or ended beside another is not nested.
         assert_eq!(nested_until_ns(&one[1..], 1), None);
         assert_eq!(nested_until_ns(&one[..3], 1), None);
+    }
+
+    #[test]
+    fn a_window_s_ends_count_each_stream_s_loss_once() {
+        let on = |handle: usize, p: Probe| Probe {
+            stream: StreamKey {
+                handle,
+                ..StreamKey::default()
+            },
+            ..p
+        };
+        // Two streams that ran on into the same other window, 6 ms each:
+        // 6 ms lost, as one stream's, and the cut grows by half of it.
+        let one = [clean(3), clean(3), shared(3, 6)];
+        let two = [
+            on(1, clean(3)),
+            on(2, clean(3)),
+            on(1, shared(3, 6)),
+            on(2, shared(3, 6)),
+        ];
+        assert_eq!(trailing_lost_ns(&one), 6 * MS);
+        assert_eq!(trailing_lost_ns(&two), 6 * MS);
+        assert_eq!(
+            next_cut(0, 30 * MS, &two, 0, false),
+            next_cut(0, 30 * MS, &one, 0, false)
+        );
+        // Two streams whose window opened while the other ran its last
+        // 8 ms: they move as one stream would, not by 16 ms.
+        let late_one = [shared(3, 8), clean(3), clean(3)];
+        let late_two = [
+            on(1, shared(3, 8)),
+            on(2, shared(3, 8)),
+            on(1, clean(3)),
+            on(2, clean(3)),
+        ];
+        for random in [0, 200, 400] {
+            assert_eq!(
+                verdict(&late_two, random, false),
+                verdict(&late_one, random, false)
+            );
+        }
+        assert!(matches!(verdict(&late_one, 0, false), Some(Move::Later(_))));
+        // Uneven streams: the one that lost most counts.
+        let uneven = [
+            on(1, shared(3, 2)),
+            on(2, shared(3, 5)),
+            on(1, shared(3, 2)),
+        ];
+        assert_eq!(lost_once_ns(&uneven), 5 * MS);
+        assert_eq!(lost_once_ns(&[]), 0);
     }
 }
