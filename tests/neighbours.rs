@@ -877,15 +877,7 @@ fn the_leaders_note_who_is_beside_them_on_the_board() {
         container_for(&sim, "sixty", Some(60), 10),
         container_for(&sim, "rest", Some(0), 10),
     ];
-    let now = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec it is given.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
+    let now = vgpu_shm::procinfo::monotonic_ns;
     // (rest_beside, limited_beside) of each container's device, if up.
     let words = |name: &str| {
         let path = sim.dir.path().join(format!("{name}.cache"));
@@ -912,6 +904,61 @@ fn the_leaders_note_who_is_beside_them_on_the_board() {
     for k in kids {
         let _ = finish(k);
     }
+}
+
+/// Whoever can write the board's directory may claim a busy limited
+/// neighbour that does not exist, one that asks for turns. A 30 %
+/// container beside the forged claim takes turns and takes its word for
+/// a limited neighbour (`limited_beside_ns`), which changes only how its
+/// windows are judged: with no one really beside it, it keeps its limit
+/// and ends on time.
+#[test]
+fn a_forged_limited_neighbour_on_the_board_costs_no_share() {
+    let _serial = serial();
+    let sim = with_a_board();
+    // The simulated GPU's UUID, as in `a_fifo_in_place_of_the_board…`.
+    let mut uuid = [0u8; 16];
+    uuid[..5].copy_from_slice(&[0x51, 0x51, 0x6d, 0x67, 0x90]);
+    let dir = sim.dir.path().join("vgpulock");
+    let mut board = vgpu_shm::sm_board::SmBoard::open(&dir, &uuid).expect("open the board");
+    let claim = vgpu_shm::sm_board::Claim::limit(60, true);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Fresh all the time, as a busy container's claim is.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                board
+                    .publish(claim, vgpu_shm::procinfo::monotonic_ns())
+                    .expect("publish the forged claim");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let started = std::time::Instant::now();
+        let child = container_for(&sim, "c", Some(30), 6);
+        let region = sim.dir.path().join("c.cache");
+        let (mut believed, mut in_turns) = (false, false);
+        wait_until(5.0, || {
+            let Ok(r) = vgpu_shm::Region::open(&region, vgpu_shm::OpenMode::ExistingOnly) else {
+                return false;
+            };
+            let now = vgpu_shm::procinfo::monotonic_ns();
+            believed |= vgpu_shm::EntryIndex::all().any(|e| {
+                let d = r.device(e);
+                d.is_used() && d.limited_beside(now)
+            });
+            in_turns |= sim.status(&region)["devices"][0]["turns"]["paced"] == false;
+            believed && in_turns
+        });
+        let r = finish(child).ok();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let took = started.elapsed().as_secs_f64();
+        let share = r.f64("rate") / DEVICE_RATE;
+        eprintln!("beside a forged 60 % asking for turns: {share:.3} in {took:.1} s");
+        assert!(believed, "the forged claim was never taken for a neighbour");
+        assert!(in_turns, "never in turns beside the forged claim");
+        assert!((share - 0.30).abs() <= 0.03, "got {share:.3}\n{}", r.stderr);
+        assert!(took < 6.0 + 10.0, "a 6 s run took {took:.1} s");
+    });
 }
 
 /// Short synchronised steps at 30 % beside a busy container without a

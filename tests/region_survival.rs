@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use vgpu_shm::procinfo::monotonic_ns;
 use vgpu_shm::{OpenMode, Region};
 
 /// Waits for `child` up to `secs`; kills it after that. None: timed out.
@@ -37,16 +38,6 @@ fn spawn(c: &mut Command) -> Child {
 
 /// The first device entry: the simulated GPU of a one-GPU machine.
 const FIRST: vgpu_shm::EntryIndex = vgpu_shm::EntryIndex::new(0).unwrap();
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec that we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 #[test]
 fn threads_racing_the_first_context_reserve_it_once() {
