@@ -24,6 +24,7 @@
 //! once, as the real driver's restore did (304).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
@@ -131,15 +132,8 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *mut c
         return UNKNOWN;
     }
     let mut l = local_ungated();
-    let mut image = Vec::new();
-    for (base, bytes) in &l.data {
-        image.extend_from_slice(&base.to_le_bytes());
-        image.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        image.extend_from_slice(bytes);
-    }
     let path = state::ckpt_path(state::my_entry());
-    let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(&image));
-    if written.is_err() {
+    if write_image(&path, &l.data).is_err() {
         let _ = std::fs::remove_file(&path);
         return UNKNOWN;
     }
@@ -203,16 +197,37 @@ fn fails(call: &str) -> bool {
     }
 }
 
+/// Writes the process's device memory to `path`: each block's base and
+/// length, then its bytes, straight from the blocks (a whole image built
+/// first held a second and third copy of GiBs a process: oversubscription
+/// tests in parallel lanes then crowded the CI host's memory).
+fn write_image(path: &std::path::Path, data: &HashMap<u64, Vec<u8>>) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for (base, bytes) in data {
+        f.write_all(&base.to_le_bytes())?;
+        f.write_all(&(bytes.len() as u64).to_le_bytes())?;
+        f.write_all(bytes)?;
+    }
+    f.flush()
+}
+
+/// The blocks [`write_image`] wrote, each read straight into its own
+/// buffer; None if the file is missing, cut short or malformed.
 fn read_image(path: &std::path::Path) -> Option<Vec<(u64, Vec<u8>)>> {
-    let mut raw = Vec::new();
-    std::fs::File::open(path).ok()?.read_to_end(&mut raw).ok()?;
+    let file = std::fs::File::open(path).ok()?;
+    let mut left = file.metadata().ok()?.len();
+    let mut f = std::io::BufReader::new(file);
     let mut out = Vec::new();
-    let mut rest = &raw[..];
-    while !rest.is_empty() {
-        let base = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
-        let len = u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?) as usize;
-        out.push((base, rest.get(16..16 + len)?.to_vec()));
-        rest = &rest[16 + len..];
+    while left > 0 {
+        let mut head = [0u8; 16];
+        f.read_exact(&mut head).ok()?;
+        let (base, len) = head.split_at(8);
+        let base = u64::from_le_bytes(base.try_into().ok()?);
+        let len = u64::from_le_bytes(len.try_into().ok()?);
+        left = left.checked_sub(16)?.checked_sub(len)?;
+        let mut bytes = vec![0u8; usize::try_from(len).ok()?];
+        f.read_exact(&mut bytes).ok()?;
+        out.push((base, bytes));
     }
     Some(out)
 }
