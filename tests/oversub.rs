@@ -301,7 +301,7 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
     let region = node.sim.dir.path().join("a.cache");
     let age = || node.sim.try_status(&region)?["processes"][0]["heartbeat_age_ms"].as_u64();
     node.settle("a");
-    let b = node.spawn(
+    let mut b = node.spawn(
         "b",
         &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "20000")],
         &["hold", "2147483648", "0.5"],
@@ -328,6 +328,7 @@ fn a_suspended_process_keeps_its_region_slot_beating() {
     if suspended_at.is_none() {
         // (Once A stayed "suspending" 32 s past a 5 s checkpoint on an
         // unloaded 2-core CI host: its log says where it stood.)
+        let _ = b.kill();
         let _ = a.kill();
         let a = finish(a);
         panic!(

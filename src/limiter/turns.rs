@@ -197,8 +197,9 @@ pub fn covered_streak_at(period: u64) -> u32 {
 /// Two containers that always have work never find their turns, as
 /// neither window ever opens on an idle GPU; so:
 /// - a window that ran on into another's (its trailing probes lost time,
-///   [`trailing_lost_ns`]) adds half what they lost (the other one leaves some too), unless it
-///   opened on an idle GPU: it moves earlier instead ([`verdict`]);
+///   [`trailing_lost_ns`]) adds half what they lost (the other one
+///   leaves some too), unless it opened on an idle GPU: it moves earlier
+///   instead ([`verdict`]);
 /// - a covered window adds an eighth of the share, until the streak
 ///   says nothing that takes turns covers it: then nothing is cut;
 /// - a window that ended clear halves the cut, down to the guard while
@@ -305,10 +306,10 @@ pub fn covered(probes: &[Probe]) -> bool {
     probes.len() >= 2 && probes.iter().all(Probe::beside_another)
 }
 
-/// What the probes after the window's last clean one lost (0 when the
-/// window ended clear, or when no probe was clean: something that takes
-/// no turns covers the window, and leaving time unspent would not give
-/// it back to anyone).
+/// What the probes after the window's last clean one lost, each stream's
+/// loss counted once ([`lost_once_ns`]). 0 when the window ended clear,
+/// or when no probe was clean: something that takes no turns covers the
+/// window, and leaving time unspent would not give it back to anyone.
 pub fn trailing_lost_ns(probes: &[Probe]) -> u64 {
     let Some(last_clean) = probes.iter().rposition(|p| !p.beside_another()) else {
         return 0;
@@ -316,21 +317,20 @@ pub fn trailing_lost_ns(probes: &[Probe]) -> u64 {
     lost_once_ns(&probes[last_clean + 1..])
 }
 
-/// What `probes` lost to other contexts, each stream's probes summed and
-/// the stream that lost most counted: two streams that wait out the same
-/// other window lose the same time, once (judged on their sum, a window
-/// would move and cut by twice what the other window took).
-pub fn lost_once_ns<'a>(probes: impl IntoIterator<Item = &'a Probe>) -> u64 {
-    let mut by_stream: Vec<(StreamKey, u64)> = Vec::new();
-    for p in probes {
-        match by_stream.iter_mut().find(|(stream, _)| *stream == p.stream) {
-            Some((_, lost)) => *lost = lost.saturating_add(p.lost_ns()),
-            None => by_stream.push((p.stream, p.lost_ns())),
-        }
-    }
-    by_stream
-        .into_iter()
-        .map(|(_, lost)| lost)
+/// What `probes` lost to other contexts, once: two streams that wait out
+/// the same other window lose the same time, so each stream's probes are
+/// summed (from its first, allocating nothing) and the most counts.
+pub fn lost_once_ns(probes: &[Probe]) -> u64 {
+    probes
+        .iter()
+        .enumerate()
+        .filter(|&(i, p)| !probes[..i].iter().any(|q| q.stream == p.stream))
+        .map(|(i, first)| {
+            probes[i..]
+                .iter()
+                .filter(|p| p.stream == first.stream)
+                .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()))
+        })
         .max()
         .unwrap_or(0)
 }
@@ -363,7 +363,10 @@ pub fn nested_until_ns(probes: &[Probe], least_lost_ns: u64) -> Option<u64> {
             let Some(last_lossy) = mine.iter().rposition(|p| p.beside_another()) else {
                 return (0, 0);
             };
-            let lost = lost_once_ns(mine.iter().copied().filter(|p| p.beside_another()));
+            let lost = mine
+                .iter()
+                .filter(|p| p.beside_another())
+                .fold(0u64, |sum, p| sum.saturating_add(p.lost_ns()));
             let until = mine[..=last_lossy]
                 .iter()
                 .fold(0u64, |sum, p| sum.saturating_add(p.elapsed_ns));
@@ -448,8 +451,7 @@ pub enum Move {
 /// window should open, if it moves at all.
 /// - Its first probe ran beside another context (the window opened on a
 ///   busy GPU): later, by what the leading such probes lost
-///   ([`lost_once_ns`]), times a
-///   factor from 0.6 to 1 picked by `random`. A window covered from end
+///   ([`lost_once_ns`]), times a factor from 0.6 to 1 picked by `random`. A window covered from end
 ///   to end moves with odds of one in two: two containers whose windows
 ///   open together then part. Less than [`MIN_LEAD_NS`] lost moves the
 ///   window only when the window before it (`late_before`) also opened
@@ -480,7 +482,8 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
         // H200 then never settled, run 44.)
         return None;
     }
-    let lost = lost_once_ns(probes.iter().take_while(|p| p.beside_another()));
+    let leading = probes.iter().take_while(|p| p.beside_another()).count();
+    let lost = lost_once_ns(&probes[..leading]);
     if lost < min_lead_ns() {
         // A predecessor a little late once: it leaves some of its share
         // unspent (`next_cut`). Moving would only push this window into
@@ -783,10 +786,12 @@ pub(super) mod tests {
             },
             ..p
         };
-        // Two streams that ran on into the same other window, 6 ms each:
-        // 6 ms lost, as one stream's, and the cut grows by half of it.
-        let one = [clean(3), clean(3), shared(3, 6)];
+        // Two streams of a window that opened late and ran on into the
+        // next other window, 6 ms each: 6 ms lost, as one stream's, and
+        // the cut grows by half of it (summed, by 6 ms).
+        let one = [shared(3, 4), clean(3), clean(3), shared(3, 6)];
         let two = [
+            on(1, shared(3, 4)),
             on(1, clean(3)),
             on(2, clean(3)),
             on(1, shared(3, 6)),
@@ -794,10 +799,8 @@ pub(super) mod tests {
         ];
         assert_eq!(trailing_lost_ns(&one), 6 * MS);
         assert_eq!(trailing_lost_ns(&two), 6 * MS);
-        assert_eq!(
-            next_cut(0, 30 * MS, &two, 0, false),
-            next_cut(0, 30 * MS, &one, 0, false)
-        );
+        assert_eq!(next_cut(0, 30 * MS, &one, 0, false), 3 * MS);
+        assert_eq!(next_cut(0, 30 * MS, &two, 0, false), 3 * MS);
         // Two streams whose window opened while the other ran its last
         // 8 ms: they move as one stream would, not by 16 ms.
         let late_one = [shared(3, 8), clean(3), clean(3)];

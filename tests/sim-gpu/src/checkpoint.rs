@@ -199,7 +199,7 @@ fn fails(call: &str) -> bool {
 
 /// Writes the process's device memory to `path`: each block's base and
 /// length, then its bytes, straight from the blocks (a whole image built
-/// first held a second and third copy of GiBs a process: oversubscription
+/// first held a second and third copy of a process's GiBs: oversubscription
 /// tests in parallel lanes then crowded the CI host's memory).
 fn write_image(path: &std::path::Path, data: &HashMap<u64, Vec<u8>>) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
