@@ -514,6 +514,17 @@ pub(super) mod tests {
         }
     }
 
+    /// `p` on the stream of handle `handle`.
+    fn on(handle: usize, p: Probe) -> Probe {
+        Probe {
+            stream: StreamKey {
+                handle,
+                ..StreamKey::default()
+            },
+            ..p
+        }
+    }
+
     /// A probe that lost `lost_ms` to another context.
     pub(in crate::limiter) fn shared(ms: u64, lost_ms: u64) -> Probe {
         Probe {
@@ -734,13 +745,6 @@ pub(super) mod tests {
 
     #[test]
     fn a_nested_window_counts_each_stream_s_loss_once() {
-        let on = |handle: usize, p: Probe| Probe {
-            stream: StreamKey {
-                handle,
-                ..StreamKey::default()
-            },
-            ..p
-        };
         // One stream that lost 26 ms between clear ends: past 25 ms, and
         // the other window is over where its last lossy probe ended.
         let one = [clean(3), shared(3, 20), shared(3, 6), clean(3)];
@@ -779,13 +783,6 @@ pub(super) mod tests {
 
     #[test]
     fn a_window_s_ends_count_each_stream_s_loss_once() {
-        let on = |handle: usize, p: Probe| Probe {
-            stream: StreamKey {
-                handle,
-                ..StreamKey::default()
-            },
-            ..p
-        };
         // Two streams of a window that opened late and ran on into the
         // next other window, 6 ms each: 6 ms lost, as one stream's, and
         // the cut grows by half of it (summed, by 6 ms).
