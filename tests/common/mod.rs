@@ -127,7 +127,8 @@ pub fn artifacts() -> &'static Artifacts {
         let bin = target.join("vgpu-test-programs");
         std::fs::create_dir_all(&bin).unwrap();
         let lock = lock_file(&target.join(RIG_LOCK));
-        run_ok(Command::new(env!("CARGO")).current_dir(repo()).args([
+        let mut build = Command::new(env!("CARGO"));
+        build.current_dir(repo()).args([
             "build",
             "--quiet",
             "-p",
@@ -138,7 +139,29 @@ pub fn artifacts() -> &'static Artifacts {
             "sim-gpu",
             "-p",
             "vgpuctl",
-        ]));
+        ]);
+        // Without what cargo sets for this test binary's package: ring's
+        // build script reruns when CARGO_MANIFEST_DIR changes, so each
+        // binary's rig rebuilt ring, rustls, ureq and vgpuctl (its value
+        // differs between vgpu's and vgpuctl's tests, and a plain `cargo
+        // build` sets none), seconds of CPU each under RIG_LOCK.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CARGO_PKG_")
+                || [
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "OUT_DIR",
+                ]
+                .contains(&&*key)
+            {
+                build.env_remove(&*key);
+            }
+        }
+        run_ok(&mut build);
         // Each test binary builds into its own dir: they may run at once.
         let own = bin.join(exe.file_name().unwrap());
         let stub_dir = own.join("stub");
