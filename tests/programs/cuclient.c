@@ -71,6 +71,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1274,9 +1275,24 @@ static int cmd_ctxrace(int threads, int rounds) {
     return 0;
 }
 
+/* A forked child that hangs says where, when its parent sends SIGUSR1:
+ * the frames of its one thread (library and offset), then exit 99. Not
+ * async-signal-safe, but the child is stuck anyway; backtrace's unwinder
+ * was loaded before the fork. */
+static void child_stack(int sig) {
+    (void)sig;
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    static const char head[] = "child_stack:\n";
+    if (write(2, head, sizeof head - 1) < 0) _exit(98);
+    backtrace_symbols_fd(frames, n, 2);
+    _exit(99);
+}
+
 /* The child's CUDA calls after a fork: a context, a buffer, a pool
  * allocation, each freed. Exit status: 0, or the line of the first error. */
 static void forked_child(void) {
+    signal(SIGUSR1, child_stack);
     setup();
     CUdeviceptr p;
     if (cu.cuMemAlloc_v2(&p, 1 << 20) || cu.cuMemFree_v2(p)) _exit(10);
@@ -1288,9 +1304,11 @@ static void forked_child(void) {
 }
 
 /* Forks right after cuInit and waits up to 10 s for the child; a child
- * still running then is hung (killed, reported). */
+ * still running then is hung (its stack printed, killed, reported). */
 static int cmd_forkheld(void) {
     load_and_init();
+    void *warm[1];
+    backtrace(warm, 1); /* loads the unwinder now, not in the child's handler */
     double t0 = now_s();
     pid_t child = fork();
     if (child == 0) forked_child();
@@ -1301,8 +1319,13 @@ static int cmd_forkheld(void) {
         printf("child_exit=%d child_ms=%.0f\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
                (now_s() - t0) * 1e3);
     else {
-        kill(child, SIGKILL);
-        waitpid(child, NULL, 0);
+        kill(child, SIGUSR1);
+        double t1 = now_s();
+        while ((done = waitpid(child, &status, WNOHANG)) == 0 && now_s() < t1 + 2) usleep(2000);
+        if (done != child) {
+            kill(child, SIGKILL);
+            waitpid(child, NULL, 0);
+        }
         printf("child_exit=hung\n");
     }
     setup();
