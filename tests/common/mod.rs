@@ -168,17 +168,13 @@ pub fn artifacts() -> &'static Artifacts {
         std::fs::create_dir_all(&stub_dir).unwrap();
         let copy = |name: &str, to: &Path| {
             let dst = to.join(name);
-            let tmp = dst.with_extension("tmp");
-            std::fs::copy(target.join(name), &tmp)
-                .unwrap_or_else(|e| panic!("copy target/{name}: {e}"));
-            std::fs::rename(&tmp, &dst).unwrap();
+            copy_built(&target.join(name), &dst);
             dst
         };
         let vgpuctl = copy("vgpuctl", &own);
         let libsim = copy("libsim_gpu.so", &own);
         let stub = copy("libvgpu.so", &stub_dir);
         let core = copy("libvgpu_core.so", &stub_dir);
-        drop(lock);
         let link_dir = own.join("driver");
         std::fs::create_dir_all(&link_dir).unwrap();
         for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
@@ -186,27 +182,12 @@ pub fn artifacts() -> &'static Artifacts {
             let _ = std::fs::remove_file(&l);
             std::os::unix::fs::symlink(&libsim, &l).unwrap();
         }
-        let programs = repo().join("tests/programs");
-        for p in PATHS {
-            let out = own.join(format!("cuclient-{}", p.define().to_lowercase()));
-            let mut cc = Command::new("cc");
-            cc.args(["-O1", "-Wall", "-D", p.define(), "-o"])
-                .arg(&out)
-                .arg(programs.join("cuclient.c"))
-                .args(["-ldl", "-lpthread"]);
-            if p == Path3::Link {
-                cc.arg("-L").arg(&link_dir).arg("-l:libcuda.so.1");
-            }
-            run_ok(&mut cc);
-        }
-        for prog in ["proc_address", "smi", "nodriver", "hostile_board"] {
-            run_ok(
-                Command::new("cc")
-                    .args(["-O1", "-Wall", "-o"])
-                    .arg(own.join(prog))
-                    .arg(programs.join(format!("{prog}.c")))
-                    .args(["-ldl", "-lpthread"]),
-            );
+        // Under the lock: the first binary compiles them, the rest wait
+        // for that and copy.
+        let c_programs = c_programs(&bin, &link_dir);
+        drop(lock);
+        for name in C_PROGRAMS {
+            copy_built(&c_programs.join(name), &own.join(name));
         }
         let libvgpu = own.join("libvgpu.so");
         match std::env::var_os("VGPU_TEST_BUNDLE") {
@@ -229,6 +210,77 @@ pub fn artifacts() -> &'static Artifacts {
             target,
         }
     })
+}
+
+/// The C programs every test binary runs, as [`c_programs`] names them.
+const C_PROGRAMS: [&str; 7] = [
+    "cuclient-via_link",
+    "cuclient-via_dlsym",
+    "cuclient-via_procaddr",
+    "proc_address",
+    "smi",
+    "nodriver",
+    "hostile_board",
+];
+
+/// The C programs of tests/programs, compiled once for their sources:
+/// a directory of `bin` named for a hash of every file there. Each test
+/// binary compiling its own seven was a tenth of the CPU of CI's lanes
+/// (`perf`, 2026-11-29). `link_dir` holds a driver to link the -lcuda
+/// build against. Built in a temp dir and renamed into place, so a
+/// directory of that name is always whole.
+fn c_programs(bin: &Path, link_dir: &Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let programs = repo().join("tests/programs");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&programs)
+        .unwrap_or_else(|e| panic!("{}: {e}", programs.display()))
+        .map(|f| f.unwrap().path())
+        .collect();
+    files.sort();
+    // The flags below are part of what is built: bump the tag with them.
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    "cc -O1 -Wall, v1".hash(&mut hash);
+    for f in &files {
+        f.file_name().hash(&mut hash);
+        std::fs::read(f).unwrap().hash(&mut hash);
+    }
+    let dir = bin.join(format!("c-{:016x}", hash.finish()));
+    if dir.is_dir() {
+        return dir;
+    }
+    let tmp = bin.join(format!("c-tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for p in PATHS {
+        let mut cc = Command::new("cc");
+        cc.args(["-O1", "-Wall", "-D", p.define(), "-o"])
+            .arg(tmp.join(format!("cuclient-{}", p.define().to_lowercase())))
+            .arg(programs.join("cuclient.c"))
+            .args(["-ldl", "-lpthread"]);
+        if p == Path3::Link {
+            cc.arg("-L").arg(link_dir).arg("-l:libcuda.so.1");
+        }
+        run_ok(&mut cc);
+    }
+    for prog in ["proc_address", "smi", "nodriver", "hostile_board"] {
+        run_ok(
+            Command::new("cc")
+                .args(["-O1", "-Wall", "-o"])
+                .arg(tmp.join(prog))
+                .arg(programs.join(format!("{prog}.c")))
+                .args(["-ldl", "-lpthread"]),
+        );
+    }
+    std::fs::rename(&tmp, &dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
+/// Copies a built file over `to` (through a temp name: a test of another
+/// binary never runs a half-written one).
+fn copy_built(from: &Path, to: &Path) {
+    let tmp = to.with_extension("tmp");
+    std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+    std::fs::rename(&tmp, to).unwrap();
 }
 
 /// The single file a deployment installs (and HAMi's device plugin
