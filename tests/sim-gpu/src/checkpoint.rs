@@ -66,6 +66,17 @@ fn gate() -> MutexGuard<'static, Gate> {
     GATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The gate, held across `fork` by the fork handlers (`local.rs`): every
+/// entry point takes it a moment, and a child that inherited it held by
+/// another thread would block at its first call.
+pub struct GateHeld {
+    _guard: MutexGuard<'static, Gate>,
+}
+
+pub fn hold_gate_for_fork() -> GateHeld {
+    GateHeld { _guard: gate() }
+}
+
 /// Blocks the caller while the process is locked or checkpointed (every
 /// entry point but these goes through here).
 pub fn wait_open() {

@@ -1,9 +1,10 @@
 //! Per-process handle tables of the simulated driver: contexts, memory,
 //! streams, events, modules, graphs. Handles are small integers cast to
 //! pointers; device addresses come from a bump allocator. The table's lock
-//! is held across `fork` (so a child never inherits it held by a thread
-//! it does not have); the child keeps the tables, as it keeps any memory,
-//! under a fresh lock. (A std mutex: its waiters are the kernel's, so the
+//! is held across `fork`, with the checkpoint gate and the state's
+//! claiming lock (so a child never inherits one held by a thread it does
+//! not have); the child keeps the tables, as it keeps any memory, under a
+//! fresh lock. (A std mutex: its waiters are the kernel's, so the
 //! child inherits none of the parent's.)
 
 use std::cell::{RefCell, UnsafeCell};
@@ -152,24 +153,48 @@ pub fn local_ungated() -> LocalGuard {
     LocalGuard(g)
 }
 
+/// What the forking thread holds across `fork`, in the order every other
+/// thread takes them: the checkpoint gate, the tables, the claiming lock.
+#[derive(Default)]
+struct ForkHeld {
+    gate: Option<crate::checkpoint::GateHeld>,
+    tables: Option<MutexGuard<'static, Option<Local>>>,
+    claiming: Option<MutexGuard<'static, ()>>,
+}
+
 thread_local! {
-    static HELD: RefCell<Option<MutexGuard<'static, Option<Local>>>> = const { RefCell::new(None) };
+    static HELD: RefCell<ForkHeld> = RefCell::new(ForkHeld::default());
 }
 
 extern "C" fn hold() {
-    let g = tables().lock().unwrap_or_else(PoisonError::into_inner);
-    let _ = HELD.try_with(|h| *h.borrow_mut() = Some(g));
+    let gate = crate::checkpoint::hold_gate_for_fork();
+    let tables = tables().lock().unwrap_or_else(PoisonError::into_inner);
+    let claiming = crate::state::claiming_for_fork();
+    let _ = HELD.try_with(|h| {
+        *h.borrow_mut() = ForkHeld {
+            gate: Some(gate),
+            tables: Some(tables),
+            claiming,
+        }
+    });
 }
 
 extern "C" fn release() {
-    let _ = HELD.try_with(|h| h.borrow_mut().take());
+    let _ = HELD.try_with(|h| std::mem::take(&mut *h.borrow_mut()));
 }
 
 extern "C" fn child() {
-    let _ = HELD.try_with(|h| std::mem::forget(h.borrow_mut().take()));
+    let _ = HELD.try_with(|h| {
+        let held = std::mem::take(&mut *h.borrow_mut());
+        // The gate and the claiming lock are std mutexes, unlocked here by
+        // the thread that locked them (a fork keeps the calling thread).
+        drop(held.claiming);
+        drop(held.gate);
+        std::mem::forget(held.tables);
+    });
     // SAFETY: the forked child's only thread, before anything else runs;
-    // the one guard was forgotten. The tables move bitwise into a fresh
-    // mutex written over the old one, which is never dropped.
+    // the tables' one guard was forgotten. The tables move bitwise into a
+    // fresh mutex written over the old one, which is never dropped.
     unsafe {
         let old = &mut *LOCAL.0.get();
         let tables = old.get_mut().unwrap_or_else(PoisonError::into_inner) as *mut Option<Local>;

@@ -8,12 +8,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
-use parking_lot::Mutex;
 use vgpu_shm::procinfo::ProcId;
 
 use crate::config::Config;
@@ -96,6 +95,10 @@ struct State {
     /// opens: closing any would drop every POSIX lock the process holds on
     /// it, its entry's lock and the schedulers' locks alike.
     file: File,
+    /// Held while an entry is claimed, and across `fork` (`local.rs`): a
+    /// child must not inherit it held by a thread it does not have. A std
+    /// mutex, so that the child can unlock it (its waiters are the
+    /// kernel's).
     claiming: Mutex<()>,
     pid_offset: u32,
     nvml_delay_us: u64,
@@ -255,7 +258,7 @@ pub fn me() -> &'static Proc {
     if let Some(p) = cached(st, pid) {
         return p;
     }
-    let _one = st.claiming.lock();
+    let _one = st.claiming.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(p) = cached(st, pid) {
         return p;
     }
@@ -296,6 +299,13 @@ pub fn me() -> &'static Proc {
         return p;
     }
     panic!("sim-gpu: more than {MAX_PROC} live processes with a context");
+}
+
+/// The claiming lock, for the fork handlers (`local.rs`); None before
+/// the state is set up (nothing can hold it then).
+pub fn claiming_for_fork() -> Option<MutexGuard<'static, ()>> {
+    let st = STATE.get()?;
+    Some(st.claiming.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
 fn cached(st: &State, pid: i32) -> Option<&Proc> {
