@@ -151,6 +151,7 @@ pub fn artifacts() -> &'static Artifacts {
                 || [
                     "CARGO_MANIFEST_DIR",
                     "CARGO_MANIFEST_PATH",
+                    "CARGO_MANIFEST_LINKS",
                     "CARGO_CRATE_NAME",
                     "CARGO_PRIMARY_PACKAGE",
                     "CARGO_TARGET_TMPDIR",
@@ -186,8 +187,8 @@ pub fn artifacts() -> &'static Artifacts {
         // for that and copy.
         let c_programs = c_programs(&bin, &link_dir);
         drop(lock);
-        for name in C_PROGRAMS {
-            copy_built(&c_programs.join(name), &own.join(name));
+        for (name, _) in c_builds() {
+            copy_built(&c_programs.join(&name), &own.join(&name));
         }
         let libvgpu = own.join("libvgpu.so");
         match std::env::var_os("VGPU_TEST_BUNDLE") {
@@ -212,73 +213,96 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// The C programs every test binary runs, as [`c_programs`] names them.
-const C_PROGRAMS: [&str; 7] = [
-    "cuclient-via_link",
-    "cuclient-via_dlsym",
-    "cuclient-via_procaddr",
-    "proc_address",
-    "smi",
-    "nodriver",
-    "hostile_board",
-];
+/// The C programs every test binary runs: each one's name and its `cc`
+/// arguments but the output (in tests/programs; `LINK_DIR` stands for a
+/// directory holding a driver to link against).
+fn c_builds() -> Vec<(String, Vec<String>)> {
+    let mut builds = Vec::new();
+    for p in PATHS {
+        let name = format!("cuclient-{}", p.define().to_lowercase());
+        let mut args: Vec<String> = [
+            "-O1",
+            "-Wall",
+            "-D",
+            p.define(),
+            "cuclient.c",
+            "-ldl",
+            "-lpthread",
+        ]
+        .map(String::from)
+        .to_vec();
+        if p == Path3::Link {
+            args.extend(["-L", "LINK_DIR", "-l:libcuda.so.1"].map(String::from));
+        }
+        builds.push((name, args));
+    }
+    for prog in ["proc_address", "smi", "nodriver", "hostile_board"] {
+        let args = ["-O1", "-Wall", &format!("{prog}.c"), "-ldl", "-lpthread"];
+        builds.push((prog.to_string(), args.map(String::from).to_vec()));
+    }
+    builds
+}
 
-/// The C programs of tests/programs, compiled once for their sources:
-/// a directory of `bin` named for a hash of every file there. Each test
-/// binary compiling its own seven was a tenth of the CPU of CI's lanes
-/// (`perf`, 2026-11-29). `link_dir` holds a driver to link the -lcuda
-/// build against. Built in a temp dir and renamed into place, so a
-/// directory of that name is always whole.
+/// The C programs of tests/programs, compiled once for what they are
+/// built from: a directory of `bin` named for a hash of every file there,
+/// the command lines and the compiler's version. Each test binary
+/// compiling its own seven was a tenth of the CPU of CI's lanes (`perf`,
+/// 2026-11-29). Called under [`RIG_LOCK`]; built in a temp dir and
+/// renamed into place, so a directory of that name is always whole.
+/// (The -lcuda build links against whichever simulator built it first:
+/// it names `libcuda.so.1` alone, and each test runs it on its own.)
 fn c_programs(bin: &Path, link_dir: &Path) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let programs = repo().join("tests/programs");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&programs)
         .unwrap_or_else(|e| panic!("{}: {e}", programs.display()))
         .map(|f| f.unwrap().path())
+        .filter(|f| f.is_file())
         .collect();
     files.sort();
-    // The flags below are part of what is built: bump the tag with them.
+    let builds = c_builds();
     let mut hash = std::collections::hash_map::DefaultHasher::new();
-    "cc -O1 -Wall, v1".hash(&mut hash);
+    builds.hash(&mut hash);
+    let version = Command::new("cc").arg("-dumpfullversion").output();
+    version.expect("cc (a C compiler)").stdout.hash(&mut hash);
     for f in &files {
         f.file_name().hash(&mut hash);
-        std::fs::read(f).unwrap().hash(&mut hash);
+        let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        bytes.hash(&mut hash);
     }
     let dir = bin.join(format!("c-{:016x}", hash.finish()));
     if dir.is_dir() {
         return dir;
     }
+    // What a run that died mid-build left.
+    for old in std::fs::read_dir(bin).unwrap().filter_map(Result::ok) {
+        if old.file_name().to_string_lossy().starts_with("c-tmp-") {
+            let _ = std::fs::remove_dir_all(old.path());
+        }
+    }
     let tmp = bin.join(format!("c-tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
-    for p in PATHS {
+    for (name, args) in &builds {
         let mut cc = Command::new("cc");
-        cc.args(["-O1", "-Wall", "-D", p.define(), "-o"])
-            .arg(tmp.join(format!("cuclient-{}", p.define().to_lowercase())))
-            .arg(programs.join("cuclient.c"))
-            .args(["-ldl", "-lpthread"]);
-        if p == Path3::Link {
-            cc.arg("-L").arg(link_dir).arg("-l:libcuda.so.1");
+        cc.current_dir(&programs).arg("-o").arg(tmp.join(name));
+        for a in args {
+            if a == "LINK_DIR" {
+                cc.arg(link_dir);
+            } else {
+                cc.arg(a);
+            }
         }
         run_ok(&mut cc);
-    }
-    for prog in ["proc_address", "smi", "nodriver", "hostile_board"] {
-        run_ok(
-            Command::new("cc")
-                .args(["-O1", "-Wall", "-o"])
-                .arg(tmp.join(prog))
-                .arg(programs.join(format!("{prog}.c")))
-                .args(["-ldl", "-lpthread"]),
-        );
     }
     std::fs::rename(&tmp, &dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     dir
 }
 
-/// Copies a built file over `to` (through a temp name: a test of another
-/// binary never runs a half-written one).
+/// Copies a built file over `to`, through a temp name of this process's:
+/// a test never runs a half-written file, and two processes of one test
+/// binary (overlapping runs) do not write the same temp file.
 fn copy_built(from: &Path, to: &Path) {
-    let tmp = to.with_extension("tmp");
+    let tmp = to.with_extension(format!("{}.tmp", std::process::id()));
     std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     std::fs::rename(&tmp, to).unwrap();
 }

@@ -1292,7 +1292,6 @@ static void child_stack(int sig) {
 /* The child's CUDA calls after a fork: a context, a buffer, a pool
  * allocation, each freed. Exit status: 0, or the line of the first error. */
 static void forked_child(void) {
-    signal(SIGUSR1, child_stack);
     setup();
     CUdeviceptr p;
     if (cu.cuMemAlloc_v2(&p, 1 << 20) || cu.cuMemFree_v2(p)) _exit(10);
@@ -1309,6 +1308,10 @@ static int cmd_forkheld(void) {
     load_and_init();
     void *warm[1];
     backtrace(warm, 1); /* loads the unwinder now, not in the child's handler */
+    /* Before the fork, so that a child stuck in fork's own handlers has it. */
+    struct sigaction sa = {0};
+    sa.sa_handler = child_stack;
+    sigaction(SIGUSR1, &sa, NULL);
     double t0 = now_s();
     pid_t child = fork();
     if (child == 0) forked_child();

@@ -305,14 +305,11 @@ fn connections_past_the_cap_are_closed_and_the_cap_frees_when_they_go() {
     let held: Vec<TcpStream> = (0..512).map(|_| connect(e.addr)).collect();
     let t = Instant::now();
     while e.sockets() < before + 512 && t.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
     println!("512 connections accepted in {:?}", t.elapsed());
-    assert!(
-        e.sockets() >= before + 512,
-        "{} sockets of 512 accepted",
-        e.sockets() - before
-    );
+    let accepted = e.sockets().saturating_sub(before);
+    assert!(accepted >= 512, "{accepted} sockets of 512 accepted");
     // One more is closed at once, without an answer.
     let mut extra = connect(e.addr);
     extra

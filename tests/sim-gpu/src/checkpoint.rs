@@ -63,6 +63,7 @@ static GATE: Mutex<Gate> = Mutex::new(Gate {
 static OPEN: Condvar = Condvar::new();
 
 fn gate() -> MutexGuard<'static, Gate> {
+    crate::local::fork_safe();
     GATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -74,7 +75,9 @@ pub struct GateHeld {
 }
 
 pub fn hold_gate_for_fork() -> GateHeld {
-    GateHeld { _guard: gate() }
+    GateHeld {
+        _guard: GATE.lock().unwrap_or_else(PoisonError::into_inner),
+    }
 }
 
 /// Blocks the caller while the process is locked or checkpointed (every

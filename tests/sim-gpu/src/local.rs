@@ -143,14 +143,20 @@ pub fn local() -> LocalGuard {
 
 /// The tables, whatever the checkpoint state (the checkpoint API itself).
 pub fn local_ungated() -> LocalGuard {
+    fork_safe();
+    let mut g = tables().lock().unwrap_or_else(PoisonError::into_inner);
+    g.get_or_insert_with(Local::default);
+    LocalGuard(g)
+}
+
+/// Registers the fork handlers, once: at the first use of the tables or
+/// of the checkpoint gate, whichever comes first.
+pub fn fork_safe() {
     static FORK_SAFE: std::sync::Once = std::sync::Once::new();
     FORK_SAFE.call_once(|| {
         // SAFETY: three handlers without arguments that do not unwind.
         unsafe { libc::pthread_atfork(Some(hold), Some(release), Some(child)) };
     });
-    let mut g = tables().lock().unwrap_or_else(PoisonError::into_inner);
-    g.get_or_insert_with(Local::default);
-    LocalGuard(g)
 }
 
 /// What the forking thread holds across `fork`, in the order every other
