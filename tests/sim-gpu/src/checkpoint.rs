@@ -74,6 +74,7 @@ pub struct GateHeld {
     _guard: MutexGuard<'static, Gate>,
 }
 
+/// (Not through `gate()`: a fork handler must not register the handlers.)
 pub fn hold_gate_for_fork() -> GateHeld {
     GateHeld {
         _guard: GATE.lock().unwrap_or_else(PoisonError::into_inner),
