@@ -309,6 +309,37 @@ fn limits_that_sum_to_the_whole_gpu_are_met() {
 }
 
 #[test]
+fn four_containers_on_a_board_take_places_that_tile_the_period() {
+    // 10 + 20 + 30 + 40 with a board: each works out where its window
+    // lies from the others' shares and slots (limiter/tiling.rs), so the
+    // windows settle where the probes alone took 20 s to come near
+    // (above; on an H200 the 30 and 40 % ones sat at their bounds in
+    // 10 s runs, runs 173 and 176).
+    let _serial = serial();
+    let limits = [Some(10), Some(20), Some(30), Some(40)];
+    let (out, turns, _) = share_on(with_a_board(), &limits, 12, DENSE);
+    let period = period_ms();
+    let mut placed: Vec<(f64, f64)> = turns
+        .iter()
+        .zip(&limits)
+        .map(|(t, l)| {
+            let t = t.as_ref().expect("turns shown");
+            let share = f64::from(l.unwrap()) * period / 100.0;
+            (t["phase_ms"].as_f64().expect("a phase") % period, share)
+        })
+        .collect();
+    placed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    eprintln!("windows (opens at, share) in ms: {placed:?}");
+    // End to end from the period's start, in some order of slots.
+    let mut at = 0.0;
+    for (opens, share) in &placed {
+        assert!((opens - at).abs() <= 0.6, "windows {placed:?}");
+        at += share;
+    }
+    assert_each_gets_its_limit(&out);
+}
+
+#[test]
 fn a_host_bound_loop_s_window_spans_its_share_of_the_period() {
     // 30 + 60 % of loops that keep the GPU 91 % busy: their launches'
     // cost, 90 % of the period, spans 99 % of it, so shares counted in

@@ -48,6 +48,10 @@ pub struct Window<'a> {
     /// board beside it (the leader's word, `limited_beside_ns`): only then
     /// does a whole window inside this one move it past.
     pub beside_limited: bool,
+    /// The device's leader places the container's turns from the board
+    /// (`tiling.rs`): the window does not move, and one that ran on
+    /// leaves time unspent as one that opened late would.
+    pub tiled: bool,
     /// Picks the factor of a move later (`turns::verdict`).
     pub random: u64,
 }
@@ -132,7 +136,7 @@ pub fn judge(w: &Window) -> Verdict {
     );
     v.covered = turns::next_streak(w.covered, w.probes, share);
     let shared = w.shared || v.note_shared;
-    v.cut_ns = turns::next_cut(w.cut_ns, share, w.probes, v.covered, shared);
+    v.cut_ns = turns::next_cut(w.cut_ns, share, w.probes, v.covered, shared, w.tiled);
     v.late = w.probes.first().is_some_and(Probe::beside_another);
     v.step = turns::verdict(w.probes, w.random, w.late);
     v.ran_on = turns::ran_on_from_a_clear_start(w.probes);
@@ -168,6 +172,11 @@ pub fn judge(w: &Window) -> Verdict {
             .filter(|_| w.nested)
             .map(|ns| Move::Later(ns.clamp(turns::min_move_ns(), turns::max_move_ns())));
     }
+    if w.tiled {
+        // Its place is the board's.
+        v.step = None;
+        v.nested = false;
+    }
     v
 }
 
@@ -198,8 +207,34 @@ mod tests {
             ran_on: false,
             beside_rest: true,
             beside_limited: false,
+            tiled: false,
             random: 0,
         }
+    }
+
+    #[test]
+    fn a_window_placed_from_the_board_never_moves_and_cuts_its_tail_instead() {
+        let late = [shared(3, 8), clean(3), clean(3)];
+        let ran_on = [clean(3), clean(3), shared(3, 3), shared(3, 3)];
+        let nested = [clean(3), shared(3, 30), clean(3)];
+        for probes in [&late[..], &ran_on, &nested] {
+            let free = judge(&Window {
+                nested: true,
+                ..window(probes)
+            });
+            assert!(free.step.is_some(), "{probes:?}");
+            let placed = judge(&Window {
+                nested: true,
+                tiled: true,
+                ..window(probes)
+            });
+            assert_eq!((placed.step, placed.nested), (None, false), "{probes:?}");
+        }
+        let placed = judge(&Window {
+            tiled: true,
+            ..window(&ran_on)
+        });
+        assert_eq!(placed.cut_ns, turns::trailing_lost_ns(&ran_on) / 2);
     }
 
     #[test]

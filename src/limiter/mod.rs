@@ -20,6 +20,8 @@
 //! - `neighbours`: whether other containers share a device (pure)
 //! - `pacing`: beside others, pace or take turns (the node's SM board)
 //! - `rest`: a container without a limit takes what the limits leave
+//! - `tiling`: where three or more take turns, their windows placed from
+//!   the board
 //! - `turns`: windows on the shared clock, so that containers sharing a
 //!   GPU run in turns instead of time-slicing (pure)
 #![forbid(unsafe_code)]
@@ -40,6 +42,7 @@ pub mod readings;
 pub mod rest;
 pub mod room;
 pub mod synced;
+pub mod tiling;
 pub mod turns;
 pub mod verdicts;
 

@@ -48,6 +48,7 @@ use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::sm_board::{self, Claim, Others, SmBoard};
 
 use super::room::{self, ROOM_PERCENT};
+use super::tiling;
 
 pub use crate::config::Turns;
 
@@ -207,6 +208,9 @@ pub struct Pacing {
     /// Whether the last board read showed a container that takes the
     /// rest.
     beside_rest: bool,
+    /// The others on the board at the last tick, where this container
+    /// published its claim there (busy, with a slot).
+    seen: Option<Others>,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -304,6 +308,14 @@ impl Pacing {
             (true, since) => since,
         };
         entry.note_paced(paced, now);
+        // In turns beside two or more others: placed from the board.
+        let phase = match self.seen {
+            Some(others) if !paced && mode() != Turns::Never => {
+                tiling::phase_ns(claim.percent, &others, super::turns::period_ns())
+            }
+            _ => None,
+        };
+        tiling::place(entry, phase, now);
     }
 
     /// Over the span that ends at `now`, once it holds [`JUDGE_NS`] of
@@ -410,6 +422,7 @@ impl Pacing {
         let busy = now < self.busy_until_ns;
         let Some(board) = self.board(uuid, now) else {
             // No board, no neighbour known: neither word stands.
+            self.seen = None;
             self.beside_rest = false;
             entry.note_rest_beside(false, now);
             entry.note_limited_beside(false, now);
@@ -421,6 +434,7 @@ impl Pacing {
             Ok(())
         };
         let others = board.others(now);
+        self.seen = (busy && published.is_ok()).then_some(others);
         self.beside_rest = others.resting > 0;
         // (Beside a limited one the windows judge by `limited_beside`.)
         entry.note_rest_beside(self.beside_rest && others.count == others.resting, now);

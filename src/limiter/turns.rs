@@ -206,8 +206,19 @@ pub fn covered_streak_at(period: u64) -> u32 {
 ///   `shared` (another context was met in the last 10 s,
 ///   `layout::TURN_SHARED_NS`).
 ///
+/// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
+/// never moves earlier: one that ran on from a clear start adds half what
+/// its tail lost too.
+///
 /// At most [`MAX_CUT_PCT`] of `share_ns`.
-pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: bool) -> u64 {
+pub fn next_cut(
+    cut: u64,
+    share_ns: u64,
+    probes: &[Probe],
+    streak: u32,
+    shared: bool,
+    tiled: bool,
+) -> u64 {
     if (covered(probes) || nearly_covered(probes, share_ns)) && streak > covered_streak() {
         return 0;
     }
@@ -216,7 +227,7 @@ pub fn next_cut(cut: u64, share_ns: u64, probes: &[Probe], streak: u32, shared: 
     let cut = cut.min(most);
     let cut = if covered(probes) {
         cut + share_ns / 8
-    } else if ran_on_from_a_clear_start(probes) {
+    } else if !tiled && ran_on_from_a_clear_start(probes) {
         cut // it moves earlier instead ([`verdict`])
     } else {
         match trailing_lost_ns(probes) {
@@ -585,7 +596,7 @@ pub(super) mod tests {
         assert_eq!(share_ns(u32::MAX, u32::MAX), 4 * PERIOD_NS);
         let share = 30 * MS;
         let late = [clean(3), shared(3, 3)];
-        assert_eq!(next_cut(u64::MAX, share, &late, 0, true), share / 4);
+        assert_eq!(next_cut(u64::MAX, share, &late, 0, true, false), share / 4);
         let huge = Probe {
             stream: StreamKey::default(),
             cost_ns: u64::MAX,
@@ -599,17 +610,17 @@ pub(super) mod tests {
     fn a_window_late_at_both_ends_leaves_some_of_its_share() {
         let share = 50 * MS;
         let ran_on = [shared(3, 3), clean(3), shared(3, 2), shared(3, 3)];
-        let cut = next_cut(0, share, &ran_on, 0, false);
+        let cut = next_cut(0, share, &ran_on, 0, false, false);
         assert_eq!(cut, 5 * MS / 2);
-        assert_eq!(next_cut(cut, share, &ran_on, 0, false), 5 * MS);
+        assert_eq!(next_cut(cut, share, &ran_on, 0, false, false), 5 * MS);
         // Bounded, and halved after a window that ended clear.
         let mut big = 0;
         for _ in 0..10 {
-            big = next_cut(big, share, &ran_on, 0, false);
+            big = next_cut(big, share, &ran_on, 0, false, false);
         }
         assert_eq!(big, share / 4);
         assert_eq!(
-            next_cut(big, share, &[shared(3, 3), clean(3)], 0, false),
+            next_cut(big, share, &[shared(3, 3), clean(3)], 0, false, false),
             share / 8
         );
     }
@@ -620,10 +631,13 @@ pub(super) mod tests {
         let all = [shared(3, 3), shared(3, 3)];
         let mut cut = 0;
         for streak in 1..=COVERED_STREAK {
-            cut = next_cut(cut, share, &all, streak, true);
+            cut = next_cut(cut, share, &all, streak, true, false);
         }
         assert_eq!(cut, share / 4);
-        assert_eq!(next_cut(cut, share, &all, COVERED_STREAK + 1, true), 0);
+        assert_eq!(
+            next_cut(cut, share, &all, COVERED_STREAK + 1, true, false),
+            0
+        );
         assert!(covered(&all));
         assert!(!covered(&[shared(3, 3)]));
         assert!(!covered(&[shared(3, 3), clean(3)]));
@@ -639,7 +653,7 @@ pub(super) mod tests {
         nearly[4] = clean(3);
         assert!(nearly_covered(&nearly, share) && !covered(&nearly));
         assert_eq!(next_streak(streak, &nearly, share), streak);
-        assert_eq!(next_cut(0, share, &nearly, streak, true), 0);
+        assert_eq!(next_cut(0, share, &nearly, streak, true, false), 0);
         // Before the streak, it counts for nothing either way.
         assert_eq!(next_streak(2, &nearly, share), 2);
         assert_eq!(next_streak(2, &[shared(3, 3), shared(3, 3)], share), 3);
@@ -656,7 +670,7 @@ pub(super) mod tests {
         assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < short_window_ns());
         assert!(!nearly_covered(&long, half));
         assert_eq!(next_streak(streak, &long, half), 0);
-        assert_ne!(next_cut(0, half, &long, streak, false), 0);
+        assert_ne!(next_cut(0, half, &long, streak, false, false), 0);
     }
 
     #[test]
@@ -671,12 +685,20 @@ pub(super) mod tests {
             verdict(&ran_on, 0, true),
             Some(Move::Earlier(min_move_ns()))
         );
-        assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true), 2 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true), GUARD_NS);
+        assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true, false), 2 * MS);
+        assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true, false), GUARD_NS);
+        // Placed from the board, it cannot move: it leaves half what its
+        // tail lost, as one late at both ends does.
+        let tail = trailing_lost_ns(&ran_on);
+        assert_eq!(tail, 6 * MS);
+        assert_eq!(
+            next_cut(2 * MS, 30 * MS, &ran_on, 0, true, true),
+            2 * MS + tail / 2
+        );
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
         assert!(!ran_on_from_a_clear_start(&both));
-        assert_eq!(next_cut(0, 30 * MS, &both, 0, false), 3 * MS / 2);
+        assert_eq!(next_cut(0, 30 * MS, &both, 0, false, false), 3 * MS / 2);
     }
 
     #[test]
@@ -796,8 +818,8 @@ pub(super) mod tests {
         ];
         assert_eq!(trailing_lost_ns(&one), 6 * MS);
         assert_eq!(trailing_lost_ns(&two), 6 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &one, 0, false), 3 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &two, 0, false), 3 * MS);
+        assert_eq!(next_cut(0, 30 * MS, &one, 0, false, false), 3 * MS);
+        assert_eq!(next_cut(0, 30 * MS, &two, 0, false, false), 3 * MS);
         // Two streams whose window opened while the other ran its last
         // 8 ms: they move as one stream would, not by 16 ms.
         let late_one = [shared(3, 8), clean(3), clean(3)];

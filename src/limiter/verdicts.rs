@@ -55,6 +55,7 @@ pub fn carry_out(
         ran_on: mine.ran_on.load(Ordering::Relaxed),
         beside_rest: entry.rest_beside(now),
         beside_limited: entry.limited_beside(now),
+        tiled: entry.turn_flag(vgpu_shm::layout::TURNS_TILED),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
     let v = judge::judge(&w);

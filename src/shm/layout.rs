@@ -206,6 +206,11 @@ pub const TURN_PERIOD_NS: u64 = 100_000_000;
 /// [`DeviceEntry::turn_flags`]: several processes of the container use the
 /// device, so its turns are paused.
 pub const TURNS_PAUSED: u64 = 1;
+/// [`DeviceEntry::turn_flags`]: the device's leader places the container's
+/// turns from the node's SM board, so its windows do not move on their
+/// probes' word (the library's `limiter/tiling.rs`; a library from before
+/// it ignores the bit).
+pub const TURNS_TILED: u64 = 2;
 /// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
 /// sharing the device.
 pub const TURN_SHARED_NS: u64 = 10_000_000_000;

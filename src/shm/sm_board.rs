@@ -205,12 +205,25 @@ pub struct Others {
     /// What those that publish a limit need of the GPU's time, summed
     /// (percent): each one's room, at least its limit ([`Claim::needs`]).
     pub rooms: u32,
+    /// Their own shares, summed (percent), one that asks for turns at
+    /// its own, not 100: what their windows in turns take of a period.
+    pub shares: u32,
+    /// Of those, how many hold slots below the reader's own (none where
+    /// the reader holds no slot).
+    pub below: u32,
+    /// Their shares, summed (percent).
+    pub shares_below: u32,
 }
 
 impl Others {
-    fn add(&mut self, c: Claim) {
+    fn add(&mut self, c: Claim, below: bool) {
         self.percent += if c.asks_turns { 100 } else { c.percent };
         self.count += 1;
+        self.shares += c.percent;
+        if below {
+            self.below += 1;
+            self.shares_below += c.percent;
+        }
         if c.rest {
             self.resting += 1;
         } else {
@@ -357,7 +370,7 @@ impl SmBoard {
                 continue;
             };
             if self.held_by_other(i) {
-                o.add(claim);
+                o.add(claim, self.mine.is_some_and(|m| i < m));
             }
         }
         o
@@ -482,6 +495,7 @@ mod tests {
             count,
             limits: percent,
             rooms: percent,
+            shares: percent,
             ..Others::default()
         }
     }
@@ -491,7 +505,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (a, b, c) = three(dir.path());
         assert_eq!(a.others(NOW), seen(60, 1));
-        assert_eq!(b.others(NOW), seen(30, 1));
+        // (a holds the slot below b's.)
+        let below = Others {
+            below: 1,
+            shares_below: 30,
+            ..seen(30, 1)
+        };
+        assert_eq!(b.others(NOW), below);
         assert_eq!(c.others(NOW), seen(90, 2));
         // Stale: not written for longer than FRESH_NS.
         assert_eq!(c.others(NOW + FRESH_NS + 1), Others::default());
@@ -570,6 +590,9 @@ mod tests {
             asking: 1,
             resting: 1,
             rooms: 30,
+            shares: 90,
+            below: 1,
+            shares_below: 30,
         };
         assert_eq!(b.others(NOW), want);
         // A rest withdrawn is gone at once, not when it goes stale.
@@ -603,6 +626,26 @@ mod tests {
         c.withdraw();
         c.withdraw();
         assert_eq!(b.others(NOW).count, 1);
+    }
+
+    #[test]
+    fn each_reader_sees_the_shares_of_the_slots_below_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, mut b, mut c) = three(dir.path());
+        c.publish(Claim::rest(10), NOW).unwrap();
+        // Slots 0, 1 and 2; a's at its own share though it asks turns.
+        a.publish(Claim::limit(30, true), NOW).unwrap();
+        let at = |o: Others| (o.shares, o.below, o.shares_below);
+        assert_eq!(at(a.others(NOW)), (70, 0, 0));
+        assert_eq!(at(b.others(NOW)), (40, 1, 30));
+        assert_eq!(at(c.others(NOW)), (90, 2, 90));
+        // A slot gone stale counts below no one.
+        b.publish(lim(60), NOW + FRESH_NS).unwrap();
+        c.publish(Claim::rest(10), NOW + FRESH_NS).unwrap();
+        assert_eq!(at(c.others(NOW + FRESH_NS + 1)), (60, 1, 60));
+        // One without a slot has nothing below it.
+        let d = SmBoard::open(dir.path(), &GPU).unwrap();
+        assert_eq!(at(d.others(NOW)).1, 0);
     }
 
     #[test]

@@ -166,6 +166,10 @@ pub struct Turns {
     /// to run side by side (layout 2.5): beside others its share is paced
     /// evenly, as alone, not spent in windows.
     pub paced: bool,
+    /// Its leader places its windows from the node's SM board, where three
+    /// or more containers take turns on the device: their shares end to
+    /// end in the order of their slots (`limiter/tiling.rs`).
+    pub placed: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,
 }

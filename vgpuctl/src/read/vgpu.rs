@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED};
+use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED, TURNS_TILED};
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot, Turns};
@@ -105,6 +105,7 @@ fn device(
             shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
             alone: d.alone(vgpu_shm::board::monotonic_ns()),
             paced: d.paced(vgpu_shm::board::monotonic_ns()),
+            placed: d.turn_flag(TURNS_TILED),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }
