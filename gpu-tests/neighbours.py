@@ -333,6 +333,9 @@ def neighbours(scen):
     plan += [("50+50", "mem-1ms", [50, 50]), ("10+20+30+40", "mem-1ms", [10, 20, 30, 40]),
              ("25x4", "mem-1ms", [25, 25, 25, 25]), ("50+50", "gemm", [50, 50])]
     plan += [("30+unlimited", k, [30, None]) for k in ("mem-0.05ms", "mem-1ms", "gemm")]
+    # Three in turns, one of them taking the rest (10 %): placed from the
+    # board (limiter/tiling.rs) with a rest among them.
+    plan += [("30+60+unlimited", "mem-1ms", [30, 60, None])]
     # On request only: one GEMM container alone at 60 %, to compare its
     # clock and throughput with the same limit beside a neighbour.
     plan += [("alone", "gemm", [60])] if only and "alone/gemm" in only.split(",") else []

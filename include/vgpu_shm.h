@@ -58,7 +58,7 @@ typedef struct vgpu_shm_device {
     uint64_t turn_moved_ns;     /* when the turns last moved (2.1) */
     uint64_t turn_cut_ns;       /* ns of each period's share left unspent (2.1) */
     uint64_t admitted_ns;       /* GPU ns the bucket admitted, ever (2.1) */
-    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1) */
+    uint64_t turn_flags;        /* 1: turns paused (several processes use it) (2.1); 2: windows placed from the SM board */
     uint64_t turn_fill_milli;   /* cost over span of its clean windows, x1000; 0 unknown (2.2) */
     uint64_t turn_shared_ns;    /* when a probe last ran beside another context, 0 never (2.2) */
     uint64_t held_ns;           /* GPU ns admitted launches typically hold, ever (2.3) */

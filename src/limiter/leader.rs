@@ -166,11 +166,14 @@ impl Leader {
         if unlimited && !resting {
             // The leader does not yield (`VGPU_SM_YIELD=false`).
             entry.set_rest_percent(0);
+            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
             state.pacing.withdraw();
             state.leading = false;
             return;
         }
         if resting && super::rest::take(&mut state.pacing, entry, dev) == 0 {
+            // Free again: nothing to place.
+            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
             state.leading = false;
             return;
         }

@@ -38,7 +38,9 @@
 //! turns already causes (an unlimited one); or claim a rest, which makes
 //! a short loop beside it ask for room rather than turns (and, where
 //! every other claim is a rest, its windows move as beside one) until a
-//! second after the room fails it; no quota or limit moves.
+//! second after the room fails it; or publish shares that move where
+//! the windows of three or more in turns are placed (`tiling.rs`). No
+//! quota or limit moves.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -208,9 +210,10 @@ pub struct Pacing {
     /// Whether the last board read showed a container that takes the
     /// rest.
     beside_rest: bool,
-    /// The others on the board at the last tick, where this container
-    /// published its claim there (busy, with a slot).
+    /// The others on the board at the last tick it published there.
     seen: Option<Others>,
+    /// The windows' place on the board (three or more in turns).
+    placer: tiling::Placer,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -256,7 +259,8 @@ impl Pacing {
     /// a limit or, where `rest`, the rest a container without one takes;
     /// GPU `uuid`): publishes the share while the container is busy,
     /// reads the others', notes in the region whether it paces, and
-    /// judges whether it went short of the GPU side by side. (Every tick,
+    /// judges whether it went short of the GPU side by side, and places
+    /// its windows where three or more take turns (`tiling.rs`). (Every tick,
     /// not every control period: a container that has just become busy
     /// shows on the board a tick later, so the room a newcomer must see
     /// before it paces holds for less.)
@@ -308,14 +312,9 @@ impl Pacing {
             (true, since) => since,
         };
         entry.note_paced(paced, now);
-        // In turns beside two or more others: placed from the board.
-        let phase = match self.seen {
-            Some(others) if !paced && mode() != Turns::Never => {
-                tiling::phase_ns(claim.percent, &others, super::turns::period_ns())
-            }
-            _ => None,
-        };
-        tiling::place(entry, phase, now);
+        let in_turns = !paced && mode() != Turns::Never;
+        self.placer
+            .tick(entry, self.seen, claim.percent, in_turns, now);
     }
 
     /// Over the span that ends at `now`, once it holds [`JUDGE_NS`] of

@@ -18,11 +18,19 @@
 //! While its turns are placed so (`layout::TURNS_TILED`), a container's
 //! windows do not move on their probes' word (`judge.rs`); what they
 //! lose at their ends is still mended by leaving part of the share
-//! unspent (`turns::next_cut`). With fewer than three on the board,
-//! shares over the whole period, or the container paced, the probes lead
-//! as before. A writer of the board can only move where this container's
-//! windows open, as a neighbour that takes no turns does; its share, and
-//! every quota, stay as they are.
+//! unspent (`turns::next_cut`). With fewer than three busy containers on
+//! the board, shares over the whole period, or this container paced, the
+//! probes lead as before. A container that takes turns but is not on the
+//! board (no board mounted, every slot held, a library from before it)
+//! is not counted: it finds its way into the gaps by its probes, and the
+//! placed windows do not move for it.
+//!
+//! A place is taken once two board reads in a row agree on it, so that a
+//! container that arrives or leaves, which the leaders see up to a tick
+//! apart, moves the others' windows once. A writer of the board can move
+//! where a container's windows open, at most every other tick, and send
+//! it time-slicing with its neighbours, as a forged limit could before;
+//! its limit and every quota stay as they are.
 
 use vgpu_shm::layout::{DeviceEntry, TURNS_TILED};
 use vgpu_shm::sm_board::Others;
@@ -41,19 +49,53 @@ pub const MIN_CONTAINERS: u32 = 3;
 pub fn phase_ns(mine: u32, others: &Others, period: u64) -> Option<u64> {
     let n = u128::from(others.count) + 1;
     let total = u64::from(mine) + u64::from(others.shares);
-    if n < u128::from(MIN_CONTAINERS) || total > 100 || others.below > others.count {
+    if n < u128::from(MIN_CONTAINERS) || total > 100 {
         return None;
     }
     let spare = u128::from(100 - total);
     // (In percent times n: each container below brings its share and an
-    // n-th of the spare.)
+    // n-th of the spare. `Others` counts the ones below among the others,
+    // so the sum stays under 100 n.)
     let at = u128::from(others.shares_below) * n + u128::from(others.below) * spare;
     u64::try_from(u128::from(period) * at / (100 * n)).ok()
 }
 
+/// One device's placing, kept by its leader: the place the last board
+/// read gave.
+#[derive(Debug, Default)]
+pub struct Placer {
+    last: Option<u64>,
+}
+
+impl Placer {
+    /// At each of the leader's ticks: `others` as the board showed them,
+    /// where the container published its claim of `percent` there, and
+    /// whether it takes turns now (`in_turns`: not paced). Places the
+    /// turns once two reads in a row agree; leaves them to the probes at
+    /// once.
+    pub fn tick(
+        &mut self,
+        entry: &DeviceEntry,
+        others: Option<Others>,
+        percent: u32,
+        in_turns: bool,
+        now: u64,
+    ) {
+        let phase = others
+            .filter(|_| in_turns)
+            .and_then(|o| phase_ns(percent, &o, turns::period_ns()));
+        let last = std::mem::replace(&mut self.last, phase);
+        match phase {
+            None => place(entry, None, now),
+            Some(p) if last == Some(p) => place(entry, Some(p), now),
+            Some(_) => {} // (as it was, until the next read agrees)
+        }
+    }
+}
+
 /// Places the container's turns on `entry` at `phase` ([`phase_ns`]), or
 /// leaves them to the probes (None): notes which in the region, and moves
-/// the anchor where it is off by more than a least move.
+/// the anchor where it is a least move or more off.
 pub fn place(entry: &DeviceEntry, phase: Option<u64>, now: u64) {
     entry.set_turn_flag(TURNS_TILED, phase.is_some());
     let Some(phase) = phase else {
@@ -71,9 +113,12 @@ pub fn place(entry: &DeviceEntry, phase: Option<u64>, now: u64) {
     if off < turns::min_move_ns() {
         return;
     }
-    let to = match anchor - at + phase {
-        0 => period,
-        to => to,
+    // (Anyone who maps the region can write the anchor: near the top of
+    // the clock, a period lower.)
+    let to = match (anchor - at).checked_add(phase) {
+        Some(0) => period,
+        Some(to) => to,
+        None => anchor - at - period + phase,
     };
     if entry.move_turn(anchor, to, now) {
         log::debug!(
@@ -87,6 +132,7 @@ pub fn place(entry: &DeviceEntry, phase: Option<u64>, now: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_shm::{CorePolicy, DeviceInfo, EntryIndex, Limits, Region};
 
     const P: u64 = 100_000_000;
     const MS: u64 = 1_000_000;
@@ -131,16 +177,92 @@ mod tests {
     }
 
     #[test]
-    fn two_containers_shares_over_the_period_or_a_torn_read_place_nothing() {
+    fn two_containers_or_shares_over_the_period_place_nothing() {
         // Two: the probes find the one gap.
         assert_eq!(phase_ns(90, &beside(&[10], 1), P), None);
         // Over the period: windows would overlap wherever they lay.
         assert_eq!(phase_ns(50, &beside(&[30, 40], 1), P), None);
-        // More below than there are (read between two writes).
-        let torn = Others {
-            below: 3,
-            ..beside(&[10, 20], 2)
+    }
+
+    fn entry() -> (Region, EntryIndex) {
+        let r = Region::anonymous().unwrap();
+        let info = DeviceInfo {
+            uuid: [3; 16],
+            total_mem: 1,
+            sm_count: 132,
         };
-        assert_eq!(phase_ns(10, &torn, P), None);
+        let i = r
+            .register_device(
+                &info,
+                Limits {
+                    mem: 0,
+                    sm: 50,
+                    policy: CorePolicy::Default,
+                },
+            )
+            .unwrap()
+            .index;
+        (r, i)
+    }
+
+    #[test]
+    fn a_place_moves_the_anchor_by_whole_periods_and_a_little_off_stays() {
+        let (r, i) = entry();
+        let e = r.device(i);
+        // No anchor yet: chosen at the place, never 0.
+        place(e, Some(0), 1);
+        assert_eq!(e.turn_anchor(), P);
+        assert!(e.turn_flag(TURNS_TILED));
+        // Off by a move or more: within the same period of the clock.
+        e.move_turn(P, 7 * P + 99 * MS, 2);
+        place(e, Some(30 * MS), 3);
+        assert_eq!(e.turn_anchor(), 7 * P + 30 * MS);
+        // Off by less than a move, across the period's end: it stays.
+        e.move_turn(7 * P + 30 * MS, 7 * P + 99_800_000, 4);
+        place(e, Some(0), 5);
+        assert_eq!(e.turn_anchor(), 7 * P + 99_800_000);
+        // Phase 0 off by more, with the anchor in the first period: a
+        // period on (0 is no anchor).
+        e.move_turn(7 * P + 99_800_000, 40 * MS, 6);
+        place(e, Some(0), 7);
+        assert_eq!(e.turn_anchor(), P);
+        // An anchor near the top of the clock: a period lower, no wrap.
+        e.move_turn(P, u64::MAX - 1, 8);
+        place(e, Some(99 * MS), 9);
+        let a = e.turn_anchor();
+        assert_eq!(a % P, 99 * MS);
+        assert!(u64::MAX - a < 2 * P, "{a}");
+        // Left to the probes: the flag goes, the anchor stays.
+        place(e, None, 10);
+        assert!(!e.turn_flag(TURNS_TILED));
+        assert_eq!(e.turn_anchor(), a);
+    }
+
+    #[test]
+    fn a_place_is_taken_once_two_reads_agree_and_dropped_at_once() {
+        let (r, i) = entry();
+        let e = r.device(i);
+        e.choose_turn_anchor(P + 5 * MS);
+        let three = Some(beside(&[20, 30], 1));
+        let mut placer = Placer::default();
+        placer.tick(e, three, 50, true, 1);
+        assert_eq!(e.turn_anchor(), P + 5 * MS);
+        assert!(!e.turn_flag(TURNS_TILED));
+        placer.tick(e, three, 50, true, 2);
+        assert_eq!(e.turn_anchor(), P + 20 * MS);
+        assert!(e.turn_flag(TURNS_TILED));
+        // The board changes: the place waits for a second read.
+        let four = Some(beside(&[10, 20, 20], 2));
+        placer.tick(e, four, 50, true, 3);
+        assert_eq!(e.turn_anchor(), P + 20 * MS);
+        assert!(e.turn_flag(TURNS_TILED));
+        placer.tick(e, four, 50, true, 4);
+        assert_eq!(e.turn_anchor(), P + 30 * MS);
+        // Paced, or no board read: the probes lead at once.
+        placer.tick(e, four, 50, false, 5);
+        assert!(!e.turn_flag(TURNS_TILED));
+        placer.tick(e, four, 50, true, 6);
+        placer.tick(e, None, 50, true, 7);
+        assert!(!e.turn_flag(TURNS_TILED));
     }
 }

@@ -30,7 +30,8 @@
 //! Whoever can write the directory can write any slot; a reader clamps
 //! what it reads (at most [`SLOTS`] slots, each 1-100), and a slot that
 //! reads wrong counts as nothing. What a hostile writer can do with that
-//! is bounded in `limiter/pacing.rs` and `limiter/rest.rs`.
+//! is bounded in `limiter/pacing.rs`, `limiter/rest.rs` and
+//! `limiter/tiling.rs`.
 
 use std::fs::File;
 use std::io;
@@ -211,7 +212,7 @@ pub struct Others {
     /// Of those, how many hold slots below the reader's own (none where
     /// the reader holds no slot).
     pub below: u32,
-    /// Their shares, summed (percent).
+    /// The shares of those below, summed (percent).
     pub shares_below: u32,
 }
 
