@@ -1,7 +1,7 @@
 //! Turns placed from the node's SM board: where three or more containers
 //! take turns on a GPU, each one's window opens at a place every one of
 //! them works out alike from the board, instead of where its probes lead
-//! it (pure, but for [`place`]).
+//! it (pure, but for [`place`] and the [`Placer`] that calls it).
 //!
 //! Two containers in turns find each other from their probes: there is
 //! one gap, and the one that opened late moves to its end
@@ -134,7 +134,8 @@ mod tests {
     use super::*;
     use vgpu_shm::{CorePolicy, DeviceInfo, EntryIndex, Limits, Region};
 
-    const P: u64 = 100_000_000;
+    // (No test in this binary sets another period.)
+    const P: u64 = turns::PERIOD_NS;
     const MS: u64 = 1_000_000;
 
     /// What a container sees beside `shares`, its slot above the first
