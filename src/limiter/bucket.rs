@@ -19,7 +19,7 @@
 //! earlier than its start (a share not spent in its period is gone): the
 //! container spends each period's share at once, from the start of its
 //! window, and its launches wait for the next period after that (less
-//! what the turns leave unspent: `turns::next_cut`). In turns the share
+//! what the turns leave unspent: `cut::next_cut`). In turns the share
 //! is converted by the fill of the container's windows, so that it spans
 //! its part of the period (`fill::turn_scale_milli`).
 #![forbid(unsafe_code)]
@@ -165,8 +165,8 @@ fn admit_in_turns(
     let period = turns::period_ns();
     // (Bounded whatever the region holds: a cut judged at a higher scale,
     // or written by anyone, leaves at least three quarters of the period.)
-    let cut =
-        schedule_ns(entry.turn_cut_ns(), percent, scale).min(period * turns::MAX_CUT_PCT / 100);
+    let cut = schedule_ns(entry.turn_cut_ns(), percent, scale)
+        .min(period * super::cut::MAX_CUT_PCT / 100);
     let end = start + period - cut;
     move_schedule(entry, start + period + MAX_AHEAD_NS, |tat| {
         let from = tat.max(start);

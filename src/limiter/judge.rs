@@ -4,6 +4,7 @@
 //! turns move. `probes.rs` gathers the inputs and carries the verdict out.
 #![forbid(unsafe_code)]
 
+use super::cut;
 use super::fill;
 use super::turns::{self, Move, Probe};
 
@@ -136,7 +137,7 @@ pub fn judge(w: &Window) -> Verdict {
     );
     v.covered = turns::next_streak(w.covered, w.probes, share);
     let shared = w.shared || v.note_shared;
-    v.cut_ns = turns::next_cut(w.cut_ns, share, w.probes, v.covered, shared, w.tiled);
+    v.cut_ns = cut::next_cut(w.cut_ns, share, w.probes, v.covered, shared, w.tiled);
     v.late = w.probes.first().is_some_and(Probe::beside_another);
     v.step = turns::verdict(w.probes, w.random, w.late);
     v.ran_on = turns::ran_on_from_a_clear_start(w.probes);

@@ -22,6 +22,7 @@
 //! - `rest`: a container without a limit takes what the limits leave
 //! - `tiling`: where three or more take turns, their windows placed from
 //!   the board
+//! - `cut`: what a container in turns leaves unspent of each share
 //! - `turns`: windows on the shared clock, so that containers sharing a
 //!   GPU run in turns instead of time-slicing (pure)
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@
 pub mod bucket;
 pub mod controller;
 pub mod credit;
+pub mod cut;
 pub mod estimate;
 pub mod events;
 pub mod fill;

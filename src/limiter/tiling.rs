@@ -18,7 +18,7 @@
 //! While its turns are placed so (`layout::TURNS_TILED`), a container's
 //! windows do not move on their probes' word (`judge.rs`); what they
 //! lose at their ends is still mended by leaving part of the share
-//! unspent (`turns::next_cut`). With fewer than three busy containers on
+//! unspent (`cut::next_cut`). With fewer than three busy containers on
 //! the board, shares over the whole period, or this container paced, the
 //! probes lead as before. A container that takes turns but is not on the
 //! board (no board mounted, every slot held, a library from before it)

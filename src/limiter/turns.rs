@@ -26,7 +26,7 @@
 //! runs into the next, the two time-slice, each loses time, and each then
 //! runs into the next one in turn. So a container whose window opened
 //! late and ran into another's leaves that much of its share unspent for
-//! a while ([`next_cut`]) until its windows end clear. A window ends where
+//! a while (`cut::next_cut`) until its windows end clear. A window ends where
 //! its share does, or one launch later: the bucket cuts the last lease of
 //! a window to what is left (`bucket::admit`).
 #![forbid(unsafe_code)]
@@ -168,10 +168,6 @@ pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
     period_ns() * percent * scale / 100_000
 }
 
-/// The most a container leaves unspent of each period's share while its
-/// windows run into the next one's: a quarter.
-pub const MAX_CUT_PCT: u64 = 25;
-
 /// Covered windows in a row (every probe beside another context) after
 /// which the container stops leaving time unspent for them: whatever
 /// covers its windows takes no turns (a container without a limit), and
@@ -192,81 +188,12 @@ pub fn covered_streak_at(period: u64) -> u32 {
     COVERED_STREAK.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
 }
 
-/// What a container leaves unspent of each period's share after a window
-/// was judged (`streak`: [`next_streak`] after this window).
-/// Two containers that always have work never find their turns, as
-/// neither window ever opens on an idle GPU; so:
-/// - a window that ran on into another's (its trailing probes lost time,
-///   [`trailing_lost_ns`]) adds half what they lost (the other one
-///   leaves some too), unless it opened on an idle GPU: it moves earlier
-///   instead ([`verdict`]);
-/// - a covered window adds an eighth of the share, until the streak
-///   says nothing that takes turns covers it: then nothing is cut;
-/// - a window that ended clear halves the cut, down to the guard while
-///   `shared` (another context was met in the last 10 s,
-///   `layout::TURN_SHARED_NS`).
-///
-/// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
-/// never moves earlier: one that ran on from a clear start adds half what
-/// its tail lost too.
-///
-/// At most [`MAX_CUT_PCT`] of `share_ns`.
-pub fn next_cut(
-    cut: u64,
-    share_ns: u64,
-    probes: &[Probe],
-    streak: u32,
-    shared: bool,
-    tiled: bool,
-) -> u64 {
-    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > covered_streak() {
-        return 0;
-    }
-    let most = share_ns / 100 * MAX_CUT_PCT;
-    let floor = if shared { guard_ns() } else { 0 };
-    let cut = cut.min(most);
-    let cut = if covered(probes) {
-        cut + share_ns / 8
-    } else if !tiled && ran_on_from_a_clear_start(probes) {
-        cut // it moves earlier instead ([`verdict`])
-    } else {
-        match trailing_lost_ns(probes) {
-            0 => cut / 2,
-            lost => cut.saturating_add(lost / 2),
-        }
-    };
-    cut.max(floor).min(most)
-}
-
 /// Whether the window opened on an idle GPU but ran on into another
 /// context's window: there may be room before it, and there is none
 /// after it.
 pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
     probes.first().is_some_and(|p| !p.beside_another()) && trailing_lost_ns(probes) > 0
 }
-
-/// What a container leaves unspent of each share while it shares the
-/// GPU with others that take turns. Shares that sum to the whole period
-/// leave no room between windows, so a window that opens a little late (a
-/// host waking up, a launch's latency) runs into the next, both lose
-/// time, and the next runs into the one after: four containers at 25 %
-/// chased each other round the period for 20 s on an H100 and got 0.225
-/// each (run 41). That guard was 2 % of the share and 0.5 ms, against
-/// windows whose last lease ran up to 2 ms past their share; now that a
-/// window ends within one launch of its share (`bucket::admit`), 0.5 ms
-/// is left
-/// (docs/benchmarks.md, run 68).
-pub const GUARD_NS: u64 = MIN_MOVE_NS;
-
-/// [`GUARD_NS`] at this process's period.
-pub fn guard_ns() -> u64 {
-    scaled(GUARD_NS).max(MIN_GUARD_NS)
-}
-
-/// The least guard at any period: a window's last launch runs on past its
-/// share, and each turn costs a switch (about 0.15 ms), whatever the
-/// period.
-pub const MIN_GUARD_NS: u64 = 300_000;
 
 /// Covered windows in a row after a window with `probes` (`streak` before
 /// it) of a container whose share is `share_ns`: one more after a covered
@@ -470,7 +397,7 @@ pub enum Move {
 /// - It opened on an idle GPU but ran on into another context
 ///   ([`ran_on_from_a_clear_start`]): [`MIN_MOVE_NS`] earlier, into the
 ///   room there may be before it, and it keeps what it leaves unspent as
-///   it was ([`next_cut`]): the container that came second yields. Beside one
+///   it was (`cut::next_cut`): the container that came second yields. Beside one
 ///   that takes no turns and covers some of its windows' ends, leaving
 ///   time unspent only gave that one more (a 30 % container of 1 ms
 ///   kernels beside an unlimited one: 0.244, and 0.254 this way, one run
@@ -512,6 +439,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::limiter::cut::{GUARD_NS, guard_ns, next_cut};
 
     const MS: u64 = 1_000_000;
 

@@ -1,0 +1,84 @@
+//! What a container in turns leaves unspent of each period's share
+//! (pure): where its windows run into the next one's, where something
+//! covers them, and a guard while it shares the GPU. The bucket holds the
+//! schedule to the share less the cut (`bucket.rs`); `judge.rs` sets it
+//! after each window.
+#![forbid(unsafe_code)]
+
+use super::turns::{
+    MIN_MOVE_NS, Probe, covered, covered_streak, nearly_covered, ran_on_from_a_clear_start, scaled,
+    trailing_lost_ns,
+};
+
+/// The most a container leaves unspent of each period's share while its
+/// windows run into the next one's: a quarter.
+pub const MAX_CUT_PCT: u64 = 25;
+
+/// What a container leaves unspent of each period's share after a window
+/// was judged (`streak`: [`next_streak`](super::turns::next_streak) after this window).
+/// Two containers that always have work never find their turns, as
+/// neither window ever opens on an idle GPU; so:
+/// - a window that ran on into another's (its trailing probes lost time,
+///   [`trailing_lost_ns`]) adds half what they lost (the other one
+///   leaves some too), unless it opened on an idle GPU: it moves earlier
+///   instead ([`verdict`](super::turns::verdict));
+/// - a covered window adds an eighth of the share, until the streak
+///   says nothing that takes turns covers it: then nothing is cut;
+/// - a window that ended clear halves the cut, down to the guard while
+///   `shared` (another context was met in the last 10 s,
+///   `layout::TURN_SHARED_NS`).
+///
+/// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
+/// never moves earlier: one that ran on from a clear start adds half what
+/// its tail lost too.
+///
+/// At most [`MAX_CUT_PCT`] of `share_ns`.
+pub fn next_cut(
+    cut: u64,
+    share_ns: u64,
+    probes: &[Probe],
+    streak: u32,
+    shared: bool,
+    tiled: bool,
+) -> u64 {
+    if (covered(probes) || nearly_covered(probes, share_ns)) && streak > covered_streak() {
+        return 0;
+    }
+    let most = share_ns / 100 * MAX_CUT_PCT;
+    let floor = if shared { guard_ns() } else { 0 };
+    let cut = cut.min(most);
+    let cut = if covered(probes) {
+        cut + share_ns / 8
+    } else if !tiled && ran_on_from_a_clear_start(probes) {
+        cut // it moves earlier instead ([`verdict`](super::turns::verdict))
+    } else {
+        match trailing_lost_ns(probes) {
+            0 => cut / 2,
+            lost => cut.saturating_add(lost / 2),
+        }
+    };
+    cut.max(floor).min(most)
+}
+
+/// What a container leaves unspent of each share while it shares the
+/// GPU with others that take turns. Shares that sum to the whole period
+/// leave no room between windows, so a window that opens a little late (a
+/// host waking up, a launch's latency) runs into the next, both lose
+/// time, and the next runs into the one after: four containers at 25 %
+/// chased each other round the period for 20 s on an H100 and got 0.225
+/// each (run 41). That guard was 2 % of the share and 0.5 ms, against
+/// windows whose last lease ran up to 2 ms past their share; now that a
+/// window ends within one launch of its share (`bucket::admit`), 0.5 ms
+/// is left
+/// (docs/benchmarks.md, run 68).
+pub const GUARD_NS: u64 = MIN_MOVE_NS;
+
+/// [`GUARD_NS`] at this process's period.
+pub fn guard_ns() -> u64 {
+    scaled(GUARD_NS).max(MIN_GUARD_NS)
+}
+
+/// The least guard at any period: a window's last launch runs on past its
+/// share, and each turn costs a switch (about 0.15 ms), whatever the
+/// period.
+pub const MIN_GUARD_NS: u64 = 300_000;
