@@ -183,12 +183,14 @@ fn admit_in_turns(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
     use vgpu_shm::{CorePolicy, DeviceInfo, EntryIndex, Limits, Region};
 
-    fn entry(percent: u32) -> (Region, EntryIndex) {
+    /// A region with one device whose SM limit is `percent` (tiling.rs's
+    /// tests too).
+    pub(in crate::limiter) fn entry(percent: u32) -> (Region, EntryIndex) {
         let r = Region::anonymous().unwrap();
         let info = DeviceInfo {
             uuid: [3; 16],

@@ -132,7 +132,7 @@ pub fn place(entry: &DeviceEntry, phase: Option<u64>, now: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_shm::{CorePolicy, DeviceInfo, EntryIndex, Limits, Region};
+    use crate::limiter::bucket::tests::entry;
 
     // (No test in this binary sets another period.)
     const P: u64 = turns::PERIOD_NS;
@@ -185,30 +185,43 @@ mod tests {
         assert_eq!(phase_ns(50, &beside(&[30, 40], 1), P), None);
     }
 
-    fn entry() -> (Region, EntryIndex) {
-        let r = Region::anonymous().unwrap();
-        let info = DeviceInfo {
-            uuid: [3; 16],
-            total_mem: 1,
-            sm_count: 132,
-        };
-        let i = r
-            .register_device(
-                &info,
-                Limits {
-                    mem: 0,
-                    sm: 50,
-                    policy: CorePolicy::Default,
-                },
-            )
-            .unwrap()
-            .index;
-        (r, i)
+    #[test]
+    fn whatever_a_board_shows_a_place_lies_in_the_period_and_nothing_panics() {
+        // What a writer of the board could make `Others` read, and more
+        // (more below than there are, sums no reader would add up).
+        let (r, i) = entry(50);
+        let e = r.device(i);
+        let odd = [0, 1, 2, 3, 50, 99, 100, 3200, u32::MAX];
+        for count in odd {
+            for shares in odd {
+                for below in odd {
+                    for shares_below in odd {
+                        let o = Others {
+                            count,
+                            shares,
+                            below,
+                            shares_below,
+                            ..Others::default()
+                        };
+                        let phase = phase_ns(10, &o, P);
+                        if let Some(p) = phase {
+                            assert!(count >= 2 && shares <= 90, "{o:?}");
+                            place(e, Some(p), 1);
+                            assert_eq!(e.turn_anchor() % P, p % P, "{o:?}");
+                        }
+                    }
+                }
+            }
+        }
+        // Placed at most one period on from where it was: the limit and
+        // the share are not the board's to change.
+        assert!(e.turn_anchor() < 3 * P);
+        assert_eq!(e.sm_limit(), 50);
     }
 
     #[test]
     fn a_place_moves_the_anchor_by_whole_periods_and_a_little_off_stays() {
-        let (r, i) = entry();
+        let (r, i) = entry(50);
         let e = r.device(i);
         // No anchor yet: chosen at the place, never 0.
         place(e, Some(0), 1);
@@ -241,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_place_is_taken_once_two_reads_agree_and_dropped_at_once() {
-        let (r, i) = entry();
+        let (r, i) = entry(50);
         let e = r.device(i);
         e.choose_turn_anchor(P + 5 * MS);
         let three = Some(beside(&[20, 30], 1));

@@ -692,3 +692,18 @@ pub fn host_proc_fd() -> i32 {
     assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, 0) }, 0);
     f.as_raw_fd()
 }
+
+/// The URL a `vgpuctl serve` child (stdout piped) says it serves at, from
+/// the first line it prints (`... http://ADDR/metrics, ...`).
+pub fn served_url(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("vgpuctl serve's first line");
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches(',')
+        .to_string()
+}

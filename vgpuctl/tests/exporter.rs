@@ -104,16 +104,7 @@ impl Exporter {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn vgpuctl serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .trim_end_matches(',')
-            .to_string();
+        let url = common::served_url(&mut child);
         Exporter { child, url }
     }
 

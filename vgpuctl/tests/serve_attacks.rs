@@ -10,7 +10,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,15 +44,10 @@ fn spawn_serve(root: &std::path::Path) -> (Child, SocketAddr) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    let addr = url.trim_end_matches(',').trim_end_matches("/metrics");
+    let url = common::served_url(&mut child);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
     (child, addr.parse().unwrap())
 }
 
