@@ -50,7 +50,7 @@ pub fn next_cut(
     let cut = if covered(probes) {
         cut + share_ns / 8
     } else if !tiled && ran_on_from_a_clear_start(probes) {
-        cut // it moves earlier instead ([`verdict`](super::turns::verdict))
+        cut // it moves earlier instead (`turns::verdict`)
     } else {
         match trailing_lost_ns(probes) {
             0 => cut / 2,
