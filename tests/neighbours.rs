@@ -318,25 +318,89 @@ fn four_containers_on_a_board_take_places_that_tile_the_period() {
     let _serial = serial();
     let limits = [Some(10), Some(20), Some(30), Some(40)];
     let (out, turns, _) = share_on(with_a_board(), &limits, 12, DENSE);
+    let turns: Vec<_> = turns.into_iter().map(|t| t.expect("turns shown")).collect();
+    assert_windows_tile_the_period(&turns, &limits);
+    assert_each_gets_its_limit(&out);
+}
+
+/// The windows of containers at `limits` (their `turns` as vgpuctl
+/// shows them) are placed from the board and lie end to end round the
+/// period, in some order of slots: each opens where the one before it
+/// ends (a place within a least move of 0 may sit just before the
+/// period's end).
+fn assert_windows_tile_the_period(turns: &[serde_json::Value], limits: &[Option<u32>]) {
     let period = period_ms();
     let mut placed: Vec<(f64, f64)> = turns
         .iter()
-        .zip(&limits)
+        .zip(limits)
         .map(|(t, l)| {
-            let t = t.as_ref().expect("turns shown");
+            assert_eq!(t["placed"], true, "{t}");
             let share = f64::from(l.unwrap()) * period / 100.0;
             (t["phase_ms"].as_f64().expect("a phase") % period, share)
         })
         .collect();
     placed.sort_by(|a, b| a.0.total_cmp(&b.0));
     eprintln!("windows (opens at, share) in ms: {placed:?}");
-    // End to end round the period, in some order of slots: each window
-    // opens where the one before it ends (a place within a least move
-    // of 0 may sit just before the period's end).
     for (k, (opens, share)) in placed.iter().enumerate() {
         let next = placed[(k + 1) % placed.len()].0;
         let gap = (next - opens).rem_euclid(period);
         assert!((gap - share).abs() <= 0.6, "windows {placed:?}");
+    }
+}
+
+/// Each GPU has its own board: three containers whose limits fill the
+/// first GPU are placed from its board alone, while two beside them on
+/// the second GPU, whose limits leave a tenth of it free, pace side by
+/// side. Read as one board, the five would sum to 190 %: none placed,
+/// and the second GPU's pair in turns.
+#[test]
+fn containers_on_two_gpus_are_placed_from_their_own_gpu_s_board() {
+    let _serial = serial();
+    let sim = with_a_board_on(2);
+    let first = [("a", 20), ("b", 30), ("c", 50)];
+    let second = [("d", 30), ("e", 60)];
+    let children: Vec<(&str, u32, Child)> = first
+        .iter()
+        .map(|&(n, l)| (n, l, container_on(&sim, n, Some(l), 12, "0")))
+        .chain(
+            second
+                .iter()
+                .map(|&(n, l)| (n, l, container_on(&sim, n, Some(l), 12, "1"))),
+        )
+        .collect();
+    let runs: Vec<(&str, u32, Run)> = children
+        .into_iter()
+        .map(|(n, l, c)| (n, l, finish(c).ok()))
+        .collect();
+    let out: Vec<Share> = runs
+        .iter()
+        .map(|(n, l, r)| {
+            let secs = per_sec_of_device(r);
+            let fraction = r.f64("rate") / DEVICE_RATE;
+            eprintln!("{n} at {l} %: {fraction:.3}; per second {secs:.3?}");
+            (Some(*l), fraction, secs)
+        })
+        .collect();
+    let turns: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|(n, _, _)| {
+            let s = sim.status(&sim.dir.path().join(format!("{n}.cache")));
+            let used: Vec<_> = s["devices"]
+                .as_array()
+                .expect("devices")
+                .iter()
+                .filter(|d| !d["turns"].is_null())
+                .collect();
+            assert_eq!(used.len(), 1, "{n}: one device with turns: {s}");
+            eprintln!("{n}: turns {}", used[0]["turns"]);
+            used[0]["turns"].clone()
+        })
+        .collect();
+    let limits: Vec<Option<u32>> = first.iter().map(|&(_, l)| Some(l)).collect();
+    assert_windows_tile_the_period(&turns[..3], &limits);
+    for t in &turns[3..] {
+        assert_eq!(t["placed"], false, "{t}");
+        assert_eq!(t["paced"], true, "{t}");
     }
     assert_each_gets_its_limit(&out);
 }

@@ -192,7 +192,11 @@ impl Leader {
             // A new leader: most often a new program of the container,
             // whose windows' fill is its own to measure, not its
             // predecessor's (until measured, shares are not converted).
+            // Nor is a place its own until its board reads agree
+            // (`tiling::Placer`): a flag left by one that exited would
+            // keep its windows from moving meanwhile.
             entry.set_turn_fill_milli(0);
+            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
             entry.note_alone(alone_on(attach, dev) == Some(true), now);
             *state = Device {
                 leading: true,
