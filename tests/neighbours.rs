@@ -324,17 +324,17 @@ fn four_containers_on_a_board_take_places_that_tile_the_period() {
 }
 
 /// The windows of containers at `limits` (their `turns` as vgpuctl
-/// shows them) are placed from the board and lie end to end round the
-/// period, in some order of slots: each opens where the one before it
-/// ends (a place within a least move of 0 may sit just before the
-/// period's end).
+/// shows them) lie end to end round the period, in some order of slots,
+/// as placed from the board: each opens where the one before it ends (a
+/// place within a least move of 0 may sit just before the period's
+/// end). (Not `placed`: the flag is as the leader last set it, and the
+/// last container left running, alone, is placed no more.)
 fn assert_windows_tile_the_period(turns: &[serde_json::Value], limits: &[Option<u32>]) {
     let period = period_ms();
     let mut placed: Vec<(f64, f64)> = turns
         .iter()
         .zip(limits)
         .map(|(t, l)| {
-            assert_eq!(t["placed"], true, "{t}");
             let share = f64::from(l.unwrap()) * period / 100.0;
             (t["phase_ms"].as_f64().expect("a phase") % period, share)
         })
@@ -399,7 +399,6 @@ fn containers_on_two_gpus_are_placed_from_their_own_gpu_s_board() {
     let limits: Vec<Option<u32>> = first.iter().map(|&(_, l)| Some(l)).collect();
     assert_windows_tile_the_period(&turns[..3], &limits);
     for t in &turns[3..] {
-        assert_eq!(t["placed"], false, "{t}");
         assert_eq!(t["paced"], true, "{t}");
     }
     assert_each_gets_its_limit(&out);
