@@ -110,6 +110,22 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
     })
 }
 
+/// How long from `now` until `entry`'s bucket admits a launch paced (as
+/// [`admit`] does alone, with turns paused, or side by side): 0 where it
+/// would at once. None where a launch would be admitted in turns, or
+/// without a limit.
+pub fn paced_ready_in(entry: &DeviceEntry, now: u64) -> Option<u64> {
+    if entry.sm_percent() == 0 {
+        return None;
+    }
+    let anchor = entry.turns_in_force();
+    if anchor != 0 && !entry.alone(now) && !super::pacing::paces_beside_others(entry, now) {
+        return None;
+    }
+    let tat = entry.schedule_ns().min(now.saturating_add(MAX_AHEAD_NS));
+    Some(tat.saturating_sub(now.saturating_add(BURST_NS)))
+}
+
 /// The scale a container's turns run at on `entry`: the controller's,
 /// converted by the fill of its windows (`fill::turn_scale_milli`).
 pub fn turn_scale_milli(entry: &DeviceEntry) -> u32 {
@@ -481,6 +497,23 @@ pub(super) mod tests {
         let now = 10_000_000_000u64;
         assert_eq!(admit(d, 600_000, 600_000, now), Admit::Now(600_000));
         assert_eq!(d.tat_ns.load(Ordering::Relaxed), now + 1_000_000);
+    }
+
+    #[test]
+    fn paced_a_bucket_tells_when_it_admits_next_and_in_turns_nothing() {
+        let (r, i) = entry(10);
+        let d = r.device(i);
+        let now = 1_000_000_000;
+        assert_eq!(paced_ready_in(d, now), Some(0));
+        // Run up to its burst, then 1 ms of schedule per 0.1 ms launch.
+        while let Admit::Now(_) = admit(d, 100_000, 100_000, now) {}
+        assert_eq!(paced_ready_in(d, now), Some(1_000_000));
+        assert_eq!(paced_ready_in(d, now + 400_000), Some(600_000));
+        // In turns beside others: windows, not a pace.
+        let (r, i) = in_turns(10, 1);
+        assert_eq!(paced_ready_in(r.device(i), now), None);
+        let (r, i) = entry(0);
+        assert_eq!(paced_ready_in(r.device(i), now), None);
     }
 
     #[test]

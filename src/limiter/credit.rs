@@ -100,6 +100,11 @@ impl DeviceCredit {
         false
     }
 
+    /// Whether `cost` GPU-ns of credit are there to spend.
+    pub(super) fn holds(&self, cost: i64) -> bool {
+        self.credit.load(Ordering::Relaxed) >= cost
+    }
+
     /// Adds GPU-ns bought from the bucket and not spent.
     pub(super) fn add(&self, ns: i64) {
         self.credit.fetch_add(ns, Ordering::Relaxed);

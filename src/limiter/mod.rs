@@ -14,6 +14,7 @@
 //! - `events`: launch timings with CUDA events, for `estimate`
 //! - `probes`: window timings for the turns, judged by `judge` (pure)
 //! - `synced`: this thread's last synchronisation, and how long it waited
+//! - `settle`: a paced step's wait, taken at its synchronisation
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `readings`: what NVML says of the container on a device, for it
@@ -43,6 +44,7 @@ pub mod probes;
 pub mod readings;
 pub mod rest;
 pub mod room;
+pub mod settle;
 pub mod synced;
 pub mod tiling;
 pub mod turns;
@@ -106,6 +108,7 @@ pub fn shape(key: u64) -> &'static Slot {
 pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     let cost = cost_ns(shape);
     let credit = &process::device(dev).limiter;
+    settle::admitted(dev, cost);
     if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
     }
