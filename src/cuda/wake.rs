@@ -17,15 +17,13 @@ use crate::ffi::Out;
 use crate::limiter::synced::{self, Waits};
 use crate::oversub::in_call;
 
-/// [`synced::synchronise`], the time it waited counted for the pacing
-/// beside other containers (`limiter::note_sync_wait`), then a paced
-/// step's wait for the bucket (`limiter::settle`).
+/// [`synced::synchronise`], then the limiter's word on its return
+/// (`limiter::sync_returned`: the wait counted for the pacing beside other
+/// containers, and a paced step's wait for the bucket).
 fn synchronise(waits: Waits, call: impl FnOnce() -> CUresult) -> CUresult {
     synced::synchronise(waits, call, |waited| {
         if let Some(attach) = crate::init::attach() {
-            crate::limiter::note_sync_wait(attach, waited);
-            // (A paced step's wait for the bucket, where it ends.)
-            crate::limiter::settle::after_sync(attach);
+            crate::limiter::sync_returned(attach, waited);
         }
     })
 }

@@ -509,9 +509,20 @@ pub(super) mod tests {
         while let Admit::Now(_) = admit(d, 100_000, 100_000, now) {}
         assert_eq!(paced_ready_in(d, now), Some(1_000_000));
         assert_eq!(paced_ready_in(d, now + 400_000), Some(600_000));
-        // In turns beside others: windows, not a pace.
+        // What the next launch would wait.
+        let later = now + 400_000;
+        let wait = paced_ready_in(d, later).unwrap();
+        assert_eq!(admit(d, 100_000, 100_000, later), Admit::Wait(wait));
+        // In turns beside others: windows, not a pace; alone, or with
+        // its turns paused, a pace again.
         let (r, i) = in_turns(10, 1);
-        assert_eq!(paced_ready_in(r.device(i), now), None);
+        let t = r.device(i);
+        assert_eq!(paced_ready_in(t, now), None);
+        t.note_alone(true, now);
+        assert_eq!(paced_ready_in(t, now), Some(0));
+        t.note_alone(false, now);
+        t.set_turn_flag(vgpu_shm::layout::TURNS_PAUSED, true);
+        assert_eq!(paced_ready_in(t, now), Some(0));
         let (r, i) = entry(0);
         assert_eq!(paced_ready_in(r.device(i), now), None);
     }

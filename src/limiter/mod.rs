@@ -75,14 +75,16 @@ pub fn any_limit() -> bool {
     duty::any(duty::LIMIT)
 }
 
-/// A synchronisation of this process waited `ns` for the GPU: counted on
-/// the one device the process uses, for `pacing` (a process on several
-/// devices is not counted: which device a wait was for is not known
-/// without asking the driver).
-pub fn note_sync_wait(attach: &Attach, ns: u64) {
+/// A synchronisation of this thread returned after waiting `ns` for the
+/// GPU: the wait is counted on the one device the process uses, for
+/// `pacing` (a process on several devices is not counted: which device a
+/// wait was for is not known without asking the driver); then a paced
+/// step waits for the bucket there (`settle`).
+pub fn sync_returned(attach: &Attach, ns: u64) {
     if let Some(dev) = process::only_device() {
         attach.region.device(dev).add_sync_wait_ns(ns);
     }
+    settle::after_sync(attach);
 }
 
 /// Whether an SM limit is in force on device entry `dev`.
@@ -108,7 +110,8 @@ pub fn shape(key: u64) -> &'static Slot {
 pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     let cost = cost_ns(shape);
     let credit = &process::device(dev).limiter;
-    settle::admitted(dev, cost);
+    // (A synchronisation that took this launch's wait counted it.)
+    let counted = settle::admitted(dev, cost);
     if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
     }
@@ -131,7 +134,9 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
             }
             Admit::Wait(ns) | Admit::NextWindow(ns) => {
                 if !waited {
-                    entry.count_wait();
+                    if !counted {
+                        entry.count_wait();
+                    }
                     waited = true;
                     if matches!(admitted, Admit::NextWindow(_))
                         && entry.limited_beside(now)
