@@ -21,6 +21,7 @@
 //! period it also notes in the region whether the container is alone on
 //! the device, for the turns (`alone_ns`, [`alone_on`]), and whether the
 //! limits on it leave room to pace beside others (`pacing`).
+#![forbid(unsafe_code)]
 
 use vgpu_shm::procinfo::pid_exists;
 use vgpu_shm::{EntryIndex, MAX_DEVICES, SlotIndex};

@@ -84,7 +84,33 @@ pub fn sync_returned(attach: &Attach, ns: u64) {
     if let Some(dev) = process::only_device() {
         attach.region.device(dev).add_sync_wait_ns(ns);
     }
-    settle::after_sync(attach);
+    settle_at_sync(attach);
+}
+
+/// A paced step's wait for the bucket, taken at its synchronisation, on
+/// the one device this process uses (`settle`).
+fn settle_at_sync(attach: &Attach) {
+    let now = clock::monotonic_ns();
+    let Some(owed) = settle::owed_at(now) else {
+        return;
+    };
+    // (A process on several devices: which one the synchronisation was
+    // for is not known without asking the driver.)
+    if process::only_device() != Some(owed.dev) || !enforced(owed.dev) || capturing() {
+        return;
+    }
+    let entry = attach.region.device(owed.dev);
+    let wait = settle::wait_at(owed, entry, now);
+    if wait == 0 {
+        return;
+    }
+    // (The next launch's wait, taken early: counted as its, once, for the
+    // pacing's judging and vgpuctl's throttled launches.)
+    entry.count_wait();
+    pause(wait, now);
+    let after = clock::monotonic_ns();
+    settle::waited_until(after);
+    entry.add_wait_ns(after.saturating_sub(now));
 }
 
 /// Whether an SM limit is in force on device entry `dev`.

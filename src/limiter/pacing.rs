@@ -41,6 +41,7 @@
 //! second after the room fails it; or publish shares that move where
 //! the windows of three or more in turns are placed (`tiling.rs`). No
 //! quota or limit moves.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

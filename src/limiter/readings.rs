@@ -3,6 +3,7 @@
 //! other containers ([`container_utilisation`]), and whether it is alone
 //! there ([`alone_on`]). Every call runs in its own guard
 //! (`nvml/client.rs`), and the region file is checked again after each.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 

@@ -31,6 +31,7 @@
 //! where a container's windows open, at most every other tick, and send
 //! it time-slicing with its neighbours, as a forged limit could before;
 //! its limit and every quota stay as they are.
+#![forbid(unsafe_code)]
 
 use vgpu_shm::layout::{DeviceEntry, TURNS_TILED};
 use vgpu_shm::sm_board::Others;
