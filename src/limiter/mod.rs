@@ -15,6 +15,7 @@
 //! - `probes`: window timings for the turns, judged by `judge` (pure)
 //! - `synced`: this thread's last synchronisation, and how long it waited
 //! - `settle`: a paced step's wait, taken at its synchronisation
+//! - `shortfall`: whether a container paced side by side is short of the GPU (pure)
 //! - `controller`: refill scale from NVML utilisation (pure)
 //! - `leader`: the elected per-device controller, run by the watcher
 //! - `readings`: what NVML says of the container on a device, for it
@@ -45,6 +46,7 @@ pub mod readings;
 pub mod rest;
 pub mod room;
 pub mod settle;
+pub mod shortfall;
 pub mod synced;
 pub mod tiling;
 pub mod turns;
