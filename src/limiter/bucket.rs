@@ -85,9 +85,7 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
     if percent == 0 {
         return Admit::Now(lease_ns);
     }
-    let anchor = entry.turns_in_force();
-    let beside = anchor != 0 && !entry.alone(now);
-    if beside && !super::pacing::paces_beside_others(entry, now) {
+    if let Some(anchor) = turns_at(entry, now) {
         let scale = turn_scale_milli(entry);
         return admit_in_turns(entry, anchor, percent, scale, (least_ns, lease_ns), now);
     }
@@ -110,16 +108,21 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
     })
 }
 
+/// The anchor of the turns `entry`'s bucket admits in at `now`: beside
+/// others, where they do not pace side by side (`pacing`); None where it
+/// paces.
+fn turns_at(entry: &DeviceEntry, now: u64) -> Option<u64> {
+    let anchor = entry.turns_in_force();
+    let beside = anchor != 0 && !entry.alone(now);
+    (beside && !super::pacing::paces_beside_others(entry, now)).then_some(anchor)
+}
+
 /// How long from `now` until `entry`'s bucket admits a launch paced (as
 /// [`admit`] does alone, with turns paused, or side by side): 0 where it
 /// would at once. None where a launch would be admitted in turns, or
 /// without a limit.
 pub fn paced_ready_in(entry: &DeviceEntry, now: u64) -> Option<u64> {
-    if entry.sm_percent() == 0 {
-        return None;
-    }
-    let anchor = entry.turns_in_force();
-    if anchor != 0 && !entry.alone(now) && !super::pacing::paces_beside_others(entry, now) {
+    if entry.sm_percent() == 0 || turns_at(entry, now).is_some() {
         return None;
     }
     let tat = entry.schedule_ns().min(now.saturating_add(MAX_AHEAD_NS));

@@ -101,41 +101,62 @@ impl Gaps {
     }
 }
 
-thread_local! {
-    static OWED: Cell<Option<Owed>> = const { Cell::new(None) };
-    /// When this thread's last settling synchronisation returned (0:
-    /// none since its last launch).
-    static RETURNED_NS: Cell<u64> = const { Cell::new(0) };
-    static HOST_GAPS: Cell<Gaps> = const { Cell::new(Gaps::UNKNOWN) };
+/// This thread's part: one record, so that a launch reads and writes
+/// one thread-local.
+#[derive(Clone, Copy)]
+struct Thread {
+    /// What its last admitted launch left owing, until its next
+    /// synchronisation.
+    owed: Option<Owed>,
+    /// When its last settling synchronisation returned (0: none since its
+    /// last launch).
+    returned_ns: u64,
+    gaps: Gaps,
     /// The next launch's wait was taken, and counted, at a
     /// synchronisation.
-    static COUNTED: Cell<bool> = const { Cell::new(false) };
+    counted: bool,
+}
+
+thread_local! {
+    static THREAD: Cell<Thread> = const {
+        Cell::new(Thread {
+            owed: None,
+            returned_ns: 0,
+            gaps: Gaps::UNKNOWN,
+            counted: false,
+        })
+    };
 }
 
 /// A launch of `cost_ns` on device entry `dev` is being admitted: true
 /// where a synchronisation already counted its wait (`admit` then counts
 /// none, should it wait a little more).
 pub(super) fn admitted(dev: EntryIndex, cost_ns: u64) -> bool {
-    OWED.with(|o| o.set(Some(Owed { dev, cost_ns })));
-    let returned = RETURNED_NS.with(|r| r.replace(0));
-    if returned != 0 {
-        let gap = clock::monotonic_ns().saturating_sub(returned);
-        HOST_GAPS.with(|g| {
-            let mut gaps = g.get();
-            gaps.note(gap);
-            g.set(gaps);
-        });
-    }
-    COUNTED.with(Cell::take)
+    THREAD.with(|cell| {
+        let mut t = cell.get();
+        t.owed = Some(Owed { dev, cost_ns });
+        if t.returned_ns != 0 {
+            t.gaps
+                .note(clock::monotonic_ns().saturating_sub(t.returned_ns));
+            t.returned_ns = 0;
+        }
+        let counted = std::mem::take(&mut t.counted);
+        cell.set(t);
+        counted
+    })
 }
 
 /// A synchronisation of this thread returned at `now`: what its last
 /// launch left owing, if anything (taken: a second synchronisation owes
 /// nothing).
 pub(super) fn owed_at(now: u64) -> Option<Owed> {
-    let owed = OWED.with(Cell::take)?;
-    RETURNED_NS.with(|r| r.set(now));
-    Some(owed)
+    THREAD.with(|cell| {
+        let mut t = cell.get();
+        let owed = t.owed.take()?;
+        t.returned_ns = now;
+        cell.set(t);
+        Some(owed)
+    })
 }
 
 /// How long the synchronisation that returned at `now` waits for
@@ -149,14 +170,18 @@ pub(super) fn wait_at(owed: Owed, entry: &DeviceEntry, now: u64) -> u64 {
     let Some(ready_in) = bucket::paced_ready_in(entry, now) else {
         return 0;
     };
-    wait_ns(ready_in, HOST_GAPS.with(Cell::get).longest())
+    wait_ns(ready_in, THREAD.with(Cell::get).gaps.longest())
 }
 
 /// The synchronisation waited for the bucket until `after`: the next
 /// launch's wait was taken, and counted.
 pub(super) fn waited_until(after: u64) {
-    COUNTED.with(|c| c.set(true));
-    RETURNED_NS.with(|r| r.set(after));
+    THREAD.with(|cell| {
+        let mut t = cell.get();
+        t.counted = true;
+        t.returned_ns = after;
+        cell.set(t);
+    });
 }
 
 /// How long a synchronisation waits when the bucket would admit a launch
@@ -351,6 +376,22 @@ mod tests {
             g.note(20_000);
         }
         assert_eq!(g.longest(), 60_000);
+    }
+
+    #[test]
+    fn a_schedule_from_anywhere_holds_a_synchronisation_at_most_the_most() {
+        // Anyone who maps the region can write the schedule: an hour
+        // ahead, or the top of the clock, is clamped to a second by the
+        // bucket and to [`MOST_NS`] here.
+        let (r, i) = entry(50);
+        let d = r.device(i);
+        let now = 5_000_000_000u64;
+        for tat in [now + 3_600_000_000_000, u64::MAX] {
+            d.tat_ns.store(tat, std::sync::atomic::Ordering::Relaxed);
+            let ready = bucket::paced_ready_in(d, now).expect("paced");
+            assert!(ready <= bucket::MAX_AHEAD_NS, "{ready}");
+            assert_eq!(wait_ns(ready, 0), MOST_NS);
+        }
     }
 
     #[test]
