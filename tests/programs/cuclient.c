@@ -55,7 +55,10 @@
  *                                          per step, synchronised, for SECS after WARM
  *                                          s of the same (not counted), HOST_US of host
  *                                          work after each; prints the step
- *                                          latency's p50_ms, p99_ms, max_ms
+ *                                          latency's p50_ms, p99_ms, max_ms, and the
+ *                                          mean time in the launch and in the
+ *                                          synchronisation (launch_ms, sync_ms);
+ *                                          CUCLIENT_STEPS_DEVICE=N runs them on device N
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient owner                         first thing, dlopen the driver and dlsym
@@ -667,7 +670,11 @@ static int by_latency(const void *a, const void *b) {
  * spin) after each step, as a serving loop's own code between requests;
  * prints the step latency's p50, p99 and max (ms). */
 static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
-    setup();
+    load_and_init();
+    const char *device = getenv("CUCLIENT_STEPS_DEVICE");
+    if (device) CHECK(cu.cuDeviceGet(&g_dev, atoi(device)));
+    CHECK(cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+    CHECK(cu.cuCtxSetCurrent(g_ctx));
     load_kernels();
     unsigned long long zero = 0;
     void *args[] = {&ns, &zero};
@@ -682,13 +689,16 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     size_t cap = 1 << 16, n = 0;
     double *lat = malloc(cap * sizeof *lat);
     if (!lat) return 1;
-    double t0 = now_s(), end = t0 + secs;
+    double t0 = now_s(), end = t0 + secs, in_launch = 0, in_sync = 0;
     while (n < cap) {
         double a = now_s();
         if (a >= end) break;
         CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
+        double l = now_s();
         CHECK(cu.cuStreamSynchronize(0));
         double b = now_s();
+        in_launch += l - a;
+        in_sync += b - l;
         lat[n++] = (b - a) * 1e3;
         while (now_s() - b < host_us * 1e-6) {
         }
@@ -697,8 +707,8 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     if (n == 0) return 1;
     qsort(lat, n, sizeof *lat, by_latency);
     size_t i99 = (size_t)(0.99 * (double)(n - 1));
-    printf("steps=%zu steps_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f\n", n, n / took, lat[n / 2],
-           lat[i99], lat[n - 1]);
+    printf("steps=%zu steps_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f launch_ms=%.4f sync_ms=%.4f\n", n,
+           n / took, lat[n / 2], lat[i99], lat[n - 1], in_launch * 1e3 / n, in_sync * 1e3 / n);
     free(lat);
     return 0;
 }
