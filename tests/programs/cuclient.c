@@ -59,6 +59,15 @@
  *                                          mean time in the launch and in the
  *                                          synchronisation (launch_ms, sync_ms);
  *                                          CUCLIENT_STEPS_DEVICE=N runs them on device N
+ *   cuclient serve NS GRID SECS WARM RATE SERVICE_US [SEED]
+ *                                          a server: requests of one NS spin kernel,
+ *                                          synchronised, arriving at random (Poisson,
+ *                                          RATE a second, SEED), served one at a time
+ *                                          for SECS after WARM s (not counted); prints
+ *                                          the response time's p50_ms, p99_ms, max_ms
+ *                                          (arrival to completion) and the same for a
+ *                                          GPU that serves each in SERVICE_US, on the
+ *                                          same arrivals (ideal_p50_ms, ideal_p99_ms)
  *   cuclient ctxrace THREADS ROUNDS        threads race the first primary
  *                                          context retain, ROUNDS times
  *   cuclient owner                         first thing, dlopen the driver and dlsym
@@ -669,6 +678,64 @@ static int by_latency(const void *a, const void *b) {
  * for `secs` after `warm` s of the same, with `host_us` of host work (a
  * spin) after each step, as a serving loop's own code between requests;
  * prints the step latency's p50, p99 and max (ms). */
+/* The next arrival after `t` of a Poisson process of `rate` a second:
+ * Bernoulli trials every 10 us (no libm here). */
+static double next_arrival(double t, double rate, unsigned long long *seed) {
+    const double tick = 1e-5;
+    unsigned long long below = (unsigned long long)(rate * tick * 18446744073709551615.0);
+    do {
+        t += tick;
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+    } while (*seed >= below);
+    return t;
+}
+
+static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double warm, double rate, double service_us,
+                     unsigned long long seed) {
+    setup();
+    load_kernels();
+    unsigned long long zero = 0;
+    void *args[] = {&ns, &zero};
+    if (seed == 0) seed = 88172645463325252ULL;
+    size_t cap = 1 << 17, n = 0;
+    double *lat = malloc(cap * sizeof *lat), *ideal = malloc(cap * sizeof *ideal);
+    if (!lat || !ideal) return 1;
+    double t0 = now_s(), counted = t0 + warm, end = counted + secs;
+    double arrival = next_arrival(t0, rate, &seed), ideal_done = 0;
+    while (n < cap && arrival < end) {
+        while (now_s() < arrival) {
+            double left = arrival - now_s();
+            if (left > 3e-4) {
+                struct timespec ts = {0, (long)((left - 2e-4) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+        }
+        CHECK(cu.cuLaunchKernel(g_spin, grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
+        CHECK(cu.cuStreamSynchronize(0));
+        double done = now_s();
+        /* The same request on a GPU that serves each in service_us, first
+         * come first served. */
+        ideal_done = (ideal_done > arrival ? ideal_done : arrival) + service_us * 1e-6;
+        if (arrival >= counted) {
+            lat[n] = (done - arrival) * 1e3;
+            ideal[n++] = (ideal_done - arrival) * 1e3;
+        }
+        arrival = next_arrival(arrival, rate, &seed);
+    }
+    if (n == 0) return 1;
+    qsort(lat, n, sizeof *lat, by_latency);
+    qsort(ideal, n, sizeof *ideal, by_latency);
+    size_t i99 = (size_t)(0.99 * (double)(n - 1));
+    printf("requests=%zu requests_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f ideal_p50_ms=%.4f "
+           "ideal_p99_ms=%.4f\n",
+           n, n / secs, lat[n / 2], lat[i99], lat[n - 1], ideal[n / 2], ideal[i99]);
+    free(lat);
+    free(ideal);
+    return 0;
+}
+
 static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
     load_and_init();
     const char *device = getenv("CUCLIENT_STEPS_DEVICE");
@@ -1391,6 +1458,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "steps"))
         return cmd_steps(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "5")),
                          atof(ARG(5, "0")), atof(ARG(6, "0")));
+    if (!strcmp(cmd, "serve"))
+        return cmd_serve(strtoull(ARG(2, "1000000"), 0, 0), (unsigned)atoi(ARG(3, "132")), atof(ARG(4, "5")),
+                         atof(ARG(5, "1")), atof(ARG(6, "100")), atof(ARG(7, "1000")), strtoull(ARG(8, "0"), 0, 0));
     if (!strcmp(cmd, "launchcost")) return cmd_launchcost(atol(ARG(2, "200000")));
     if (!strcmp(cmd, "threads"))
         return cmd_threads(atoi(ARG(2, "8")), atoi(ARG(3, "2")), strtoull(ARG(4, "100000"), 0, 0));
