@@ -145,11 +145,18 @@ def serve_cases(s, sec):
             if n:
                 s.stop(n)
             ok = rc == 0 and r["p99_ms"] <= 2 * r["ideal_p99_ms"]
+            # Alone, the bucket's burst serves a request that finds it
+            # idle at the GPU's speed: a response held for the next
+            # request's pace (settle waiting at a server's synchronisation)
+            # would show here, not against the ideal's p99.
+            fast = f"; alone p50 <= {1.5 * native['p50_ms']:.2f}" if not beside else ""
+            if not beside:
+                ok = ok and r["p50_ms"] <= 1.5 * native["p50_ms"]
             s.record(sec, f"{label}, {what}: p50, p99, max ms (native {native['p50_ms']:.3f}, "
-                          f"{native['p99_ms']:.3f}); served a second",
+                          f"{native['p99_ms']:.3f}); arrived a second, each served",
                      f"{r['p50_ms']:.3f}, {r['p99_ms']:.3f}, {r['max_ms']:.3f}; {r['requests_per_s']:.1f}",
                      f"p99 <= {2 * r['ideal_p99_ms']:.2f} (2x a GPU serving each in {service_ms:.2f} ms: p50 "
-                     f"{r['ideal_p50_ms']:.2f}, p99 {r['ideal_p99_ms']:.2f})", ok)
+                     f"{r['ideal_p50_ms']:.2f}, p99 {r['ideal_p99_ms']:.2f}){fast}", ok)
 
 
 def trade(s, sec, native):

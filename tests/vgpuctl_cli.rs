@@ -289,3 +289,53 @@ fn completions_cover_every_subcommand() {
         }
     }
 }
+
+/// `turns.placed` is the leader's word while it runs: true for three
+/// containers placed from the node's SM board (20 + 30 + 50 %, 1 ms
+/// kernels back to back), false once they exited, though the flag stays
+/// in each region as its last leader set it.
+#[test]
+fn turns_show_placed_while_their_leader_runs_and_not_after() {
+    let mut sim = Sim::new(1, "8g");
+    let board = sim.dir.path().join("vgpulock");
+    std::fs::create_dir(&board).unwrap();
+    sim.set("VGPU_SM_BOARD_DIR", board.to_str().unwrap());
+    let members = [("a", "20"), ("b", "30"), ("c", "50")];
+    let region = |n: &str| sim.dir.path().join(format!("{n}.cache"));
+    let children: Vec<std::process::Child> = members
+        .iter()
+        .map(|&(n, limit)| {
+            sim.client_cmd(
+                Path3::ProcAddr,
+                true,
+                &["spin", "1000000", "132", "8", "kernel"],
+            )
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region(n))
+            .env("CUDA_DEVICE_SM_LIMIT", limit)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let all = || -> Vec<Option<serde_json::Value>> {
+        members
+            .iter()
+            .map(|&(n, _)| {
+                sim.try_status(&region(n))
+                    .map(|s| s["devices"][0]["turns"]["placed"].clone())
+            })
+            .collect()
+    };
+    let seen = wait_until(7.0, || all().iter().all(|p| p == &Some(true.into())));
+    let during = all();
+    for mut c in children {
+        c.wait().unwrap();
+    }
+    assert!(seen, "not all placed while running: {during:?}");
+    let after = all();
+    assert!(
+        after.iter().all(|p| p == &Some(false.into())),
+        "placed after their leaders exited: {after:?}"
+    );
+}

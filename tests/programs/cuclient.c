@@ -674,12 +674,8 @@ static int by_latency(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* An inference-like loop: one spin kernel of `ns` per step, synchronised,
- * for `secs` after `warm` s of the same, with `host_us` of host work (a
- * spin) after each step, as a serving loop's own code between requests;
- * prints the step latency's p50, p99 and max (ms). */
-/* The next arrival after `t` of a Poisson process of `rate` a second:
- * Bernoulli trials every 10 us (no libm here). */
+/* The next arrival after `t` of a Poisson process of `rate` a second
+ * (0 < rate < 1e5): Bernoulli trials every 10 us (no libm here). */
 static double next_arrival(double t, double rate, unsigned long long *seed) {
     const double tick = 1e-5;
     unsigned long long below = (unsigned long long)(rate * tick * 18446744073709551615.0);
@@ -692,8 +688,13 @@ static double next_arrival(double t, double rate, unsigned long long *seed) {
     return t;
 }
 
+/* A server, open loop: see the usage above. */
 static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double warm, double rate, double service_us,
                      unsigned long long seed) {
+    if (!(rate > 0 && rate < 1e5)) {
+        printf("error=rate rate=%g\n", rate);
+        return 2;
+    }
     setup();
     load_kernels();
     unsigned long long zero = 0;
@@ -701,14 +702,18 @@ static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double w
     if (seed == 0) seed = 88172645463325252ULL;
     size_t cap = 1 << 17, n = 0;
     double *lat = malloc(cap * sizeof *lat), *ideal = malloc(cap * sizeof *ideal);
-    if (!lat || !ideal) return 1;
+    if (!lat || !ideal) {
+        free(lat);
+        free(ideal);
+        return 1;
+    }
     double t0 = now_s(), counted = t0 + warm, end = counted + secs;
     double arrival = next_arrival(t0, rate, &seed), ideal_done = 0;
     while (n < cap && arrival < end) {
         while (now_s() < arrival) {
-            double left = arrival - now_s();
-            if (left > 3e-4) {
-                struct timespec ts = {0, (long)((left - 2e-4) * 1e9)};
+            double left = arrival - now_s() - 2e-4;
+            if (left > 1e-4) {
+                struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
                 nanosleep(&ts, NULL);
             }
         }
@@ -724,7 +729,11 @@ static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double w
         }
         arrival = next_arrival(arrival, rate, &seed);
     }
-    if (n == 0) return 1;
+    if (n == 0) {
+        free(lat);
+        free(ideal);
+        return 1;
+    }
     qsort(lat, n, sizeof *lat, by_latency);
     qsort(ideal, n, sizeof *ideal, by_latency);
     size_t i99 = (size_t)(0.99 * (double)(n - 1));
@@ -736,6 +745,12 @@ static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double w
     return 0;
 }
 
+/* An inference-like loop: one spin kernel of `ns` per step, synchronised,
+ * for `secs` after `warm` s of the same, with `host_us` of host work (a
+ * spin) after each step, as a serving loop's own code between requests;
+ * prints the step latency's p50, p99 and max (ms), and the mean ms a step
+ * spent in its launch and in its synchronisation (launch_ms, sync_ms).
+ * CUCLIENT_STEPS_DEVICE=N: on device N. */
 static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
     load_and_init();
     const char *device = getenv("CUCLIENT_STEPS_DEVICE");

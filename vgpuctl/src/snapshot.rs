@@ -168,7 +168,8 @@ pub struct Turns {
     pub paced: bool,
     /// Its leader places its windows from the node's SM board, where three
     /// or more containers take turns on the device: their shares end to
-    /// end in the order of their slots (`limiter/tiling.rs`).
+    /// end in the order of their slots (`limiter/tiling.rs`). False once
+    /// the leader is gone.
     pub placed: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,

@@ -63,6 +63,19 @@ fn utilization(
         .sum::<u64>() as f64
 }
 
+/// Whether the process that leads a device's limiter (`leader`, 0: none)
+/// may still run: one of the region's owners, not known dead. The flags it
+/// sets are its word only while it runs; a container that exited, or was
+/// killed outright, leaves them as it last set them.
+fn leader_may_live(region: &Region, leader: u32, view: &ProcView) -> bool {
+    leader != 0
+        && region.occupied_slots().any(|s| {
+            let owner = region.owner(s);
+            u32::try_from(owner.pid).ok() == Some(leader)
+                && procinfo::liveness(&owner, view) != procinfo::Liveness::Dead
+        })
+}
+
 fn device(
     region: &Region,
     dev: EntryIndex,
@@ -105,7 +118,7 @@ fn device(
             shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
             alone: d.alone(vgpu_shm::board::monotonic_ns()),
             paced: d.paced(vgpu_shm::board::monotonic_ns()),
-            placed: d.turn_flag(TURNS_TILED),
+            placed: d.turn_flag(TURNS_TILED) && leader_may_live(region, d.leader_pid(), view),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }
