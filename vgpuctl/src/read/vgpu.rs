@@ -64,15 +64,24 @@ fn utilization(
 }
 
 /// Whether the process that leads a device's limiter (`leader`, 0: none)
-/// may still run: one of the region's owners, not known dead. The flags it
-/// sets are its word only while it runs; a container that exited, or was
-/// killed outright, leaves them as it last set them.
-fn leader_may_live(region: &Region, leader: u32, view: &ProcView) -> bool {
+/// still runs: one of the region's owners whose heartbeat goes on (its
+/// watcher, which leads, beats every 100 ms), or that a `/proc` here shows
+/// alive. The flags it sets are its word only while it runs; a container
+/// that exited, or was killed outright, leaves them as it last set them.
+/// (By the heartbeat, not by `/proc` alone: from the node, whose `/proc`
+/// cannot tell an exited container's pid from a live one unless the host
+/// pid came from the kernel, and a leader whose main thread exited reads
+/// as a zombie there.)
+fn leader_runs(region: &Region, leader: u32, view: &ProcView) -> bool {
+    let now = procinfo::monotonic_ms();
     leader != 0
         && region.occupied_slots().any(|s| {
             let owner = region.owner(s);
             u32::try_from(owner.pid).ok() == Some(leader)
-                && procinfo::liveness(&owner, view) != procinfo::Liveness::Dead
+                && (region
+                    .heartbeat_age_ms(s, now)
+                    .is_some_and(|age| age < vgpu_shm::slots::BEAT_STOPPED_MS)
+                    || procinfo::liveness(&owner, view) == procinfo::Liveness::Alive)
         })
 }
 
@@ -118,7 +127,7 @@ fn device(
             shared: d.turn_shared(vgpu_shm::board::monotonic_ns()),
             alone: d.alone(vgpu_shm::board::monotonic_ns()),
             paced: d.paced(vgpu_shm::board::monotonic_ns()),
-            placed: d.turn_flag(TURNS_TILED) && leader_may_live(region, d.leader_pid(), view),
+            placed: d.turn_flag(TURNS_TILED) && leader_runs(region, d.leader_pid(), view),
             admitted_gpu_seconds: d.admitted_ns() as f64 / 1e9,
         }),
     }
