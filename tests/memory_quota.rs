@@ -136,7 +136,21 @@ fn racing_processes_and_threads_never_exceed_the_limit() {
         .collect();
     let (mut granted, mut denied) = (0, 0);
     for r in racers {
-        let r = finish(r).ok();
+        let r = finish(r);
+        if !r.status.success() {
+            // A racer that starts late on a loaded machine finds the
+            // others holding the whole quota: its context is refused, a
+            // clean out-of-memory (CI, 2026-11-29), not a failure.
+            assert!(
+                r.stdout
+                    .contains("error=2 call=cu.cuDevicePrimaryCtxRetain"),
+                "a racer failed otherwise than its context refused for memory:\n{}\n{}",
+                r.stdout,
+                r.stderr
+            );
+            denied += 1;
+            continue;
+        }
         granted += r.u64("granted");
         denied += r.u64("denied");
     }
