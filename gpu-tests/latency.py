@@ -45,10 +45,10 @@ STEPS = [int(x) for x in os.environ.get("LATENCY_STEPS", "100000,1000000,1000000
 TORCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latency_torch.py")
 
 
-def steps(s, cmd, env, name):
+def steps(s, cmd, env, name, keys=("p50_ms", "p99_ms", "max_ms", "steps_per_s", "gpu_ms")):
     rc, out, _ = s.run(cmd, env, SECS + WARM + 120, name)
     r = s.kv(out)
-    return rc, {k: float(r.get(k, "nan")) for k in ("p50_ms", "p99_ms", "max_ms", "steps_per_s", "gpu_ms")}
+    return rc, {k: float(r.get(k, "nan")) for k in keys}
 
 
 def neighbour(s, kind, secs, period=None):
@@ -125,10 +125,8 @@ def serve_cases(s, sec):
     request that has not come."""
     def serve(env, name, rate, service_us):
         cmd = [s.client(), "serve", "1000000", "132", str(SECS), str(WARM), str(rate), f"{service_us:.0f}"]
-        rc, out, _ = s.run(cmd, env, SECS + WARM + 120, name)
-        r = s.kv(out)
-        keys = ("p50_ms", "p99_ms", "max_ms", "requests_per_s", "ideal_p50_ms", "ideal_p99_ms")
-        return rc, {k: float(r.get(k, "nan")) for k in keys}
+        return steps(s, cmd, env, name, ("p50_ms", "p99_ms", "max_ms", "requests_per_s", "ideal_p50_ms",
+                                          "ideal_p99_ms"))
 
     for rate in SERVE_RATES:
         what = f"a server of 1 ms requests at {rate}/s"

@@ -286,7 +286,7 @@ fn spawn_steps(sim: &Sim, device: &str) -> std::process::Child {
         true,
         &["steps", "1000000", "132", "5", "1.5"],
     )
-    .env("CUCLIENT_STEPS_DEVICE", device)
+    .env("CUCLIENT_DEVICE", device)
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
     .spawn()

@@ -57,8 +57,7 @@
  *                                          work after each; prints the step
  *                                          latency's p50_ms, p99_ms, max_ms, and the
  *                                          mean time in the launch and in the
- *                                          synchronisation (launch_ms, sync_ms);
- *                                          CUCLIENT_STEPS_DEVICE=N runs them on device N
+ *                                          synchronisation (launch_ms, sync_ms)
  *   cuclient serve NS GRID SECS WARM RATE SERVICE_US [SEED]
  *                                          a server: requests of one NS spin kernel,
  *                                          synchronised, arriving at random (Poisson,
@@ -127,7 +126,9 @@ static void load_and_init(void) {
         exit(2);
     }
     CHECK(cu.cuInit(0));
-    CHECK(cu.cuDeviceGet(&g_dev, 0));
+    /* CUCLIENT_DEVICE=N: device N instead of the first. */
+    const char *device = getenv("CUCLIENT_DEVICE");
+    CHECK(cu.cuDeviceGet(&g_dev, device ? atoi(device) : 0));
 }
 
 static void setup(void) {
@@ -749,14 +750,9 @@ static int cmd_serve(unsigned long long ns, unsigned grid, double secs, double w
  * for `secs` after `warm` s of the same, with `host_us` of host work (a
  * spin) after each step, as a serving loop's own code between requests;
  * prints the step latency's p50, p99 and max (ms), and the mean ms a step
- * spent in its launch and in its synchronisation (launch_ms, sync_ms).
- * CUCLIENT_STEPS_DEVICE=N: on device N. */
+ * spent in its launch and in its synchronisation (launch_ms, sync_ms). */
 static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double warm, double host_us) {
-    load_and_init();
-    const char *device = getenv("CUCLIENT_STEPS_DEVICE");
-    if (device) CHECK(cu.cuDeviceGet(&g_dev, atoi(device)));
-    CHECK(cu.cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
-    CHECK(cu.cuCtxSetCurrent(g_ctx));
+    setup();
     load_kernels();
     unsigned long long zero = 0;
     void *args[] = {&ns, &zero};

@@ -169,7 +169,7 @@ pub struct Turns {
     /// Its leader places its windows from the node's SM board, where three
     /// or more containers take turns on the device: their shares end to
     /// end in the order of their slots (`limiter/tiling.rs`). False once
-    /// the leader has stopped (its heartbeat).
+    /// the leader is gone (`Region::may_live`).
     pub placed: bool,
     /// Seconds of GPU time the bucket has admitted, ever.
     pub admitted_gpu_seconds: f64,

@@ -64,24 +64,17 @@ fn utilization(
 }
 
 /// Whether the process that leads a device's limiter (`leader`, 0: none)
-/// still runs: one of the region's owners whose heartbeat goes on (its
-/// watcher, which leads, beats every 100 ms), or that a `/proc` here shows
-/// alive. The flags it sets are its word only while it runs; a container
-/// that exited, or was killed outright, leaves them as it last set them.
-/// (By the heartbeat, not by `/proc` alone: from the node, whose `/proc`
-/// cannot tell an exited container's pid from a live one unless the host
-/// pid came from the kernel, and a leader whose main thread exited reads
-/// as a zombie there.)
+/// may still run: one of the region's owners that may live
+/// (`Region::may_live`: alive by `kill` in our pid namespace, by its
+/// heartbeat from another, such as the node's). The flags it sets are its
+/// word only while it runs; a container that exited, or was killed
+/// outright, leaves them as it last set them.
 fn leader_runs(region: &Region, leader: u32, view: &ProcView) -> bool {
     let now = procinfo::monotonic_ms();
     leader != 0
         && region.occupied_slots().any(|s| {
-            let owner = region.owner(s);
-            u32::try_from(owner.pid).ok() == Some(leader)
-                && (region
-                    .heartbeat_age_ms(s, now)
-                    .is_some_and(|age| age < vgpu_shm::slots::BEAT_STOPPED_MS)
-                    || procinfo::liveness(&owner, view) == procinfo::Liveness::Alive)
+            u32::try_from(region.owner(s).pid).ok() == Some(leader)
+                && region.may_live(s, view.my_ns, now)
         })
 }
 
