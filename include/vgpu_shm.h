@@ -16,7 +16,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 2u
-#define VGPU_SHM_VERSION_MINOR 8u
+#define VGPU_SHM_VERSION_MINOR 9u
 #define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
@@ -69,7 +69,7 @@ typedef struct vgpu_shm_device {
     uint64_t syncs;             /* synchronisations its processes made under an SM limit (2.7) */
     uint64_t rest_beside_ns;    /* when the leader last found only containers taking the rest beside it, 0 not (2.7) */
     uint64_t limited_beside_ns; /* when the leader last found a busy container with an SM limit beside it, 0 not (2.8) */
-    uint64_t reserved[1];
+    uint64_t turn_period_ns;    /* the period of its turns on the device, as its leader chose it from the SM board, 0 the configured one (2.9) */
 } vgpu_shm_device;
 
 /* One process of the container; pid 0 marks a free slot. */

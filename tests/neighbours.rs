@@ -698,21 +698,21 @@ fn steps_beside(
     step_ns: u64,
     period_ms: u32,
 ) -> (f64, f64, f64, f64, f64) {
-    let (share, p50, p99, max, beside, _) = steps_at_beside(sim, 30, limit, step_ns, period_ms);
+    let (share, p50, p99, max, beside, _) = steps_at_beside(&sim, 30, limit, step_ns, period_ms);
     (share, p50, p99, max, beside)
 }
 
 /// [`steps_beside`], the steps at `steps_limit` percent; also what the
 /// steps' process wrote to stderr (its log).
 fn steps_at_beside(
-    sim: Sim,
+    sim: &Sim,
     steps_limit: u32,
     limit: Option<u32>,
     step_ns: u64,
     period_ms: u32,
 ) -> (f64, f64, f64, f64, f64, String) {
     let solo = DEVICE_RATE;
-    let neighbour = container_for(&sim, "n", limit, 12);
+    let neighbour = container_for(sim, "n", limit, 12);
     let step = step_ns.to_string();
     let mut steps = sim.client_cmd(Path3::ProcAddr, true, &["steps", &step, "132", "10", "2"]);
     steps
@@ -882,6 +882,46 @@ fn where_the_limits_leave_room_the_containers_pace_side_by_side() {
     );
     assert!(
         (beside - 0.60).abs() <= 0.05,
+        "the neighbour got {beside:.3}"
+    );
+}
+
+/// Issue 29: 1 ms steps at 90 % beside a busy 10 % container take turns
+/// (the limits fill the GPU). A 100 ms window holds about 88 of them, so
+/// one in 88 waits out the other's window: p99 3.40 ms nested, 7.35 ms
+/// placed, against twice the ideal, 2.25 (H200, runs 174-190). The steps
+/// ask for the period at which a window holds 125 of them (140 ms), both
+/// containers' turns take it, and they are placed end to end
+/// (`limiter/period.rs`): p99 1.05-1.30 ms on an H200 (runs 198-199).
+#[test]
+fn short_steps_that_a_window_holds_too_few_of_lengthen_the_turns() {
+    let _serial = serial();
+    let sim = with_a_board();
+    let (share, p50, p99, _, beside, _) = steps_at_beside(&sim, 90, Some(10), 1_000_000, 100);
+    let phases: Vec<f64> = ["steps", "n"]
+        .iter()
+        .map(|name| {
+            let s = sim.status(&sim.dir.path().join(format!("{name}.cache")));
+            let t = &s["devices"][0]["turns"];
+            eprintln!("{name}: turns {t}");
+            assert_eq!(t["period_ms"], 140.0, "{name}: {t}");
+            t["phase_ms"].as_f64().expect("a phase")
+        })
+        .collect();
+    // End to end: the 10 % window opens where the 90 % one's share ends.
+    let apart = (phases[1] - phases[0]).rem_euclid(140.0);
+    assert!((apart - 126.0).abs() <= 0.6, "windows at {phases:?} ms");
+    // (Wall time on a loaded machine: one step in 88 waiting out a 10 ms
+    // window would put p99 over 10 ms.)
+    assert!(p99 <= 5.0, "p99 {p99:.2} ms (p50 {p50:.2})");
+    // (What the 90 % window leaves unspent so as not to run into the
+    // other's: 7 ms of 126 on this machine, 1-5 on an H200.)
+    assert!(
+        (0.80..=0.93).contains(&share),
+        "the steps held {share:.3} of the GPU at 90 %"
+    );
+    assert!(
+        (beside - 0.10).abs() <= 0.03,
         "the neighbour got {beside:.3}"
     );
 }
@@ -1128,7 +1168,7 @@ fn short_steps_at_a_small_limit_ask_the_rest_for_room() {
     let _serial = serial();
     let mut sim = with_a_board();
     sim.set("LIBCUDA_LOG_LEVEL", "4");
-    let (share, p50, p99, max, beside, log) = steps_at_beside(sim, 10, Some(0), 200_000, 100);
+    let (share, p50, p99, max, beside, log) = steps_at_beside(&sim, 10, Some(0), 200_000, 100);
     // It asked for room, not turns.
     assert!(
         log.contains("asks the rest for room"),

@@ -180,8 +180,8 @@ fn admit_in_turns(
     (least_ns, lease_ns): (u64, u64),
     now: u64,
 ) -> Admit {
-    let start = turns::period_start(anchor, now);
-    let period = turns::period_ns();
+    let period = super::period::of(entry);
+    let start = turns::period_start(anchor, now, period);
     // (Bounded whatever the region holds: a cut judged at a higher scale,
     // or written by anyone, leaves at least three quarters of the period.)
     let cut = schedule_ns(entry.turn_cut_ns(), percent, scale)
@@ -192,7 +192,7 @@ fn admit_in_turns(
         if from >= end {
             // Not before the next period: with a cut, `end` comes before
             // the period's end, and the schedule may stand between them.
-            let open = turns::next_open(anchor, from).max(start + period);
+            let open = turns::next_open(anchor, from, period).max(start + period);
             return Err(Admit::NextWindow(open.saturating_sub(now).max(1)));
         }
         let left = gpu_ns(end - from, percent, scale);
@@ -340,7 +340,7 @@ pub(super) mod tests {
                 // period's share (plus one kernel) of the period start.
                 let share = turns::PERIOD_NS * u64::from(percent) / 100;
                 for &t in went.iter().filter(|&&t| t > anchor + turns::PERIOD_NS) {
-                    let into = t - turns::period_start(anchor, t);
+                    let into = t - turns::period_start(anchor, t, turns::PERIOD_NS);
                     assert!(
                         into <= share + cost,
                         "{percent}% {cost}ns: a launch {into} ns into its period"
@@ -419,7 +419,7 @@ pub(super) mod tests {
             if let Some(ns) = wait {
                 assert_eq!(now + ns, start + turns::PERIOD_NS, "cut {cut}");
             }
-            let least = turns::share_ns(30, 1000) * 3 / 4;
+            let least = turns::share_ns(30, 1000, turns::PERIOD_NS) * 3 / 4;
             assert!(gpu >= least, "cut {cut}: {gpu} ns in the period");
         }
     }
@@ -442,7 +442,7 @@ pub(super) mod tests {
         // 40 ms less the cut, and at most one launch more (a launch that
         // finds any of the share left goes whole): a whole last lease went
         // up to 2 ms over, into the next container's window.
-        let share = turns::share_ns(40, 1000) - 1_300_000;
+        let share = turns::share_ns(40, 1000, turns::PERIOD_NS) - 1_300_000;
         assert!(
             (share..share + 1_000_000).contains(&gpu),
             "{gpu} ns for a share of {share}"

@@ -80,8 +80,8 @@ pub fn next_fill_milli(fill_milli: u64, window: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::turns::share_ns;
     use crate::limiter::turns::tests::shared;
+    use crate::limiter::turns::{self, share_ns};
 
     fn timed(cost_us: u64, elapsed_us: u64) -> Probe {
         Probe {
@@ -140,7 +140,7 @@ mod tests {
         // A 60 % share at a fill of 0.909 is 54.5 ms of cost: 60 ms of span.
         let scale = turn_scale_milli(1000, 909);
         assert_eq!(scale, 909);
-        assert_eq!(share_ns(60, scale), 54_540_000);
+        assert_eq!(share_ns(60, scale, turns::PERIOD_NS), 54_540_000);
         // Not measured: the controller's scale alone. Hostile values stay
         // bounded.
         assert_eq!(turn_scale_milli(1200, 0), 1200);

@@ -14,6 +14,8 @@ pub struct Window<'a> {
     /// The anchor the window's probes ran under, and the period it began.
     pub anchor: u64,
     pub period: u64,
+    /// The length of the device's period (`period::of`).
+    pub period_ns: u64,
     /// Its probes, in the order they opened.
     pub probes: &'a [Probe],
     /// The turns' anchor now, and when they last moved (the region's).
@@ -134,12 +136,27 @@ pub fn judge(w: &Window) -> Verdict {
     let share = turns::share_ns(
         w.percent,
         fill::turn_scale_milli(w.rate_scale_milli, fill_milli),
+        w.period_ns,
     );
-    v.covered = turns::next_streak(w.covered, w.probes, share);
-    let shared = w.shared || v.note_shared;
-    v.cut_ns = cut::next_cut(w.cut_ns, share, w.probes, v.covered, shared, w.tiled);
+    v.covered = turns::next_streak(w.covered, w.probes, share, w.period_ns);
+    // (Placed from the board, the container has neighbours in turns,
+    // whether or not its probes met them: a rest's deep queue hid a
+    // 90 % container's tail from its probes, it left nothing unspent, and
+    // its last kernels ran on into the 90 % window one period in four
+    // or so, a step waiting a time slice each time: p99 3.40 ms where
+    // beside a limited 10 % container, which kept the guard, it was
+    // 1.05; H200, run 196.)
+    let shared = w.shared || v.note_shared || w.tiled;
+    v.cut_ns = cut::next_cut(
+        w.cut_ns,
+        (share, w.period_ns),
+        w.probes,
+        v.covered,
+        shared,
+        w.tiled,
+    );
     v.late = w.probes.first().is_some_and(Probe::beside_another);
-    v.step = turns::verdict(w.probes, w.random, w.late);
+    v.step = turns::verdict(w.probes, w.random, w.late, w.period_ns);
     v.ran_on = turns::ran_on_from_a_clear_start(w.probes);
     if v.ran_on && (w.beside_rest || w.ran_on) {
         // The other does not yield to this window's tail: a rest's queue
@@ -151,7 +168,7 @@ pub fn judge(w: &Window) -> Verdict {
         // beside a limited one once the 0.5 ms did not clear it (that one
         // had its window to move): as far as what the tail lost.
         let lost = turns::trailing_lost_ns(w.probes);
-        let most = turns::period_ns() / 10;
+        let most = w.period_ns / 10;
         v.step = Some(Move::Earlier(lost.clamp(turns::min_move_ns(), most)));
     }
     if v.step.is_none() {
@@ -164,14 +181,14 @@ pub fn judge(w: &Window) -> Verdict {
         // settle as they are.
         let least = match (w.beside_rest, w.beside_limited) {
             (true, _) => Some(turns::min_lead_ns()),
-            (false, true) => Some(turns::period_ns() / 100 * turns::NESTED_BESIDE_LIMITED_PCT),
+            (false, true) => Some(w.period_ns / 100 * turns::NESTED_BESIDE_LIMITED_PCT),
             (false, false) => None,
         };
         let nested = least.and_then(|least| turns::nested_until_ns(w.probes, least));
         v.nested = nested.is_some() && !w.nested;
         v.step = nested
             .filter(|_| w.nested)
-            .map(|ns| Move::Later(ns.clamp(turns::min_move_ns(), turns::max_move_ns())));
+            .map(|ns| Move::Later(ns.clamp(turns::min_move_ns(), turns::max_move_ns(w.period_ns))));
     }
     if w.tiled {
         // Its place is the board's.
@@ -193,6 +210,7 @@ mod tests {
         Window {
             anchor: 7 * P,
             period: 20 * P,
+            period_ns: P,
             probes,
             anchor_now: 7 * P,
             moved_ns: 0,
@@ -236,6 +254,16 @@ mod tests {
             ..window(&ran_on)
         });
         assert_eq!(placed.cut_ns, turns::trailing_lost_ns(&ran_on) / 2);
+        // Clear from end to end, its probes never having met anyone (a
+        // rest's deep queue hides the neighbour's tail): placed, it still
+        // keeps the guard.
+        let clear = [clean(3), clean(3), clean(3)];
+        assert_eq!(judge(&window(&clear)).cut_ns, 0);
+        let placed = judge(&Window {
+            tiled: true,
+            ..window(&clear)
+        });
+        assert_eq!(placed.cut_ns, crate::limiter::cut::guard_ns());
     }
 
     #[test]
@@ -359,7 +387,7 @@ mod tests {
         assert_eq!(
             again.step,
             Some(Move::Later(
-                turns::max_move_ns().min(7 * 3_100_000 + 61 * MS)
+                turns::max_move_ns(P).min(7 * 3_100_000 + 61 * MS)
             ))
         );
     }

@@ -41,6 +41,7 @@ pub mod launch;
 pub mod leader;
 pub mod neighbours;
 pub mod pacing;
+pub mod period;
 pub mod probes;
 pub mod readings;
 pub mod rest;
@@ -233,7 +234,7 @@ pub fn device_in_use(attach: &Attach, dev: EntryIndex) {
         let now = clock::monotonic_ns();
         let random =
             now.rotate_left(29) ^ u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        entry.choose_turn_anchor(turns::first_anchor(now, random));
+        entry.choose_turn_anchor(turns::first_anchor(now, random, period::of(entry)));
     }
     process::device(dev).limiter.set_enforced(on);
     if on && !duty::any(duty::LIMIT) {

@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::sm_board::{self, Claim, Others, SmBoard};
 
+use super::period;
 use super::room::{self, ROOM_PERCENT};
 use super::shortfall::{asks_now, short_of_the_gpu};
 use super::tiling;
@@ -176,6 +177,8 @@ pub struct Pacing {
     seen: Option<Others>,
     /// The windows' place on the board (three or more in turns).
     placer: tiling::Placer,
+    /// The period the container's steps ask for (`period.rs`).
+    asking: period::Asking,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -248,6 +251,7 @@ impl Pacing {
             asks_turns: !rest && (asks_turns || mode() == Turns::Always),
             rest,
             room: 0,
+            period_ms: self.asking.asked_ms(),
         };
         // What a container without a limit beside it must leave it.
         let claim = match (rest, now < self.room_until_ns) {
@@ -275,6 +279,9 @@ impl Pacing {
         };
         entry.note_paced(paced, now);
         let in_turns = !paced && mode() != Turns::Never;
+        self.asking.tick(entry, percent, in_turns, !rest, now);
+        let asked = self.seen.map_or(0, |o| o.period_ms);
+        period::choose(entry, asked.max(self.asking.asked_ms()), now);
         self.placer
             .tick(entry, self.seen, claim.percent, in_turns, now);
     }
@@ -320,7 +327,7 @@ impl Pacing {
             "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
         );
         let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
-        let room = room::steps_room(percent, got, per_s, super::turns::period_ns());
+        let room = room::steps_room(percent, got, per_s, period::of(entry));
         let asking_room = now < self.room_until_ns;
         let limit = f64::from(percent) / 100.0;
         let short = short_of_the_gpu(got, waited, bucket, limit);

@@ -46,7 +46,9 @@ struct Open {
     epoch: u64,
     dev: EntryIndex,
     anchor: u64,
+    /// The start of the window's period, and the period's length.
     period: u64,
+    period_ns: u64,
     ctx: usize,
     stream: usize,
     /// The stream as the window's judging tells streams apart.
@@ -97,16 +99,17 @@ pub struct Done {
     dev: EntryIndex,
     anchor: u64,
     period: u64,
+    period_ns: u64,
     opened_ns: u64,
     probe: Probe,
 }
 
 /// Finished probes are collected at most this often.
 const POLL_EVERY_NS: u64 = 2_000_000;
-/// A window whose probes are not all in by then is judged without them.
-/// (Four periods.)
-fn stale_ns() -> u64 {
-    4 * turns::period_ns()
+/// A window of a `period_ns` period whose probes are not all in by then
+/// is judged without them. (Four periods.)
+fn stale_ns(period_ns: u64) -> u64 {
+    4 * period_ns
 }
 
 /// A thread's open probe, given back when the thread exits with one open:
@@ -191,11 +194,14 @@ pub fn poll_if_due(attach: &Attach, dev: EntryIndex) -> Option<InTurns> {
         poll(attach, now);
         now = clock::monotonic_ns();
     }
-    let close_ns = turns::probe_ns(attach.region.device(dev).sm_percent());
+    let entry = attach.region.device(dev);
+    let period_ns = super::period::of(entry);
+    let close_ns = turns::probe_ns(entry.sm_percent(), period_ns);
     Some(InTurns {
         anchor,
         now,
         close_ns,
+        period_ns,
     })
 }
 
@@ -206,6 +212,8 @@ pub struct InTurns {
     anchor: u64,
     now: u64,
     close_ns: u64,
+    /// The device's period (`period::of`).
+    period_ns: u64,
 }
 
 /// Before a limited launch of `cost_ns` on `stream`, on device entry
@@ -215,8 +223,9 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
         anchor,
         now,
         close_ns,
+        period_ns,
     } = at;
-    let period = turns::period_start(anchor, now);
+    let period = turns::period_start(anchor, now, period_ns);
     let ctx = driver::current_context()? as usize;
     let generation = GENERATION.load(Ordering::Relaxed);
     let epoch = EPOCH.load(Ordering::Acquire);
@@ -226,6 +235,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             && open.dev == dev
             && open.anchor == anchor
             && open.period == period
+            && open.period_ns == period_ns
             && open.ctx == ctx
             && open.stream == stream as usize
             && (now.saturating_sub(open.last_ns) <= super::synced::HOST_PAUSE_NS
@@ -259,6 +269,7 @@ pub fn before(at: InTurns, dev: EntryIndex, stream: CUstream, cost_ns: u64) -> O
             dev,
             anchor,
             period,
+            period_ns,
             ctx,
             stream: stream as usize,
             key: stream_key(ctx, stream),
@@ -325,7 +336,7 @@ pub fn close_at_window_end(dev: EntryIndex, anchor: u64) {
         return;
     }
     let now = clock::monotonic_ns();
-    if open.anchor != anchor || open.period != turns::period_start(anchor, now) {
+    if open.anchor != anchor || open.period != turns::period_start(anchor, now, open.period_ns) {
         // (Opened in an earlier window: it would time several periods.)
         log::trace!("turns: the window's last probe opened in an earlier window");
         drop_open(open, generation);
@@ -393,6 +404,7 @@ fn poll(attach: &Attach, now: u64) {
                 dev: o.dev,
                 anchor: o.anchor,
                 period: o.period,
+                period_ns: o.period_ns,
                 opened_ns: o.opened_ns,
                 probe: Probe {
                     stream: o.key,
@@ -429,14 +441,14 @@ fn ready_windows(
     let (pending, done) = probes;
     let mut windows: Vec<(EntryIndex, u64, u64)> = done
         .iter()
-        .map(|d| (d.dev, d.anchor, d.period))
-        .filter(|&(dev, anchor, period)| {
-            let later = turns::period_start(anchor, now) > period;
+        .filter(|d| {
+            let later = turns::period_start(d.anchor, now, d.period_ns) > d.period;
             let in_flight = pending
                 .iter()
-                .any(|p| p.open.dev == dev && p.open.period == period);
-            later && (!in_flight || now.saturating_sub(period) > stale_ns())
+                .any(|p| p.open.dev == d.dev && p.open.period == d.period);
+            later && (!in_flight || now.saturating_sub(d.period) > stale_ns(d.period_ns))
         })
+        .map(|d| (d.dev, d.anchor, d.period))
         .collect();
     windows.sort_unstable();
     windows.dedup();

@@ -36,21 +36,30 @@
 use vgpu_shm::layout::{DeviceEntry, TURNS_TILED};
 use vgpu_shm::sm_board::Others;
 
-use super::turns;
+use super::{period, turns};
 
 /// The fewest busy containers on a GPU, this one among them, whose turns
 /// are placed from the board.
 pub const MIN_CONTAINERS: u32 = 3;
+/// The same where the turns run longer than the configured period for
+/// some container's short steps (`period.rs`): by their probes, the 10 %
+/// window nested in a 90 % one of 1 ms steps and three steps a period
+/// waited a time slice (p99 3.40 ms at 130-150 ms); placed, one step a
+/// period waits the other's window, and p99 was 1.29-1.30 ms (H200, runs
+/// 194-195). At the configured period two stay with their probes: placed
+/// at 100 ms, one step in 88 waited a whole window (7.35 ms, run 184).
+pub const MIN_CONTAINERS_LENGTHENED: u32 = 2;
 
 /// Where in each period (ns past a whole number of periods of
 /// `CLOCK_MONOTONIC`) the window opens of a container whose share is
 /// `mine` percent, beside `others` as its board shows them: after the
 /// shares of the slots below its own and an even part of the spare time
-/// after each. None where the turns are not placed.
-pub fn phase_ns(mine: u32, others: &Others, period: u64) -> Option<u64> {
+/// after each. None where the turns are not placed: fewer than `fewest`
+/// containers, or shares over the period.
+pub fn phase_ns(mine: u32, others: &Others, period: u64, fewest: u32) -> Option<u64> {
     let n = u128::from(others.count) + 1;
     let total = u64::from(mine) + u64::from(others.shares);
-    if n < u128::from(MIN_CONTAINERS) || total > 100 {
+    if n < u128::from(fewest) || total > 100 {
         return None;
     }
     let spare = u128::from(100 - total);
@@ -82,9 +91,14 @@ impl Placer {
         in_turns: bool,
         now: u64,
     ) {
+        let fewest = if period::lengthened(entry) {
+            MIN_CONTAINERS_LENGTHENED
+        } else {
+            MIN_CONTAINERS
+        };
         let phase = others
             .filter(|_| in_turns)
-            .and_then(|o| phase_ns(percent, &o, turns::period_ns()));
+            .and_then(|o| phase_ns(percent, &o, period::of(entry), fewest));
         let last = std::mem::replace(&mut self.last, phase);
         match phase {
             None => place(entry, None, now),
@@ -102,7 +116,7 @@ pub fn place(entry: &DeviceEntry, phase: Option<u64>, now: u64) {
     let Some(phase) = phase else {
         return;
     };
-    let period = turns::period_ns();
+    let period = period::of(entry);
     let phase = phase % period;
     let anchor = entry.turn_anchor();
     if anchor == 0 {
@@ -160,7 +174,7 @@ mod tests {
             .map(|(i, &mine)| {
                 let mut rest = vec![10u32, 20, 30, 40];
                 rest.remove(i);
-                phase_ns(mine, &beside(&rest, i), P)
+                phase_ns(mine, &beside(&rest, i), P, MIN_CONTAINERS)
             })
             .collect();
         assert_eq!(
@@ -172,7 +186,7 @@ mod tests {
     #[test]
     fn what_the_shares_leave_is_spread_between_the_windows() {
         // 30 + 30 + 30: 10 % spare, a third of it after each window.
-        let third = |below| phase_ns(30, &beside(&[30, 30], below), P);
+        let third = |below| phase_ns(30, &beside(&[30, 30], below), P, MIN_CONTAINERS);
         assert_eq!(third(0), Some(0));
         assert_eq!(third(1), Some(P * 100 / 300));
         assert_eq!(third(2), Some(P * 200 / 300));
@@ -181,9 +195,9 @@ mod tests {
     #[test]
     fn two_containers_or_shares_over_the_period_place_nothing() {
         // Two: the probes find the one gap.
-        assert_eq!(phase_ns(90, &beside(&[10], 1), P), None);
+        assert_eq!(phase_ns(90, &beside(&[10], 1), P, MIN_CONTAINERS), None);
         // Over the period: windows would overlap wherever they lay.
-        assert_eq!(phase_ns(50, &beside(&[30, 40], 1), P), None);
+        assert_eq!(phase_ns(50, &beside(&[30, 40], 1), P, MIN_CONTAINERS), None);
     }
 
     #[test]
@@ -204,7 +218,7 @@ mod tests {
                             shares_below,
                             ..Others::default()
                         };
-                        let phase = phase_ns(10, &o, P);
+                        let phase = phase_ns(10, &o, P, MIN_CONTAINERS);
                         if let Some(p) = phase {
                             assert!(count >= 2 && shares <= 90, "{o:?}");
                             place(e, Some(p), 1);
@@ -278,6 +292,31 @@ mod tests {
         assert!(!e.turn_flag(TURNS_TILED));
         placer.tick(e, four, 50, true, 6);
         placer.tick(e, None, 50, true, 7);
+        assert!(!e.turn_flag(TURNS_TILED));
+    }
+
+    #[test]
+    fn two_are_placed_where_the_turns_run_longer_for_short_steps() {
+        let (r, i) = entry(90);
+        let e = r.device(i);
+        e.choose_turn_anchor(P + 5 * MS);
+        let one = Some(beside(&[10], 1));
+        let mut placer = Placer::default();
+        // At the configured period: the probes lead.
+        placer.tick(e, one, 90, true, 1);
+        placer.tick(e, one, 90, true, 2);
+        assert!(!e.turn_flag(TURNS_TILED));
+        // At 139 ms: after the 10 % one's window, on the longer period.
+        let long = 139 * MS;
+        e.set_turn_period_ns(long);
+        placer.tick(e, one, 90, true, 3);
+        placer.tick(e, one, 90, true, 4);
+        assert!(e.turn_flag(TURNS_TILED));
+        assert_eq!(e.turn_anchor() % long, long / 10);
+        // And the 10 % one, its slot below, at the period's start.
+        assert_eq!(phase_ns(10, &beside(&[90], 0), long, 2), Some(0));
+        e.set_turn_period_ns(0);
+        placer.tick(e, one, 90, true, 5);
         assert!(!e.turn_flag(TURNS_TILED));
     }
 }

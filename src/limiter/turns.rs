@@ -31,7 +31,7 @@
 //! a window to what is left (`bucket::admit`).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The default period of the turns: every container gets its share of
 /// each one. Long enough for a 10 % container to run several 1 ms kernels
@@ -45,9 +45,19 @@ pub const PERIOD_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=1000;
 /// This process's period (set once at start from the configuration).
 static PERIOD: AtomicU64 = AtomicU64::new(PERIOD_NS);
 
-/// The period of the turns in this process.
+/// Whether `VGPU_SM_PERIOD_MS` set it: then no neighbour's steps
+/// lengthen it (`period.rs`).
+static EXPLICIT: AtomicBool = AtomicBool::new(false);
+
+/// The configured period of the turns in this process (a device's turns
+/// may run at a longer one: `period::of`).
 pub fn period_ns() -> u64 {
     PERIOD.load(Ordering::Relaxed)
+}
+
+/// Whether the period was set by `VGPU_SM_PERIOD_MS`.
+pub fn period_is_explicit() -> bool {
+    EXPLICIT.load(Ordering::Relaxed)
 }
 
 /// Sets the period of the turns (`VGPU_SM_PERIOD_MS`), within
@@ -55,6 +65,7 @@ pub fn period_ns() -> u64 {
 pub fn set_period_ms(ms: u64) {
     let ms = ms.clamp(*PERIOD_MS_RANGE.start(), *PERIOD_MS_RANGE.end());
     PERIOD.store(ms * 1_000_000, Ordering::Relaxed);
+    EXPLICIT.store(true, Ordering::Relaxed);
 }
 /// The period the probes, slacks, leads and guards below were measured
 /// at; at shorter periods they shrink with it ([`scaled`]), so that a
@@ -88,8 +99,8 @@ pub const PROBE_NS: u64 = 3_000_000;
 /// other context's slices only every other time, and two 50 % windows
 /// at a 20 ms period then each looked clear at its start and moved
 /// earlier, time-slicing for good.
-pub fn probe_ns(percent: u32) -> u64 {
-    let window = period_ns() / 100 * u64::from(percent.min(100));
+pub fn probe_ns(percent: u32, period: u64) -> u64 {
+    let window = period / 100 * u64::from(percent.min(100));
     PROBE_NS.min(window / 2).max(MIN_PROBE_NS)
 }
 
@@ -113,9 +124,9 @@ pub fn slack_ns() -> u64 {
     scaled(SLACK_NS).max(MIN_SLACK_NS)
 }
 
-/// The most a window moves at once: half the period.
-pub fn max_move_ns() -> u64 {
-    period_ns() / 2
+/// The most a window moves at once: half the `period`.
+pub fn max_move_ns(period: u64) -> u64 {
+    period / 2
 }
 /// Less than this lost at a window's start is left to the window before
 /// to mend, by leaving a little of its share unspent ([`min_lead_ns`]).
@@ -139,13 +150,13 @@ pub fn min_move_ns() -> u64 {
     scaled(MIN_MOVE_NS).max(MIN_STEP_NS)
 }
 
-/// The start of the period that holds `now`, for turns anchored at
-/// `anchor`.
-pub fn period_start(anchor: u64, now: u64) -> u64 {
+/// The start of the period (of `period` ns) that holds `now`, for turns
+/// anchored at `anchor`.
+pub fn period_start(anchor: u64, now: u64, period: u64) -> u64 {
+    let period = period.max(1);
     if now >= anchor {
-        now - (now - anchor) % period_ns()
+        now - (now - anchor) % period
     } else {
-        let period = period_ns();
         let back = (anchor - now).div_ceil(period).saturating_mul(period);
         anchor.saturating_sub(back)
     }
@@ -154,18 +165,17 @@ pub fn period_start(anchor: u64, now: u64) -> u64 {
 /// The first period start at which a schedule standing at `from` may
 /// spend again: the period that `from` falls in (a schedule at the end
 /// of one period is at the start of the next).
-pub fn next_open(anchor: u64, from: u64) -> u64 {
-    let period = period_ns();
-    period_start(anchor, from.saturating_sub(period)) + period
+pub fn next_open(anchor: u64, from: u64, period: u64) -> u64 {
+    period_start(anchor, from.saturating_sub(period), period) + period
 }
 
 /// The GPU time a container at `percent` (and the controller's
-/// `scale_milli`) may spend in each period.
-pub fn share_ns(percent: u32, scale_milli: u32) -> u64 {
+/// `scale_milli`) may spend in each `period`.
+pub fn share_ns(percent: u32, scale_milli: u32, period: u64) -> u64 {
     // (Clamped: the region's values may be anyone's.)
     let percent = u64::from(percent.min(100));
     let scale = u64::from(scale_milli.min(4000));
-    period_ns() * percent * scale / 100_000
+    period.saturating_mul(percent * scale) / 100_000
 }
 
 /// Covered windows in a row (every probe beside another context) after
@@ -198,10 +208,10 @@ pub fn ran_on_from_a_clear_start(probes: &[Probe]) -> bool {
 /// Covered windows in a row after a window with `probes` (`streak` before
 /// it) of a container whose share is `share_ns`: one more after a covered
 /// window, as many after a nearly covered one, none after any other.
-pub fn next_streak(streak: u32, probes: &[Probe], share_ns: u64) -> u32 {
+pub fn next_streak(streak: u32, probes: &[Probe], share_ns: u64, period: u64) -> u32 {
     if covered(probes) {
         streak.saturating_add(1)
-    } else if nearly_covered(probes, share_ns) {
+    } else if nearly_covered(probes, share_ns, period) {
         streak
     } else {
         0
@@ -212,8 +222,8 @@ pub fn next_streak(streak: u32, probes: &[Probe], share_ns: u64) -> u32 {
 /// other: two containers that take turns cover each other's windows from
 /// end to end only when both windows stretch over nearly the whole
 /// period, time-slicing.
-pub fn short_window_ns() -> u64 {
-    period_ns() * 9 / 10
+pub fn short_window_ns(period: u64) -> u64 {
+    period / 10 * 9
 }
 
 /// Whether all the window's probes but one ran beside another context,
@@ -228,14 +238,14 @@ pub fn short_window_ns() -> u64 {
 /// window may be one of two that cover each other: there a probe in the
 /// clear is what stops two 50 % containers from time-slicing for good (a
 /// simulated pair did, run 61).
-pub fn nearly_covered(probes: &[Probe], share_ns: u64) -> bool {
+pub fn nearly_covered(probes: &[Probe], share_ns: u64, period: u64) -> bool {
     let (cost, elapsed) = probes.iter().fold((0u128, 0u128), |(c, e), p| {
         (c + u128::from(p.cost_ns), e + u128::from(p.elapsed_ns))
     });
     let span = elapsed * u128::from(share_ns) / cost.max(1);
     probes.len() >= 3
         && probes.iter().filter(|p| !p.beside_another()).count() == 1
-        && span < u128::from(short_window_ns())
+        && span < u128::from(short_window_ns(period))
 }
 
 /// Whether the window's probes all ran beside another context (two at
@@ -327,8 +337,8 @@ pub const NESTED_BESIDE_LIMITED_PCT: u64 = 25;
 
 /// A first anchor for a container: somewhere in the period after `now`,
 /// picked by `random`.
-pub fn first_anchor(now: u64, random: u64) -> u64 {
-    now + random % period_ns()
+pub fn first_anchor(now: u64, random: u64, period: u64) -> u64 {
+    now + random % period.max(1)
 }
 
 /// Which stream a probe timed: its context, its handle (the legacy
@@ -402,14 +412,14 @@ pub enum Move {
 ///   time unspent only gave that one more (a 30 % container of 1 ms
 ///   kernels beside an unlimited one: 0.244, and 0.254 this way, one run
 ///   each on an H200, docs/benchmarks.md runs 68-69).
-pub fn verdict(probes: &[Probe], random: u64, late_before: bool) -> Option<Move> {
+pub fn verdict(probes: &[Probe], random: u64, late_before: bool, period: u64) -> Option<Move> {
     if ran_on_from_a_clear_start(probes) {
         return Some(Move::Earlier(min_move_ns()));
     }
-    later(probes, random, late_before).map(Move::Later)
+    later(probes, random, late_before, period).map(Move::Later)
 }
 
-fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
+fn later(probes: &[Probe], random: u64, late_before: bool, period: u64) -> Option<u64> {
     if !probes.first()?.beside_another() {
         return None;
     }
@@ -433,7 +443,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool) -> Option<u64> {
     let factor_milli = 600 + random % 401;
     let least = min_move_ns();
     let step = lost.saturating_mul(factor_milli) / 1000 + least;
-    Some(step.clamp(least, max_move_ns()))
+    Some(step.clamp(least, max_move_ns(period)))
 }
 
 #[cfg(test)]
@@ -477,9 +487,9 @@ pub(super) mod tests {
     #[test]
     fn probes_leads_and_moves_shrink_with_short_periods() {
         // At the default period, the figures tuned there.
-        assert_eq!(probe_ns(10), PROBE_NS);
-        assert_eq!(probe_ns(1), 500_000);
-        assert_eq!(probe_ns(0), MIN_PROBE_NS);
+        assert_eq!(probe_ns(10, PERIOD_NS), PROBE_NS);
+        assert_eq!(probe_ns(1, PERIOD_NS), 500_000);
+        assert_eq!(probe_ns(0, PERIOD_NS), MIN_PROBE_NS);
         assert_eq!(slack_ns(), SLACK_NS);
         assert_eq!(min_lead_ns(), MIN_LEAD_NS);
         assert_eq!((min_move_ns(), guard_ns()), (MIN_MOVE_NS, GUARD_NS));
@@ -498,33 +508,51 @@ pub(super) mod tests {
     #[test]
     fn periods_are_whole_steps_from_the_anchor_either_side_of_it() {
         let a = 10 * PERIOD_NS + 7;
-        assert_eq!(period_start(a, a), a);
-        assert_eq!(period_start(a, a + PERIOD_NS - 1), a);
-        assert_eq!(period_start(a, a + PERIOD_NS), a + PERIOD_NS);
-        assert_eq!(period_start(a, a - 1), a - PERIOD_NS);
-        assert_eq!(period_start(a, a - PERIOD_NS), a - PERIOD_NS);
-        assert_eq!(period_start(a, a - PERIOD_NS - 1), a - 2 * PERIOD_NS);
+        assert_eq!(period_start(a, a, PERIOD_NS), a);
+        assert_eq!(period_start(a, a + PERIOD_NS - 1, PERIOD_NS), a);
+        assert_eq!(period_start(a, a + PERIOD_NS, PERIOD_NS), a + PERIOD_NS);
+        assert_eq!(period_start(a, a - 1, PERIOD_NS), a - PERIOD_NS);
+        assert_eq!(period_start(a, a - PERIOD_NS, PERIOD_NS), a - PERIOD_NS);
+        assert_eq!(
+            period_start(a, a - PERIOD_NS - 1, PERIOD_NS),
+            a - 2 * PERIOD_NS
+        );
         // An anchor far ahead of a clock near zero does not wrap.
-        assert_eq!(period_start(u64::MAX, 5), 0);
+        assert_eq!(period_start(u64::MAX, 5, PERIOD_NS), 0);
     }
 
     #[test]
     fn a_schedule_spent_to_the_period_end_opens_at_the_next_period() {
         let a = 1_000 * MS;
-        assert_eq!(next_open(a, a + 4 * PERIOD_NS), a + 4 * PERIOD_NS);
-        assert_eq!(next_open(a, a + 4 * PERIOD_NS + 1), a + 4 * PERIOD_NS);
-        assert_eq!(next_open(a, a + 5 * PERIOD_NS - 1), a + 4 * PERIOD_NS);
-        assert_eq!(next_open(a, a + 5 * PERIOD_NS + 30 * MS), a + 5 * PERIOD_NS);
+        assert_eq!(
+            next_open(a, a + 4 * PERIOD_NS, PERIOD_NS),
+            a + 4 * PERIOD_NS
+        );
+        assert_eq!(
+            next_open(a, a + 4 * PERIOD_NS + 1, PERIOD_NS),
+            a + 4 * PERIOD_NS
+        );
+        assert_eq!(
+            next_open(a, a + 5 * PERIOD_NS - 1, PERIOD_NS),
+            a + 4 * PERIOD_NS
+        );
+        assert_eq!(
+            next_open(a, a + 5 * PERIOD_NS + 30 * MS, PERIOD_NS),
+            a + 5 * PERIOD_NS
+        );
     }
 
     #[test]
     fn shares_and_cuts_stay_bounded_whatever_the_region_holds() {
-        assert_eq!(share_ns(30, 1000), 30 * MS);
-        assert_eq!(share_ns(50, 2000), PERIOD_NS);
-        assert_eq!(share_ns(u32::MAX, u32::MAX), 4 * PERIOD_NS);
+        assert_eq!(share_ns(30, 1000, PERIOD_NS), 30 * MS);
+        assert_eq!(share_ns(50, 2000, PERIOD_NS), PERIOD_NS);
+        assert_eq!(share_ns(u32::MAX, u32::MAX, PERIOD_NS), 4 * PERIOD_NS);
         let share = 30 * MS;
         let late = [clean(3), shared(3, 3)];
-        assert_eq!(next_cut(u64::MAX, share, &late, 0, true, false), share / 4);
+        assert_eq!(
+            next_cut(u64::MAX, (share, PERIOD_NS), &late, 0, true, false),
+            share / 4
+        );
         let huge = Probe {
             stream: StreamKey::default(),
             cost_ns: u64::MAX,
@@ -538,17 +566,27 @@ pub(super) mod tests {
     fn a_window_late_at_both_ends_leaves_some_of_its_share() {
         let share = 50 * MS;
         let ran_on = [shared(3, 3), clean(3), shared(3, 2), shared(3, 3)];
-        let cut = next_cut(0, share, &ran_on, 0, false, false);
+        let cut = next_cut(0, (share, PERIOD_NS), &ran_on, 0, false, false);
         assert_eq!(cut, 5 * MS / 2);
-        assert_eq!(next_cut(cut, share, &ran_on, 0, false, false), 5 * MS);
+        assert_eq!(
+            next_cut(cut, (share, PERIOD_NS), &ran_on, 0, false, false),
+            5 * MS
+        );
         // Bounded, and halved after a window that ended clear.
         let mut big = 0;
         for _ in 0..10 {
-            big = next_cut(big, share, &ran_on, 0, false, false);
+            big = next_cut(big, (share, PERIOD_NS), &ran_on, 0, false, false);
         }
         assert_eq!(big, share / 4);
         assert_eq!(
-            next_cut(big, share, &[shared(3, 3), clean(3)], 0, false, false),
+            next_cut(
+                big,
+                (share, PERIOD_NS),
+                &[shared(3, 3), clean(3)],
+                0,
+                false,
+                false
+            ),
             share / 8
         );
     }
@@ -559,11 +597,18 @@ pub(super) mod tests {
         let all = [shared(3, 3), shared(3, 3)];
         let mut cut = 0;
         for streak in 1..=COVERED_STREAK {
-            cut = next_cut(cut, share, &all, streak, true, false);
+            cut = next_cut(cut, (share, PERIOD_NS), &all, streak, true, false);
         }
         assert_eq!(cut, share / 4);
         assert_eq!(
-            next_cut(cut, share, &all, COVERED_STREAK + 1, true, false),
+            next_cut(
+                cut,
+                (share, PERIOD_NS),
+                &all,
+                COVERED_STREAK + 1,
+                true,
+                false
+            ),
             0
         );
         assert!(covered(&all));
@@ -579,15 +624,21 @@ pub(super) mod tests {
         // 3 ms probes, each twice as long as its cost, one in the clear.
         let mut nearly: Vec<Probe> = (0..10).map(|_| shared(3, 3)).collect();
         nearly[4] = clean(3);
-        assert!(nearly_covered(&nearly, share) && !covered(&nearly));
-        assert_eq!(next_streak(streak, &nearly, share), streak);
-        assert_eq!(next_cut(0, share, &nearly, streak, true, false), 0);
+        assert!(nearly_covered(&nearly, share, PERIOD_NS) && !covered(&nearly));
+        assert_eq!(next_streak(streak, &nearly, share, PERIOD_NS), streak);
+        assert_eq!(
+            next_cut(0, (share, PERIOD_NS), &nearly, streak, true, false),
+            0
+        );
         // Before the streak, it counts for nothing either way.
-        assert_eq!(next_streak(2, &nearly, share), 2);
-        assert_eq!(next_streak(2, &[shared(3, 3), shared(3, 3)], share), 3);
+        assert_eq!(next_streak(2, &nearly, share, PERIOD_NS), 2);
+        assert_eq!(
+            next_streak(2, &[shared(3, 3), shared(3, 3)], share, PERIOD_NS),
+            3
+        );
         // Two probes in the clear start the streak anew.
         nearly[7] = clean(3);
-        assert_eq!(next_streak(streak, &nearly, share), 0);
+        assert_eq!(next_streak(streak, &nearly, share, PERIOD_NS), 0);
         // So does a window over nearly all the period (two 50 % containers
         // that cover each other), even with two of its probes dropped at
         // host pauses: its whole share at its probes' stretch is long.
@@ -595,55 +646,93 @@ pub(super) mod tests {
         let long: Vec<Probe> = (0..14)
             .map(|i| if i == 3 { clean(3) } else { shared(3, 3) })
             .collect();
-        assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < short_window_ns());
-        assert!(!nearly_covered(&long, half));
-        assert_eq!(next_streak(streak, &long, half), 0);
-        assert_ne!(next_cut(0, half, &long, streak, false, false), 0);
+        assert!(long.iter().map(|p| p.elapsed_ns).sum::<u64>() < short_window_ns(PERIOD_NS));
+        assert!(!nearly_covered(&long, half, PERIOD_NS));
+        assert_eq!(next_streak(streak, &long, half, PERIOD_NS), 0);
+        assert_ne!(
+            next_cut(0, (half, PERIOD_NS), &long, streak, false, false),
+            0
+        );
     }
 
     #[test]
     fn a_window_that_opened_on_an_idle_gpu_stays_or_moves_earlier() {
-        assert_eq!(verdict(&[clean(3), clean(3)], 7, false), None);
-        assert_eq!(verdict(&[], 7, false), None);
+        assert_eq!(verdict(&[clean(3), clean(3)], 7, false, PERIOD_NS), None);
+        assert_eq!(verdict(&[], 7, false, PERIOD_NS), None);
         // It ran on into another's window: into the room before it, and
         // its share stays whole.
         let ran_on = [clean(3), clean(3), shared(3, 3), shared(3, 3)];
         assert!(ran_on_from_a_clear_start(&ran_on));
         assert_eq!(
-            verdict(&ran_on, 0, true),
+            verdict(&ran_on, 0, true, PERIOD_NS),
             Some(Move::Earlier(min_move_ns()))
         );
-        assert_eq!(next_cut(2 * MS, 30 * MS, &ran_on, 0, true, false), 2 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &ran_on, 0, true, false), GUARD_NS);
+        assert_eq!(
+            next_cut(2 * MS, (30 * MS, PERIOD_NS), &ran_on, 0, true, false),
+            2 * MS
+        );
+        assert_eq!(
+            next_cut(0, (30 * MS, PERIOD_NS), &ran_on, 0, true, false),
+            GUARD_NS
+        );
         // Placed from the board, it cannot move: it leaves half what its
         // tail lost, as one late at both ends does.
         let tail = trailing_lost_ns(&ran_on);
         assert_eq!(tail, 6 * MS);
         assert_eq!(
-            next_cut(2 * MS, 30 * MS, &ran_on, 0, true, true),
+            next_cut(2 * MS, (30 * MS, PERIOD_NS), &ran_on, 0, true, true),
             2 * MS + tail / 2
+        );
+        // A clear end halves the cut; placed in turns lengthened for
+        // short steps, it takes a sixteenth off (to the guard at least).
+        let clear = [clean(3), clean(3)];
+        let long = 140 * MS;
+        assert_eq!(
+            next_cut(4 * MS, (30 * MS, PERIOD_NS), &clear, 0, true, true),
+            2 * MS
+        );
+        assert_eq!(
+            next_cut(4 * MS, (30 * MS, long), &clear, 0, true, true),
+            4 * MS - 4 * MS / 16
+        );
+        assert_eq!(
+            next_cut(4 * MS, (30 * MS, long), &clear, 0, true, false),
+            2 * MS
+        );
+        assert_eq!(
+            next_cut(GUARD_NS, (30 * MS, long), &clear, 0, true, true),
+            GUARD_NS
         );
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
         assert!(!ran_on_from_a_clear_start(&both));
-        assert_eq!(next_cut(0, 30 * MS, &both, 0, false, false), 3 * MS / 2);
+        assert_eq!(
+            next_cut(0, (30 * MS, PERIOD_NS), &both, 0, false, false),
+            3 * MS / 2
+        );
     }
 
     #[test]
     fn a_window_that_opened_beside_another_moves_past_it() {
         // A little lost at the start is the window before's to mend.
-        assert_eq!(verdict(&[shared(3, 2), clean(3)], 0, false), None);
         assert_eq!(
-            verdict(&[shared(3, 2), clean(3)], 0, true),
+            verdict(&[shared(3, 2), clean(3)], 0, false, PERIOD_NS),
+            None
+        );
+        assert_eq!(
+            verdict(&[shared(3, 2), clean(3)], 0, true, PERIOD_NS),
             Some(Move::Later(2 * MS))
         );
         let probes = [shared(3, 3), shared(3, 2), clean(3), shared(3, 3)];
-        let least = verdict(&probes, 0, false).unwrap();
-        let most = verdict(&probes, 400, false).unwrap();
+        let least = verdict(&probes, 0, false, PERIOD_NS).unwrap();
+        let most = verdict(&probes, 400, false, PERIOD_NS).unwrap();
         assert_eq!(least, Move::Later(5 * MS * 6 / 10 + MIN_MOVE_NS));
         assert_eq!(most, Move::Later(5 * MS + MIN_MOVE_NS));
         // Two windows that opened together part: different factors.
-        assert_ne!(verdict(&probes, 100, false), verdict(&probes, 300, false));
+        assert_ne!(
+            verdict(&probes, 100, false, PERIOD_NS),
+            verdict(&probes, 300, false, PERIOD_NS)
+        );
     }
 
     #[test]
@@ -674,7 +763,10 @@ pub(super) mod tests {
     #[test]
     fn small_losses_and_long_covers_are_bounded() {
         // A host that fed the GPU 0.9 ms late over 3 ms is not a neighbour.
-        assert_eq!(verdict(&[shared(3, 0), clean(3)], 0, false), None);
+        assert_eq!(
+            verdict(&[shared(3, 0), clean(3)], 0, false, PERIOD_NS),
+            None
+        );
         let late = Probe {
             stream: StreamKey::default(),
             cost_ns: 3 * MS,
@@ -686,11 +778,17 @@ pub(super) mod tests {
         assert!(!shared(20, 2).beside_another());
         let mut all: Vec<Probe> = (0..40).map(|_| shared(3, 3)).collect();
         all.push(clean(3));
-        assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
+        assert_eq!(
+            verdict(&all, 400, false, PERIOD_NS),
+            Some(Move::Later(max_move_ns(PERIOD_NS)))
+        );
         // Covered from end to end: one draw in two moves, past the cover.
         all.pop();
-        assert_eq!(verdict(&all, 1, false), None);
-        assert_eq!(verdict(&all, 400, false), Some(Move::Later(max_move_ns())));
+        assert_eq!(verdict(&all, 1, false, PERIOD_NS), None);
+        assert_eq!(
+            verdict(&all, 400, false, PERIOD_NS),
+            Some(Move::Later(max_move_ns(PERIOD_NS)))
+        );
     }
 
     #[test]
@@ -746,8 +844,14 @@ pub(super) mod tests {
         ];
         assert_eq!(trailing_lost_ns(&one), 6 * MS);
         assert_eq!(trailing_lost_ns(&two), 6 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &one, 0, false, false), 3 * MS);
-        assert_eq!(next_cut(0, 30 * MS, &two, 0, false, false), 3 * MS);
+        assert_eq!(
+            next_cut(0, (30 * MS, PERIOD_NS), &one, 0, false, false),
+            3 * MS
+        );
+        assert_eq!(
+            next_cut(0, (30 * MS, PERIOD_NS), &two, 0, false, false),
+            3 * MS
+        );
         // Two streams whose window opened while the other ran its last
         // 8 ms: they move as one stream would, not by 16 ms.
         let late_one = [shared(3, 8), clean(3), clean(3)];
@@ -759,11 +863,14 @@ pub(super) mod tests {
         ];
         for random in [0, 200, 400] {
             assert_eq!(
-                verdict(&late_two, random, false),
-                verdict(&late_one, random, false)
+                verdict(&late_two, random, false, PERIOD_NS),
+                verdict(&late_one, random, false, PERIOD_NS)
             );
         }
-        assert!(matches!(verdict(&late_one, 0, false), Some(Move::Later(_))));
+        assert!(matches!(
+            verdict(&late_one, 0, false, PERIOD_NS),
+            Some(Move::Later(_))
+        ));
         // Uneven streams: the one that lost most counts.
         let uneven = [
             on(1, shared(3, 2)),

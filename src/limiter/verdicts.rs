@@ -33,6 +33,7 @@ pub fn carry_out(
     let w = judge::Window {
         anchor,
         period,
+        period_ns: super::period::of(entry),
         probes: timings,
         anchor_now: entry.turn_anchor(),
         moved_ns: entry.turn_moved_ns(),

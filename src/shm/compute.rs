@@ -196,6 +196,19 @@ impl DeviceEntry {
         recent(&self.limited_beside_ns, now, TURN_PACED_NS)
     }
 
+    /// The period (ns) of the container's turns on the device as its
+    /// leader chose it (0: the configured one). Anyone who maps the
+    /// region can write it: the limiter bounds what it uses.
+    pub fn turn_period_ns(&self) -> u64 {
+        self.turn_period_ns.load(Ordering::Relaxed)
+    }
+
+    /// Sets the period of the container's turns on the device (0: the
+    /// configured one).
+    pub fn set_turn_period_ns(&self, ns: u64) {
+        self.turn_period_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// Synchronisations made under an SM limit, ever.
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)

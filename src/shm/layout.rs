@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 8;
+pub const VERSION_MINOR: u32 = 9;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -195,8 +195,11 @@ pub struct DeviceEntry {
     /// ([`TURN_PACED_NS`]), the steps at the end of the container's
     /// windows are timed (the library's `limiter/probes.rs`).
     pub limited_beside_ns: AtomicU64,
-    /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 1],
+    /// The period (ns) of the container's turns on the device, as its
+    /// leader chose it from the node's SM board: longer than the
+    /// configured one where a neighbour's short steps ask for it (0: the
+    /// configured one; 2.9, the library's `limiter/period.rs`).
+    pub turn_period_ns: AtomicU64,
 }
 
 /// The period of a container's turns on a device (`turn_anchor_ns` plus
@@ -355,6 +358,7 @@ const _: () = {
     assert!(offset_of!(DeviceEntry, syncs) == 224);
     assert!(offset_of!(DeviceEntry, rest_beside_ns) == 232);
     assert!(offset_of!(DeviceEntry, limited_beside_ns) == 240);
+    assert!(offset_of!(DeviceEntry, turn_period_ns) == 248);
     assert!(SLOT_SIZE == 1024);
     assert!(offset_of!(ProcSlot, start_time) == 8);
     assert!(offset_of!(ProcSlot, sm_util) == 32);

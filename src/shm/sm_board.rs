@@ -15,7 +15,10 @@
 //! that knows it uses it, an older one never reads it. The room a limited
 //! container needs ([`Claim::room`]) is a third, at [`ROOM_BASE`] `+ 16 *
 //! i`, written before the other two with the same time: a reader of the
-//! detail from before it never reads it either. A container without
+//! detail from before it never reads it either. The period a container's
+//! short steps ask the turns on the GPU to take ([`Claim::period_ms`]) is
+//! a fourth, at [`PERIOD_BASE`] `+ 16 * i`, written first of all, and
+//! read only by libraries that know it. A container without
 //! an SM limit publishes the rest it takes beside limited ones (`REST`,
 //! `limiter/rest.rs`), which an older reader counts as a limit. A slot is
 //! owned by whoever
@@ -45,6 +48,11 @@ const MAGIC: u32 = u32::from_le_bytes(*b"VGSM");
 const DETAIL_MAGIC: u32 = u32::from_le_bytes(*b"VGSD");
 /// `"VGSR"`: a slot's room.
 const ROOM_MAGIC: u32 = u32::from_le_bytes(*b"VGSR");
+/// `"VGSP"`: the period a slot's owner asks for.
+const PERIOD_MAGIC: u32 = u32::from_le_bytes(*b"VGSP");
+/// The longest period a claim may ask for (ms): a longer word reads as
+/// none.
+pub const MAX_PERIOD_MS: u32 = 1000;
 /// Containers one GPU's board holds at once.
 pub const SLOTS: usize = 32;
 const SLOT_BYTES: u64 = 16;
@@ -52,6 +60,8 @@ const SLOT_BYTES: u64 = 16;
 pub const DETAIL_BASE: u64 = SLOTS as u64 * SLOT_BYTES;
 /// Where the slots' rooms begin: past the details.
 pub const ROOM_BASE: u64 = 2 * SLOTS as u64 * SLOT_BYTES;
+/// Where the slots' asked periods begin: past the rooms.
+pub const PERIOD_BASE: u64 = 3 * SLOTS as u64 * SLOT_BYTES;
 /// Where the slots' lock bytes begin (past any data).
 const LOCK_BASE: i64 = 1 << 20;
 /// How recently a slot must have been written to count: many of its
@@ -137,6 +147,10 @@ pub struct Claim {
     /// their share, or its steps' hand-overs cost time of their own
     /// (`limiter/pacing.rs`). Only the rest reads it (`limiter/rest.rs`).
     pub room: u32,
+    /// The period (ms) its steps ask the turns on the GPU to take, where
+    /// they would fare badly at the configured one (0: none;
+    /// `limiter/period.rs`).
+    pub period_ms: u32,
 }
 
 impl Claim {
@@ -147,6 +161,7 @@ impl Claim {
             asks_turns,
             rest: false,
             room: 0,
+            period_ms: 0,
         }
     }
 
@@ -161,6 +176,11 @@ impl Claim {
     /// This claim, needing `room` percent of the GPU's time.
     pub fn with_room(self, room: u32) -> Claim {
         Claim { room, ..self }
+    }
+
+    /// This claim, asking for turns of `period_ms` (0: none).
+    pub fn with_period(self, period_ms: u32) -> Claim {
+        Claim { period_ms, ..self }
     }
 
     /// The part of the GPU's time it needs: its room, at least its share.
@@ -184,6 +204,7 @@ impl Claim {
             asks_turns: w & ASKS_TURNS != 0,
             rest: w & REST != 0,
             room: 0,
+            period_ms: 0,
         })
     }
 }
@@ -214,6 +235,8 @@ pub struct Others {
     pub below: u32,
     /// The shares of those below, summed (percent).
     pub shares_below: u32,
+    /// The longest period any of them asks for (ms; 0: none).
+    pub period_ms: u32,
 }
 
 impl Others {
@@ -232,6 +255,7 @@ impl Others {
             self.rooms += c.needs();
         }
         self.asking += u32::from(c.asks_turns);
+        self.period_ms = self.period_ms.max(c.period_ms);
     }
 }
 
@@ -310,9 +334,12 @@ impl SmBoard {
                 i
             }
         };
-        // The room and the detail first: a reader that finds the slot
-        // with this time finds them too.
+        // The period, the room and the detail first: a reader that finds
+        // the slot with this time finds them too.
         let at = slot as u64 * SLOT_BYTES;
+        let period = claim.period_ms.min(MAX_PERIOD_MS);
+        self.file
+            .write_all_at(&slot_bytes(PERIOD_MAGIC, period, now), PERIOD_BASE + at)?;
         let room = if claim.room > claim.percent {
             claim.room.min(100)
         } else {
@@ -337,7 +364,7 @@ impl SmBoard {
         };
         let at = i as u64 * SLOT_BYTES;
         let _ = self.file.write_all_at(&[0u8; SLOT_BYTES as usize], at);
-        for base in [DETAIL_BASE, ROOM_BASE] {
+        for base in [DETAIL_BASE, ROOM_BASE, PERIOD_BASE] {
             let _ = self
                 .file
                 .write_all_at(&[0u8; SLOT_BYTES as usize], base + at);
@@ -351,7 +378,7 @@ impl SmBoard {
 
     /// What the other live, fresh slots publish at time `now`.
     pub fn others(&self, now: u64) -> Others {
-        let mut all = [0u8; 3 * SLOTS * SLOT_BYTES as usize];
+        let mut all = [0u8; 4 * SLOTS * SLOT_BYTES as usize];
         // A file cut short reads short: the rest stay zeros (no slot).
         let got = read_up_to(&self.file, &mut all);
         let mut o = Others::default();
@@ -370,6 +397,7 @@ impl SmBoard {
             let Some(claim) = slot_claim(slot, part(DETAIL_BASE), part(ROOM_BASE), now) else {
                 continue;
             };
+            let claim = claim.with_period(asked_period(part(PERIOD_BASE), slot));
             if self.held_by_other(i) {
                 o.add(claim, self.mine.is_some_and(|m| i < m));
             }
@@ -441,6 +469,23 @@ fn slot_claim(b: &[u8], detail: Option<&[u8]>, room: Option<&[u8]>, now: u64) ->
         Some((ROOM_MAGIC, r, t)) if same_tick(t) && r <= 100 => claim.with_room(r),
         _ => claim,
     })
+}
+
+/// The period (ms) a slot's owner asks for: its word where it was
+/// written at the slot's time or a tick before it (as a room is) and is
+/// at most [`MAX_PERIOD_MS`]; 0 otherwise (an older writer, a torn read,
+/// an earlier owner's, a forged word).
+fn asked_period(period: Option<&[u8]>, slot: &[u8]) -> u32 {
+    let (Some((_, _, at)), Some((PERIOD_MAGIC, ms, t))) = (fields(slot), period.and_then(fields))
+    else {
+        return 0;
+    };
+    let same_tick = t >= at && t - at <= FRESH_NS;
+    if same_tick && ms <= MAX_PERIOD_MS {
+        ms
+    } else {
+        0
+    }
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
@@ -594,6 +639,7 @@ mod tests {
             shares: 90,
             below: 1,
             shares_below: 30,
+            period_ms: 0,
         };
         assert_eq!(b.others(NOW), want);
         // A rest withdrawn is gone at once, not when it goes stale.
@@ -700,6 +746,38 @@ mod tests {
         c.publish(Claim::rest(40).with_room(90), NOW).unwrap();
         a.publish(lim(50), NOW).unwrap();
         assert_eq!(b.others(NOW).rooms, 50);
+    }
+
+    #[test]
+    fn the_longest_period_asked_counts_and_a_forged_or_stale_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, b, mut c) = three(dir.path());
+        a.publish(lim(90).with_period(140), NOW).unwrap();
+        c.publish(Claim::rest(10), NOW).unwrap();
+        assert_eq!(b.others(NOW).period_ms, 140);
+        c.publish(lim(10).with_period(120), NOW).unwrap();
+        assert_eq!(b.others(NOW).period_ms, 140);
+        // An older reader reads three slots' worth of the file: the
+        // asked periods lie past them.
+        assert!(PERIOD_BASE >= 3 * SLOTS as u64 * SLOT_BYTES);
+        let raw = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(a.path())
+            .unwrap();
+        // Over the most, or older than the slot (an earlier owner's): none.
+        raw.write_all_at(&5000u32.to_le_bytes(), PERIOD_BASE + 4)
+            .unwrap();
+        assert_eq!((b.others(NOW).count, b.others(NOW).period_ms), (2, 120));
+        raw.write_all_at(&140u32.to_le_bytes(), PERIOD_BASE + 4)
+            .unwrap();
+        raw.write_all_at(&(NOW - 1).to_le_bytes(), PERIOD_BASE + 8)
+            .unwrap();
+        assert_eq!(b.others(NOW).period_ms, 120);
+        // Withdrawn, a slot's period goes with it.
+        c.withdraw();
+        a.publish(lim(90), NOW).unwrap();
+        assert_eq!(b.others(NOW).period_ms, 0);
     }
 
     #[test]

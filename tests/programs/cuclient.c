@@ -787,6 +787,11 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     size_t i99 = (size_t)(0.99 * (double)(n - 1));
     printf("steps=%zu steps_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f launch_ms=%.4f sync_ms=%.4f\n", n,
            n / took, lat[n / 2], lat[i99], lat[n - 1], in_launch * 1e3 / n, in_sync * 1e3 / n);
+    /* The tail's shape, for the logs: which percentile a slow kind of step
+     * begins at (one a period, or several). */
+    printf("p90_ms=%.4f p95_ms=%.4f p98_ms=%.4f p995_ms=%.4f p999_ms=%.4f\n", lat[(size_t)(0.90 * (double)(n - 1))],
+           lat[(size_t)(0.95 * (double)(n - 1))], lat[(size_t)(0.98 * (double)(n - 1))],
+           lat[(size_t)(0.995 * (double)(n - 1))], lat[(size_t)(0.999 * (double)(n - 1))]);
     free(lat);
     return 0;
 }

@@ -36,6 +36,7 @@ int main(int argc, char **argv) {
     F(vgpu_shm_device, syncs);
     F(vgpu_shm_device, rest_beside_ns);
     F(vgpu_shm_device, limited_beside_ns);
+    F(vgpu_shm_device, turn_period_ns);
     F(vgpu_shm_slot, host_pid); F(vgpu_shm_slot, start_time); F(vgpu_shm_slot, pidns);
     F(vgpu_shm_slot, claimed_unix_s); F(vgpu_shm_slot, sm_util); F(vgpu_shm_slot, usage);
     F(vgpu_shm_slot, dead_since_ms); F(vgpu_shm_slot, heartbeat_ms); F(vgpu_shm_slot, flags);

@@ -142,7 +142,9 @@ pub struct Device {
 pub struct Turns {
     /// Where in each period its window opens, ms (0 to `period_ms`).
     pub phase_ms: f64,
-    /// The period, ms.
+    /// The period, ms: the default, or what the container's leader chose
+    /// (layout 2.9: longer where short steps on the device ask for it,
+    /// `limiter/period.rs`).
     pub period_ms: f64,
     /// GPU time left unspent of each period's share, ms.
     pub unspent_ms: f64,

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use vgpu_shm::layout::{TURN_PERIOD_NS, TURNS_PAUSED, TURNS_TILED};
+use vgpu_shm::layout::{DeviceEntry, TURN_PERIOD_NS, TURNS_PAUSED, TURNS_TILED};
 use vgpu_shm::{EntryIndex, Kind, Owners, ProcView, Region, format_uuid, procinfo};
 
 use crate::snapshot::{Alive, Device, Format, Process, ProcessDevice, Snapshot, Turns};
@@ -78,6 +78,16 @@ fn leader_runs(region: &Region, leader: u32, view: &ProcView) -> bool {
         })
 }
 
+/// The period of the container's turns on `d`, as its leader chose it
+/// (layout 2.9): the default where the region holds none, or one no
+/// library would choose (10 ms to 1 s).
+fn turn_period_ns(d: &DeviceEntry) -> u64 {
+    match d.turn_period_ns() {
+        p @ 10_000_000..=1_000_000_000 => p,
+        _ => TURN_PERIOD_NS,
+    }
+}
+
 fn device(
     region: &Region,
     dev: EntryIndex,
@@ -109,8 +119,8 @@ fn device(
         oom_denials: Some(d.oom_denials()),
         context_estimate_bytes: d.context_bytes(),
         turns: (d.turn_anchor() != 0).then(|| Turns {
-            phase_ms: (d.turn_anchor() % TURN_PERIOD_NS) as f64 / 1e6,
-            period_ms: TURN_PERIOD_NS as f64 / 1e6,
+            phase_ms: (d.turn_anchor() % turn_period_ns(d)) as f64 / 1e6,
+            period_ms: turn_period_ns(d) as f64 / 1e6,
             unspent_ms: d.turn_cut_ns() as f64 / 1e6,
             fill: match d.turn_fill_milli() {
                 0 => None,
