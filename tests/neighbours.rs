@@ -735,7 +735,7 @@ fn steps_at_beside(
     let (p50, p99, max) = (r.f64("p50_ms"), r.f64("p99_ms"), r.f64("max_ms"));
     let beside = n.f64("rate") / solo;
     eprintln!(
-        "{} ms steps at {steps_limit} % beside {limit:?}, period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
+        "{} ms steps at {steps_limit} % beside {limit:?}, configured period {period_ms} ms: share {share:.3} (neighbour {beside:.3}), p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
         step_ns as f64 * 1e-6
     );
     // (Its log went to a file where one was asked for.)

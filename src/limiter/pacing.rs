@@ -177,8 +177,10 @@ pub struct Pacing {
     seen: Option<Others>,
     /// The windows' place on the board (three or more in turns).
     placer: tiling::Placer,
-    /// The period the container's steps ask for (`period.rs`).
+    /// The period the container's steps ask for, and the one its turns
+    /// follow (`period.rs`).
     asking: period::Asking,
+    following: period::Following,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -252,6 +254,7 @@ impl Pacing {
             rest,
             room: 0,
             period_ms: self.asking.asked_ms(),
+            keeps_period: super::turns::period_is_explicit(),
         };
         // What a container without a limit beside it must leave it.
         let claim = match (rest, now < self.room_until_ns) {
@@ -280,8 +283,8 @@ impl Pacing {
         entry.note_paced(paced, now);
         let in_turns = !paced && mode() != Turns::Never;
         self.asking.tick(entry, percent, in_turns, !rest, now);
-        let asked = self.seen.map_or(0, |o| o.period_ms);
-        period::choose(entry, asked.max(self.asking.asked_ms()), now);
+        let asked = period::asked_on_the_board(self.asking.asked_ms(), self.seen.as_ref());
+        self.following.tick(entry, asked, now);
         self.placer
             .tick(entry, self.seen, claim.percent, in_turns, now);
     }
@@ -327,7 +330,9 @@ impl Pacing {
             "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
         );
         let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
-        let room = room::steps_room(percent, got, per_s, period::of(entry));
+        // (At the configured period: turns lengthened for another's steps
+        // should not send short steps that need room into turns.)
+        let room = room::steps_room(percent, got, per_s, super::turns::period_ns());
         let asking_room = now < self.room_until_ns;
         let limit = f64::from(percent) / 100.0;
         let short = short_of_the_gpu(got, waited, bucket, limit);

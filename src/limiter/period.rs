@@ -26,7 +26,8 @@
 //! window's wait grows by half at most.
 #![forbid(unsafe_code)]
 
-use vgpu_shm::layout::DeviceEntry;
+use vgpu_shm::layout::{DeviceEntry, TURNS_PAUSED};
+use vgpu_shm::sm_board::Others;
 
 use super::turns;
 
@@ -73,9 +74,10 @@ impl Asking {
     }
 
     /// At each of the leader's ticks: the container's share `percent`,
-    /// whether it takes turns (`in_turns`) and has a limit of its own
-    /// (a rest asks nothing). Closes a span of [`SPAN_NS`] in turns and
-    /// asks for what its steps need ([`asked_ms`]).
+    /// whether it takes turns (`in_turns`; not while its turns are paused
+    /// for several processes) and has a limit of its own (a rest asks
+    /// nothing). Closes a span of [`SPAN_NS`] in turns and asks for what
+    /// its steps need ([`asked_ms`]).
     pub fn tick(
         &mut self,
         entry: &DeviceEntry,
@@ -88,7 +90,8 @@ impl Asking {
             self.asked_ms = 0;
         }
         let (admitted, syncs) = (entry.admitted_ns(), entry.syncs());
-        if !in_turns || !limited || turns::period_is_explicit() {
+        let paused = entry.turn_flag(TURNS_PAUSED);
+        if !in_turns || paused || !limited || turns::period_is_explicit() {
             self.since_ns = 0;
             return;
         }
@@ -119,6 +122,42 @@ impl Asking {
             self.asked_ms = asked;
             self.until_ns = now.saturating_add(HOLD_NS);
         }
+    }
+}
+
+/// The longest period (ms) asked on a device, as a leader that asks
+/// `own` sees it: where it published its claim (`seen`, the others on the
+/// board then), its own ask and theirs; none where any of them keeps a
+/// period of its own (`VGPU_SM_PERIOD_MS` set, or a library from before
+/// asks): it would not follow, and the two periods would meet every few
+/// windows. Without a board, or off it, none: no neighbour would know.
+pub fn asked_on_the_board(own: u32, seen: Option<&Others>) -> u32 {
+    match seen {
+        Some(o) if o.keeping_period == 0 => o.period_ms.max(own),
+        _ => 0,
+    }
+}
+
+/// What a device's leader holds of the periods asked there: a longer one
+/// at once, a shorter one only once the longer was not asked for
+/// [`HOLD_NS`], so that asks that come and go (a neighbour busy by fits, a
+/// forged word flipped every tick) move the windows once.
+#[derive(Debug, Default)]
+pub struct Following {
+    held_ms: u32,
+    until_ns: u64,
+}
+
+impl Following {
+    /// At each of the leader's ticks: the longest period asked on the
+    /// device now (`asked_ms`, [`asked_on_the_board`]). Sets the period of
+    /// the container's turns on `entry` ([`choose`]).
+    pub fn tick(&mut self, entry: &DeviceEntry, asked_ms: u32, now: u64) {
+        if asked_ms >= self.held_ms || now >= self.until_ns {
+            self.held_ms = asked_ms;
+            self.until_ns = now.saturating_add(HOLD_NS);
+        }
+        choose(entry, self.held_ms, now);
     }
 }
 
@@ -314,6 +353,59 @@ mod tests {
         run(e, 880, 880 * MS);
         rest.tick(e, 10, true, false, t + SPAN_NS);
         assert_eq!(rest.asked_ms(), 0);
+    }
+
+    #[test]
+    fn paused_turns_ask_for_nothing() {
+        let (r, i) = crate::limiter::bucket::tests::entry(90);
+        let e = r.device(i);
+        e.set_turn_flag(TURNS_PAUSED, true);
+        let mut a = Asking::default();
+        let s = 1_000_000_000_000u64;
+        a.tick(e, 90, true, true, s);
+        run(e, 880, 880 * MS);
+        a.tick(e, 90, true, true, s + SPAN_NS);
+        assert_eq!(a.asked_ms(), 0);
+    }
+
+    #[test]
+    fn an_ask_counts_where_it_was_published_and_everyone_there_follows() {
+        let seen = |period_ms, keeping_period| Others {
+            count: 1,
+            period_ms,
+            keeping_period,
+            ..Others::default()
+        };
+        assert_eq!(asked_on_the_board(140, Some(&seen(0, 0))), 140);
+        assert_eq!(asked_on_the_board(0, Some(&seen(150, 0))), 150);
+        assert_eq!(asked_on_the_board(140, Some(&seen(150, 0))), 150);
+        // No board, or no slot on it: no one would follow.
+        assert_eq!(asked_on_the_board(140, None), 0);
+        // A neighbour that keeps its period (set, or from before asks).
+        assert_eq!(asked_on_the_board(140, Some(&seen(150, 1))), 0);
+    }
+
+    #[test]
+    fn a_longer_period_is_followed_at_once_and_a_shorter_after_a_hold() {
+        let (r, i) = crate::limiter::bucket::tests::entry(10);
+        let e = r.device(i);
+        let mut f = Following::default();
+        let s = 1_000_000_000_000u64;
+        f.tick(e, 140, s);
+        assert_eq!(of(e), 140 * MS);
+        // A word flipped every tick: the longer holds.
+        for k in 1..20 {
+            let asked = if k % 2 == 0 { 140 } else { 0 };
+            f.tick(e, asked, s + k * 100 * MS);
+            assert_eq!(of(e), 140 * MS, "tick {k}");
+        }
+        f.tick(e, 150, s + 2 * SPAN_NS);
+        assert_eq!(of(e), 150 * MS);
+        // Not asked for a whole hold: back to the configured period.
+        f.tick(e, 0, s + 2 * SPAN_NS + HOLD_NS / 2);
+        assert_eq!(of(e), 150 * MS);
+        f.tick(e, 0, s + 2 * SPAN_NS + HOLD_NS);
+        assert_eq!(of(e), P);
     }
 
     #[test]

@@ -426,20 +426,34 @@ fn poll(attach: &Attach, now: u64) {
         );
         ready_windows(&mut probes, now)
     };
-    for (dev, anchor, period, timings) in windows {
-        verdicts::carry_out(attach, dev, anchor, period, &timings, now);
+    for (w, timings) in windows {
+        verdicts::carry_out(
+            attach,
+            w.dev,
+            w.anchor,
+            (w.period, w.period_ns),
+            &timings,
+            now,
+        );
     }
+}
+
+/// One window of a device's turns: its anchor, the start of its period
+/// and the period's length.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Window {
+    dev: EntryIndex,
+    anchor: u64,
+    period: u64,
+    period_ns: u64,
 }
 
 /// Takes out the windows that can be judged: a later window of the same
 /// device has begun and none of their probes is still in flight (or they
 /// are stale). Each comes with its probes in the order they opened.
-fn ready_windows(
-    probes: &mut (Vec<Pending>, Vec<Done>),
-    now: u64,
-) -> Vec<(EntryIndex, u64, u64, Vec<Probe>)> {
+fn ready_windows(probes: &mut (Vec<Pending>, Vec<Done>), now: u64) -> Vec<(Window, Vec<Probe>)> {
     let (pending, done) = probes;
-    let mut windows: Vec<(EntryIndex, u64, u64)> = done
+    let mut windows: Vec<Window> = done
         .iter()
         .filter(|d| {
             let later = turns::period_start(d.anchor, now, d.period_ns) > d.period;
@@ -448,21 +462,26 @@ fn ready_windows(
                 .any(|p| p.open.dev == d.dev && p.open.period == d.period);
             later && (!in_flight || now.saturating_sub(d.period) > stale_ns(d.period_ns))
         })
-        .map(|d| (d.dev, d.anchor, d.period))
+        .map(|d| Window {
+            dev: d.dev,
+            anchor: d.anchor,
+            period: d.period,
+            period_ns: d.period_ns,
+        })
         .collect();
     windows.sort_unstable();
     windows.dedup();
     windows
         .into_iter()
-        .map(|(dev, anchor, period)| {
+        .map(|w| {
             let mut mine: Vec<&Done> = done
                 .iter()
-                .filter(|d| d.dev == dev && d.period == period)
+                .filter(|d| d.dev == w.dev && d.period == w.period)
                 .collect();
             mine.sort_by_key(|d| d.opened_ns);
             let timings = mine.iter().map(|d| d.probe).collect();
-            done.retain(|d| !(d.dev == dev && d.period == period));
-            (dev, anchor, period, timings)
+            done.retain(|d| !(d.dev == w.dev && d.period == w.period));
+            (w, timings)
         })
         .collect()
 }

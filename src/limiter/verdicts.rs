@@ -14,14 +14,15 @@ use super::turns::{self, Probe};
 use crate::attach::Attach;
 use crate::process;
 
-/// Judges the window that began at `period` (`judge::judge`) and carries
-/// the verdict out: the fill it measured, the covered streak, what the
-/// container leaves unspent and whether its turns move.
+/// Judges the window that began at `period`, of a period of `period_ns`
+/// (`judge::judge`), and carries the verdict out: the fill it measured,
+/// the covered streak, what the container leaves unspent and whether its
+/// turns move.
 pub fn carry_out(
     attach: &Attach,
     dev: EntryIndex,
     anchor: u64,
-    period: u64,
+    (period, period_ns): (u64, u64),
     timings: &[Probe],
     now: u64,
 ) {
@@ -33,7 +34,7 @@ pub fn carry_out(
     let w = judge::Window {
         anchor,
         period,
-        period_ns: super::period::of(entry),
+        period_ns,
         probes: timings,
         anchor_now: entry.turn_anchor(),
         moved_ns: entry.turn_moved_ns(),

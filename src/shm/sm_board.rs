@@ -17,8 +17,10 @@
 //! i`, written before the other two with the same time: a reader of the
 //! detail from before it never reads it either. The period a container's
 //! short steps ask the turns on the GPU to take ([`Claim::period_ms`]) is
-//! a fourth, at [`PERIOD_BASE`] `+ 16 * i`, written first of all, and
-//! read only by libraries that know it. A container without
+//! a fourth, at [`PERIOD_BASE`] `+ 16 * i`, written first of all, with
+//! [`KEEPS_PERIOD`] where the writer's turns keep a period of their own;
+//! only libraries that know it read it, and a slot without one (an older
+//! writer's) reads as keeping its period. A container without
 //! an SM limit publishes the rest it takes beside limited ones (`REST`,
 //! `limiter/rest.rs`), which an older reader counts as a limit. A slot is
 //! owned by whoever
@@ -53,6 +55,9 @@ const PERIOD_MAGIC: u32 = u32::from_le_bytes(*b"VGSP");
 /// The longest period a claim may ask for (ms): a longer word reads as
 /// none.
 pub const MAX_PERIOD_MS: u32 = 1000;
+/// An asked period's flag: the writer's turns keep their own period
+/// (`VGPU_SM_PERIOD_MS` set): it follows no one's ask.
+pub const KEEPS_PERIOD: u32 = 1 << 31;
 /// Containers one GPU's board holds at once.
 pub const SLOTS: usize = 32;
 const SLOT_BYTES: u64 = 16;
@@ -151,6 +156,9 @@ pub struct Claim {
     /// they would fare badly at the configured one (0: none;
     /// `limiter/period.rs`).
     pub period_ms: u32,
+    /// Its turns keep a period of their own and follow no one's ask
+    /// ([`KEEPS_PERIOD`]; as read, also a writer from before asks).
+    pub keeps_period: bool,
 }
 
 impl Claim {
@@ -162,6 +170,7 @@ impl Claim {
             rest: false,
             room: 0,
             period_ms: 0,
+            keeps_period: false,
         }
     }
 
@@ -178,9 +187,14 @@ impl Claim {
         Claim { room, ..self }
     }
 
-    /// This claim, asking for turns of `period_ms` (0: none).
-    pub fn with_period(self, period_ms: u32) -> Claim {
-        Claim { period_ms, ..self }
+    /// This claim, asking for turns of `period_ms` (0: none), its turns
+    /// keeping their own period or not.
+    pub fn with_period(self, period_ms: u32, keeps_period: bool) -> Claim {
+        Claim {
+            period_ms,
+            keeps_period,
+            ..self
+        }
     }
 
     /// The part of the GPU's time it needs: its room, at least its share.
@@ -205,6 +219,7 @@ impl Claim {
             rest: w & REST != 0,
             room: 0,
             period_ms: 0,
+            keeps_period: false,
         })
     }
 }
@@ -237,6 +252,9 @@ pub struct Others {
     pub shares_below: u32,
     /// The longest period any of them asks for (ms; 0: none).
     pub period_ms: u32,
+    /// How many of them keep a period of their own (and would not follow
+    /// a longer one).
+    pub keeping_period: u32,
 }
 
 impl Others {
@@ -256,6 +274,7 @@ impl Others {
         }
         self.asking += u32::from(c.asks_turns);
         self.period_ms = self.period_ms.max(c.period_ms);
+        self.keeping_period += u32::from(c.keeps_period);
     }
 }
 
@@ -337,7 +356,8 @@ impl SmBoard {
         // The period, the room and the detail first: a reader that finds
         // the slot with this time finds them too.
         let at = slot as u64 * SLOT_BYTES;
-        let period = claim.period_ms.min(MAX_PERIOD_MS);
+        let keeps = if claim.keeps_period { KEEPS_PERIOD } else { 0 };
+        let period = claim.period_ms.min(MAX_PERIOD_MS) | keeps;
         self.file
             .write_all_at(&slot_bytes(PERIOD_MAGIC, period, now), PERIOD_BASE + at)?;
         let room = if claim.room > claim.percent {
@@ -397,7 +417,10 @@ impl SmBoard {
             let Some(claim) = slot_claim(slot, part(DETAIL_BASE), part(ROOM_BASE), now) else {
                 continue;
             };
-            let claim = claim.with_period(asked_period(part(PERIOD_BASE), slot));
+            let claim = match asked_period(part(PERIOD_BASE), slot) {
+                Some((ms, keeps)) => claim.with_period(ms, keeps),
+                None => claim.with_period(0, true),
+            };
             if self.held_by_other(i) {
                 o.add(claim, self.mine.is_some_and(|m| i < m));
             }
@@ -471,21 +494,20 @@ fn slot_claim(b: &[u8], detail: Option<&[u8]>, room: Option<&[u8]>, now: u64) ->
     })
 }
 
-/// The period (ms) a slot's owner asks for: its word where it was
-/// written at the slot's time or a tick before it (as a room is) and is
-/// at most [`MAX_PERIOD_MS`]; 0 otherwise (an older writer, a torn read,
-/// an earlier owner's, a forged word).
-fn asked_period(period: Option<&[u8]>, slot: &[u8]) -> u32 {
-    let (Some((_, _, at)), Some((PERIOD_MAGIC, ms, t))) = (fields(slot), period.and_then(fields))
+/// The period (ms) a slot's owner asks for, and whether its turns keep
+/// their own ([`KEEPS_PERIOD`]): its word where it was written at the
+/// slot's time or later, read between its owner's writes (as a room is),
+/// and asks at most [`MAX_PERIOD_MS`]; None otherwise (an older writer,
+/// an earlier owner's word, a forged one), which the reader takes as a
+/// container that keeps its period.
+fn asked_period(period: Option<&[u8]>, slot: &[u8]) -> Option<(u32, bool)> {
+    let (Some((_, _, at)), Some((PERIOD_MAGIC, word, t))) = (fields(slot), period.and_then(fields))
     else {
-        return 0;
+        return None;
     };
+    let ms = word & !KEEPS_PERIOD;
     let same_tick = t >= at && t - at <= FRESH_NS;
-    if same_tick && ms <= MAX_PERIOD_MS {
-        ms
-    } else {
-        0
-    }
+    (same_tick && ms <= MAX_PERIOD_MS).then_some((ms, word & KEEPS_PERIOD != 0))
 }
 
 fn read_up_to(file: &File, buf: &mut [u8]) -> usize {
@@ -640,6 +662,7 @@ mod tests {
             below: 1,
             shares_below: 30,
             period_ms: 0,
+            keeping_period: 0,
         };
         assert_eq!(b.others(NOW), want);
         // A rest withdrawn is gone at once, not when it goes stale.
@@ -752,11 +775,16 @@ mod tests {
     fn the_longest_period_asked_counts_and_a_forged_or_stale_one_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let (mut a, b, mut c) = three(dir.path());
-        a.publish(lim(90).with_period(140), NOW).unwrap();
+        a.publish(lim(90).with_period(140, false), NOW).unwrap();
         c.publish(Claim::rest(10), NOW).unwrap();
         assert_eq!(b.others(NOW).period_ms, 140);
-        c.publish(lim(10).with_period(120), NOW).unwrap();
+        c.publish(lim(10).with_period(120, false), NOW).unwrap();
         assert_eq!(b.others(NOW).period_ms, 140);
+        assert_eq!(b.others(NOW).keeping_period, 0);
+        // One whose period is set keeps it, and says so.
+        c.publish(lim(10).with_period(0, true), NOW).unwrap();
+        assert_eq!(b.others(NOW).keeping_period, 1);
+        c.publish(lim(10).with_period(120, false), NOW).unwrap();
         // An older reader reads three slots' worth of the file: the
         // asked periods lie past them.
         assert!(PERIOD_BASE >= 3 * SLOTS as u64 * SLOT_BYTES);
@@ -765,15 +793,21 @@ mod tests {
             .write(true)
             .open(a.path())
             .unwrap();
-        // Over the most, or older than the slot (an earlier owner's): none.
+        // Over the most, or older than the slot (an earlier owner's): no
+        // ask, and a container taken to keep its period (as one from
+        // before asks, which writes no word).
         raw.write_all_at(&5000u32.to_le_bytes(), PERIOD_BASE + 4)
             .unwrap();
-        assert_eq!((b.others(NOW).count, b.others(NOW).period_ms), (2, 120));
+        let o = b.others(NOW);
+        assert_eq!((o.count, o.period_ms, o.keeping_period), (2, 120, 1));
         raw.write_all_at(&140u32.to_le_bytes(), PERIOD_BASE + 4)
             .unwrap();
         raw.write_all_at(&(NOW - 1).to_le_bytes(), PERIOD_BASE + 8)
             .unwrap();
-        assert_eq!(b.others(NOW).period_ms, 120);
+        let o = b.others(NOW);
+        assert_eq!((o.period_ms, o.keeping_period), (120, 1));
+        raw.write_all_at(&[0u8; 16], PERIOD_BASE).unwrap();
+        assert_eq!(b.others(NOW).keeping_period, 1);
         // Withdrawn, a slot's period goes with it.
         c.withdraw();
         a.publish(lim(90), NOW).unwrap();
