@@ -48,6 +48,7 @@ pub mod rest;
 pub mod room;
 pub mod settle;
 pub mod shortfall;
+pub mod streams;
 pub mod synced;
 pub mod tiling;
 pub mod turns;

@@ -22,11 +22,12 @@
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use vgpu_shm::EntryIndex;
 
 use super::events;
+use super::streams::stream_key;
 use super::turns::{self, Probe, StreamKey};
 use super::verdicts;
 use crate::attach::Attach;
@@ -68,30 +69,6 @@ struct Open {
 /// A closed probe waiting for its end event.
 pub struct Pending {
     open: Open,
-}
-
-/// Numbers the threads that open probes, for [`StreamKey::thread`].
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(1);
-
-thread_local! {
-    static THREAD: usize = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Which stream `stream` of `ctx` is, for the window's judging.
-fn stream_key(ctx: usize, stream: CUstream) -> StreamKey {
-    let handle = stream as usize;
-    // CU_STREAM_LEGACY (1) is NULL's stream.
-    let handle = if handle == 1 { 0 } else { handle };
-    let thread = if stream == STREAM_PER_THREAD {
-        THREAD.try_with(|t| *t).unwrap_or(0)
-    } else {
-        0
-    };
-    StreamKey {
-        ctx,
-        handle,
-        thread,
-    }
 }
 
 /// A finished probe.
@@ -496,31 +473,4 @@ pub fn forget_context(ctx: usize) {
             o.set(None);
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn streams_are_told_apart_as_the_driver_tells_them() {
-        let (ctx, other) = (0x1000, 0x2000);
-        let null = std::ptr::null_mut();
-        // NULL and CU_STREAM_LEGACY are one stream, but one per context.
-        assert_eq!(stream_key(ctx, null), stream_key(ctx, 1 as CUstream));
-        assert_ne!(stream_key(ctx, null), stream_key(other, null));
-        // Each thread's per-thread default stream is its own.
-        let here = stream_key(ctx, STREAM_PER_THREAD);
-        assert_eq!(here, stream_key(ctx, STREAM_PER_THREAD));
-        let there = std::thread::spawn(move || stream_key(ctx, STREAM_PER_THREAD))
-            .join()
-            .unwrap();
-        assert_ne!(here, there);
-        // A created stream is one, whichever thread launches on it.
-        let made = 0x7f00_0000usize;
-        let made_there = std::thread::spawn(move || stream_key(ctx, made as CUstream))
-            .join()
-            .unwrap();
-        assert_eq!(stream_key(ctx, made as CUstream), made_there);
-    }
 }
