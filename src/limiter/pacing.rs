@@ -283,8 +283,11 @@ impl Pacing {
         entry.note_paced(paced, now);
         let in_turns = !paced && mode() != Turns::Never;
         self.asking.tick(entry, percent, in_turns, !rest, now);
-        let asked = period::asked_on_the_board(self.asking.asked_ms(), self.seen.as_ref());
-        self.following.tick(entry, asked, now);
+        if now < self.busy_until_ns {
+            // (Idle, it keeps the period: its windows hold nothing.)
+            let asked = period::asked_on_the_board(self.asking.asked_ms(), self.seen.as_ref());
+            self.following.tick(entry, asked, now);
+        }
         self.placer
             .tick(entry, self.seen, claim.percent, in_turns, now);
     }
