@@ -130,14 +130,18 @@ impl Asking {
 
 /// The longest period (ms) asked on a device, as a busy leader that asks
 /// `own` reads the board (`seen`: the others there when it published its
-/// claim), rounded up to 10 ms (0: none asked); None where nothing may be
-/// lengthened: it holds no slot on a board (none mounted, every slot held:
-/// no neighbour would know), no one else is on it (its neighbour in turns
-/// is off the board, and would not follow), or someone there keeps a period
-/// of its own (`VGPU_SM_PERIOD_MS` set, or a library from before asks).
-/// (Rounded, a word raised 1 ms a tick moves the windows every 10 ms of it.)
+/// claim), rounded up to 10 ms (0: none asked, or no one else is on the
+/// board: a neighbour in turns off it would not follow, and one that asked
+/// and left is followed no more); None where nothing may be lengthened: it
+/// holds no slot on a board (none mounted, every slot held: no neighbour
+/// would know), or someone there keeps a period of its own
+/// (`VGPU_SM_PERIOD_MS` set, or a library from before asks). (Rounded, a
+/// word raised 1 ms a tick moves the windows every 10 ms of it.)
 pub fn asked_on_the_board(own: u32, seen: Option<&Others>) -> Option<u32> {
-    let o = seen.filter(|o| o.count > 0 && o.keeping_period == 0)?;
+    let o = seen.filter(|o| o.keeping_period == 0)?;
+    if o.count == 0 {
+        return Some(0);
+    }
     Some(o.period_ms.max(own).div_ceil(10).saturating_mul(10))
 }
 
@@ -406,11 +410,11 @@ mod tests {
         assert_eq!(asked_on_the_board(0, Some(&seen(1, 0, 0))), Some(0));
         // Read in 10 ms steps.
         assert_eq!(asked_on_the_board(0, Some(&seen(1, 141, 0))), Some(150));
-        // No board, or no slot on it; no one else on it; a neighbour
-        // that keeps its period (set, or from before asks): nothing may
-        // be lengthened.
+        // Alone on the board: its own ask counts for nothing.
+        assert_eq!(asked_on_the_board(140, Some(&seen(0, 0, 0))), Some(0));
+        // No board, or no slot on it; a neighbour that keeps its period
+        // (set, or from before asks): nothing may be lengthened.
         assert_eq!(asked_on_the_board(140, None), None);
-        assert_eq!(asked_on_the_board(140, Some(&seen(0, 0, 0))), None);
         assert_eq!(asked_on_the_board(140, Some(&seen(2, 150, 1))), None);
     }
 
