@@ -900,19 +900,29 @@ fn short_steps_that_a_window_holds_too_few_of_lengthen_the_turns() {
     let (share, p50, p99, _, beside, _) = steps_at_beside(&sim, 90, Some(10), 1_000_000, 100);
     // (The neighbour reads the period until a hold after the steps' exit,
     // 3 s, and its region keeps it.)
-    let phases: Vec<f64> = ["steps", "n"]
+    let turns: Vec<(f64, f64)> = ["steps", "n"]
         .iter()
         .map(|name| {
             let s = sim.status(&sim.dir.path().join(format!("{name}.cache")));
             let t = &s["devices"][0]["turns"];
             eprintln!("{name}: turns {t}");
-            assert_eq!(t["period_ms"], 140.0, "{name}: {t}");
-            t["phase_ms"].as_f64().expect("a phase")
+            let period = t["period_ms"].as_f64().expect("a period");
+            (period, t["phase_ms"].as_f64().expect("a phase"))
         })
         .collect();
+    // 140 ms for steps of 1.00 ms; 150 where this machine's load makes
+    // them cost a little more (1.01 ms asks 141, read as 150). Both alike.
+    let period = turns[0].0;
+    assert!(
+        [140.0, 150.0].contains(&period) && turns[1].0 == period,
+        "periods {turns:?}"
+    );
     // End to end: the 10 % window opens where the 90 % one's share ends.
-    let apart = (phases[1] - phases[0]).rem_euclid(140.0);
-    assert!((apart - 126.0).abs() <= 0.6, "windows at {phases:?} ms");
+    let apart = (turns[1].1 - turns[0].1).rem_euclid(period);
+    assert!(
+        (apart - 0.9 * period).abs() <= 0.6,
+        "windows at {turns:?} ms"
+    );
     // (Wall time on a loaded machine, 3.4 ms idle and 7.3 beside CI's
     // other tests: one step in 88 waiting out a whole window would put
     // p99 over 10 ms.)
