@@ -16,14 +16,15 @@
 //! 0.1 ms steps fare as well at 100 ms. So a container in turns whose
 //! loop's windows would hold some but too few of its steps asks for the
 //! period at which they hold [`WINDOW_STEPS`], where that is at most
-//! [`LONGEST_NS`]; every container in turns on the device takes the
-//! longest period asked there, and two of them are then placed end to
-//! end from the board (`tiling.rs`), so that one step a period waits.
+//! [`LONGEST_NS`]; every busy container on the device's board takes the
+//! longest period asked there ([`Following`]), and two in turns are then
+//! placed end to end from the board (`tiling.rs`), so that one step a
+//! period waits.
 //!
 //! A period set by `VGPU_SM_PERIOD_MS` stays as it is and asks for
 //! nothing, and says so on the board: beside it, as beside a library from
-//! before asks or a neighbour off the board, nothing is lengthened
-//! ([`asked_on_the_board`]). A writer of the board can lengthen a GPU's
+//! before asks, nothing is lengthened, and a container alone on the board
+//! or off it lengthens nothing for its own steps ([`asked_on_the_board`]). A writer of the board can lengthen a GPU's
 //! turns to [`LONGEST_NS`] and no more (the shares stay as they are, and
 //! each window's wait grows by half at most), keep them at the configured
 //! period, or move the windows once every 10 ms it raises its word.
