@@ -164,6 +164,47 @@ pub(crate) fn open_in(dir: &OwnedFd, name: &str) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// Whether `dir` is a mount point in this process's mount namespace
+/// (`/proc/self/mountinfo`): a `/tmp/vgpulock` that a container made
+/// itself is not one, and would show it no other container.
+pub fn is_mount_point(dir: &Path) -> bool {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.to_string_lossy();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| unescape_mount(m) == want)
+}
+
+/// A mountinfo path, its `\ooo` escapes (space, tab, newline, backslash)
+/// undone.
+fn unescape_mount(m: &str) -> String {
+    let mut out = String::with_capacity(m.len());
+    let mut rest = m;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(c) => {
+                out.push(char::from(c));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +231,16 @@ mod tests {
         prepare(&fresh).unwrap();
         let m = std::fs::symlink_metadata(&fresh).unwrap();
         assert!(m.is_dir() && m.mode() & 0o022 == 0);
+    }
+
+    #[test]
+    fn mount_points_are_read_from_mountinfo() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(is_mount_point(Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(dir.path()));
+        assert!(!is_mount_point(&dir.path().join("missing")));
+        assert_eq!(unescape_mount("/a\\040b\\134c"), "/a b\\c");
+        assert_eq!(unescape_mount("/odd\\x"), "/odd\\x");
     }
 }

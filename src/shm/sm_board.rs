@@ -44,6 +44,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+/// (The directory's checks: `board_dir.rs`.)
+pub use crate::board_dir::is_mount_point;
+
 /// `"VGSM"` read as a little-endian `u32`.
 const MAGIC: u32 = u32::from_le_bytes(*b"VGSM");
 /// `"VGSD"`: a slot's detail.
@@ -85,47 +88,6 @@ pub const DEFAULT_DIR: &str = "/tmp/vgpulock";
 pub fn file_name(uuid: &[u8; 16]) -> String {
     let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
     format!("vgpu-sm-{hex}.board")
-}
-
-/// Whether `dir` is a mount point in this process's mount namespace
-/// (`/proc/self/mountinfo`): a `/tmp/vgpulock` that a container made
-/// itself is not one, and would show it no other container.
-pub fn is_mount_point(dir: &Path) -> bool {
-    let Ok(dir) = std::fs::canonicalize(dir) else {
-        return false;
-    };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = dir.to_string_lossy();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| unescape_mount(m) == want)
-}
-
-/// A mountinfo path, its `\ooo` escapes (space, tab, newline, backslash)
-/// undone.
-fn unescape_mount(m: &str) -> String {
-    let mut out = String::with_capacity(m.len());
-    let mut rest = m;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(c) => {
-                out.push(char::from(c));
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A claim's flag: the container asks its neighbours for turns (it went
@@ -812,17 +774,6 @@ mod tests {
         c.withdraw();
         a.publish(lim(90), NOW).unwrap();
         assert_eq!(b.others(NOW).period_ms, 0);
-    }
-
-    #[test]
-    fn mount_points_are_read_from_mountinfo() {
-        assert!(is_mount_point(Path::new("/")));
-        assert!(is_mount_point(Path::new("/proc")));
-        let dir = tempfile::tempdir().unwrap();
-        assert!(!is_mount_point(dir.path()));
-        assert!(!is_mount_point(&dir.path().join("missing")));
-        assert_eq!(unescape_mount("/a\\040b\\134c"), "/a b\\c");
-        assert_eq!(unescape_mount("/odd\\x"), "/odd\\x");
     }
 
     #[test]
