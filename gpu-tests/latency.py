@@ -29,7 +29,8 @@ every case but the trade; `LATENCY_LOG_LEVEL` (say 4) sets the limited
 container's log level (and its neighbour's) in every case but the trade
 (the PyTorch rows log at 4 where it is not set). `LATENCY_PERIODS` (say `50,100`) picks the
 trade's periods; `LATENCY_TRADE_ONLY=1` runs the native 1 ms steps and
-the trade alone, `LATENCY_TORCH_ONLY=1` the PyTorch rows
+the trade alone, `LATENCY_TWO_GPUS_ONLY=1` one container on two GPUs
+(where the machine has two; its periods are each GPU's own), `LATENCY_TORCH_ONLY=1` the PyTorch rows
 alone, `LATENCY_SERVE_ONLY=1` the server's rows (open loop: requests
 arriving at random) alone, `LATENCY_MATRIX=0` leaves out the limits 10, 50 and 90 beside
 neighbours (about 2.5 minutes of the 8).
@@ -138,7 +139,10 @@ def serve_cases(s, sec):
             n = neighbour(s, beside, SECS + WARM + 4) if beside else None
             if n:
                 s.time.sleep(1.0)
-            rc, r = serve(s.make_env(True, {"CUDA_DEVICE_SM_LIMIT": "30"}, s.new_region()),
+            extra = {"CUDA_DEVICE_SM_LIMIT": "30"}
+            if os.environ.get("LATENCY_LOG_LEVEL"):  # the limiter's decisions, in the case's log
+                extra["LIBCUDA_LOG_LEVEL"] = os.environ["LATENCY_LOG_LEVEL"]
+            rc, r = serve(s.make_env(True, extra, s.new_region()),
                           f"latency-serve-{label}-{rate}", rate, service_ms * 1000)
             if n:
                 s.stop(n)
@@ -200,6 +204,9 @@ def latency(s):
     spin = [(ns, [s.client(), "steps", str(ns), "132", str(SECS), str(WARM)]) for ns in STEPS]
     if os.environ.get("LATENCY_TRADE_ONLY") == "1":
         spin = [(ns, cmd) for ns, cmd in spin if ns == 1_000_000]
+    two_gpus_only = os.environ.get("LATENCY_TWO_GPUS_ONLY") == "1"
+    if two_gpus_only:
+        spin = [(ns, cmd) for ns, cmd in spin if ns in (1_000_000, 10_000_000)]
     if os.environ.get("LATENCY_SERVE_ONLY") == "1":
         serve_cases(s, sec)
         return
@@ -215,6 +222,9 @@ def latency(s):
                  f"{r['max_ms']:.3f}", "-", rc == 0)
     if os.environ.get("LATENCY_TRADE_ONLY") == "1":
         trade(s, sec, native[1_000_000])
+        return
+    if two_gpus_only:
+        two_gpus_case(s, sec, native)
         return
     if not torch_only:
         spin_cases(s, sec, spin, native, ms)
@@ -265,7 +275,64 @@ def spin_cases(s, sec, spin, native, ms):
         for lim in (10, 50, 90):
             case(s, sec, f"SM {lim} beside an unlimited process", lim, "free", spin, native, ms)
     rest_cases(s, sec, spin, native, ms)
+    if all(ns in native for ns in (1_000_000, 10_000_000)):
+        two_gpus_case(s, sec, native)
     trade(s, sec, native[1_000_000])
+
+
+def two_gpus_case(s, sec, native):
+    """One container on two GPUs, SM 90 on each, beside one busy 10 %
+    container on both: 1 ms steps on GPU 0, whose turns lengthen for them
+    (limiter/period.rs), and 10 ms steps on GPU 1, which ask for nothing
+    and must stay at the configured period (placed at 130-150 ms they
+    waited 27-29 ms, run 195). Each device's period is its own: each
+    GPU's p99 against twice its ideal, and its period as the region shows
+    it while the steps run (`LATENCY_TWO_GPUS_ONLY=1` runs this alone)."""
+    what = "one container on two GPUs at 90 % beside a busy 10 % container on both"
+    gpus = 0 if s.SIM else s.subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+    if gpus < 2:
+        s.record(sec, f"{what}: two GPUs", f"{gpus}", "(skipped)", True)
+        return
+    log = {"LIBCUDA_LOG_LEVEL": os.environ["LATENCY_LOG_LEVEL"]} if os.environ.get("LATENCY_LOG_LEVEL") else {}
+    theirs = s.new_region()
+    others = [s.spawn([s.client(), "spin", "1000000", "132", str(SECS + WARM + 6)],
+                      s.make_env(True, dict(log, CUDA_DEVICE_SM_LIMIT="10", CUCLIENT_DEVICE=str(d)), theirs),
+                      f"latency-two-gpus-neighbour-{d}") for d in (0, 1)]
+    s.time.sleep(1.0)
+    mine = s.new_region()
+    step_of = {0: 1_000_000, 1: 10_000_000}
+    procs = {d: s.spawn([s.client(), "steps", str(ns), "132", str(SECS), str(WARM)],
+                        s.make_env(True, dict(log, CUDA_DEVICE_SM_LIMIT="90", CUCLIENT_DEVICE=str(d)), mine),
+                        f"latency-two-gpus-{d}") for d, ns in step_of.items()}
+    periods = {0: [], 1: []}
+    t0 = s.time.time()
+    while any(p.poll() is None for p in procs.values()) and s.time.time() - t0 < SECS + WARM + 60:
+        if s.time.time() - t0 >= WARM + 1:
+            for dev in s.region_json(mine).get("devices", []):
+                turns = dev.get("turns") or {}
+                for d, p in procs.items():
+                    if dev.get("leader_pid") == p.pid and turns.get("period_ms") is not None:
+                        periods[d].append(turns["period_ms"])
+        s.time.sleep(0.25)
+    outs = {d: p.communicate(timeout=120)[0] for d, p in procs.items()}
+    for p in others:
+        s.stop(p)
+    for d, ns in step_of.items():
+        r = s.kv(outs[d])
+        p99 = float(r.get("p99_ms", "nan"))
+        base = native[ns]
+        ideal = base["p50_ms"] + ns / 1e6 * (100 / 90 - 1)
+        seen = periods[d]
+        # GPU 0 lengthened once its steps asked (the later half of what
+        # was seen), GPU 1 never.
+        late = seen[len(seen) // 2:]
+        period_ok = bool(late) and (all(x > 100 for x in late) if d == 0 else all(x == 100 for x in seen))
+        want = "> 100 ms" if d == 0 else "100 ms throughout"
+        s.record(sec, f"{what}: GPU {d}, {ns / 1e6:g} ms steps: p50, p99, max ms; the GPU's period (ms) as seen",
+                 f"{float(r.get('p50_ms', 'nan')):.3f}, {p99:.3f}, {float(r.get('max_ms', 'nan')):.3f}; "
+                 f"{sorted(set(seen))}",
+                 f"p99 <= {2 * ideal:.2f} (2x ideal {ideal:.2f}); period {want}",
+                 procs[d].returncode == 0 and p99 <= 2 * ideal and period_ok)
 
 
 def torch_case(s, sec):

@@ -766,7 +766,9 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     }
     size_t cap = 1 << 16, n = 0;
     double *lat = malloc(cap * sizeof *lat);
-    if (!lat) return 1;
+    double *at = malloc(cap * sizeof *at);
+    double *order = malloc(cap * sizeof *order);
+    if (!lat || !at || !order) return 1;
     double t0 = now_s(), end = t0 + secs, in_launch = 0, in_sync = 0;
     while (n < cap) {
         double a = now_s();
@@ -777,6 +779,8 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
         double b = now_s();
         in_launch += l - a;
         in_sync += b - l;
+        at[n] = (a - t0) * 1e3;
+        order[n] = (b - a) * 1e3;
         lat[n++] = (b - a) * 1e3;
         while (now_s() - b < host_us * 1e-6) {
         }
@@ -784,6 +788,17 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     double took = now_s() - t0;
     if (n == 0) return 1;
     qsort(lat, n, sizeof *lat, by_latency);
+    /* When the slow steps came (ms into the run: latency ms), the first
+     * 100 over twice the median: one a period, or bunched at a start. */
+    printf("slow=");
+    for (size_t i = 0, shown = 0; i < n && shown < 100; i++) {
+        if (order[i] > 2 * lat[n / 2]) {
+            printf("%s%.1f:%.2f", shown++ ? "," : "", at[i], order[i]);
+        }
+    }
+    printf("\n");
+    free(at);
+    free(order);
     size_t i99 = (size_t)(0.99 * (double)(n - 1));
     printf("steps=%zu steps_per_s=%.2f p50_ms=%.4f p99_ms=%.4f max_ms=%.4f launch_ms=%.4f sync_ms=%.4f\n", n,
            n / took, lat[n / 2], lat[i99], lat[n - 1], in_launch * 1e3 / n, in_sync * 1e3 / n);
