@@ -224,7 +224,11 @@ def latency(s):
         trade(s, sec, native[1_000_000])
         return
     if two_gpus_only:
-        two_gpus_case(s, sec, native)
+        if all(ns in native for ns in (1_000_000, 10_000_000)):
+            two_gpus_case(s, sec, native)
+        else:
+            s.record(sec, "one container on two GPUs: native 1 and 10 ms steps measured", "no", "LATENCY_STEPS "
+                     "holding 1000000 and 10000000", False)
         return
     if not torch_only:
         spin_cases(s, sec, spin, native, ms)
@@ -289,8 +293,9 @@ def two_gpus_case(s, sec, native):
     GPU's p99 against twice its ideal, and its period as the region shows
     it while the steps run (`LATENCY_TWO_GPUS_ONLY=1` runs this alone)."""
     what = "one container on two GPUs at 90 % beside a busy 10 % container on both"
-    gpus = 0 if s.SIM else s.subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
-    if gpus < 2:
+    gpus = 0 if s.SIM or not s.shutil.which("nvidia-smi") else \
+        s.subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+    if gpus < 2 or os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").count(",") < 1:
         s.record(sec, f"{what}: two GPUs", f"{gpus}", "(skipped)", True)
         return
     log = {"LIBCUDA_LOG_LEVEL": os.environ["LATENCY_LOG_LEVEL"]} if os.environ.get("LATENCY_LOG_LEVEL") else {}

@@ -442,7 +442,7 @@ mod tests {
             f.tick(e, Some(asked), s + k * 100 * MS);
             assert_eq!(of(e), 140 * MS, "tick {k}");
         }
-        let t = s + 2 * SPAN_NS;
+        let t = s + 2_000 * MS;
         f.tick(e, Some(150), t);
         assert_eq!(of(e), 150 * MS);
         // Asked 140 but for one tick of 0 as the hold ends: 140, once.
