@@ -36,6 +36,7 @@ pub mod cut;
 pub mod estimate;
 pub mod events;
 pub mod fill;
+pub mod following;
 pub mod judge;
 pub mod launch;
 pub mod leader;

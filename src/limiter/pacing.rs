@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use vgpu_shm::layout::DeviceEntry;
 use vgpu_shm::sm_board::{self, Claim, Others, SmBoard};
 
+use super::following;
 use super::period;
 use super::room::{self, ROOM_PERCENT};
 use super::shortfall::{asks_now, short_of_the_gpu};
@@ -180,7 +181,7 @@ pub struct Pacing {
     /// The period the container's steps ask for, and the one its turns
     /// follow (`period.rs`).
     asking: period::Asking,
-    following: period::Following,
+    following: following::Following,
     /// The last decision, for the log.
     paced: Option<bool>,
 }
@@ -285,7 +286,7 @@ impl Pacing {
         self.asking.tick(entry, percent, in_turns, !rest, now);
         if now < self.busy_until_ns {
             // (Idle, it keeps the period: its windows hold nothing.)
-            let asked = period::asked_on_the_board(self.asking.asked_ms(), self.seen.as_ref());
+            let asked = following::asked_on_the_board(self.asking.asked_ms(), self.seen.as_ref());
             self.following.tick(entry, asked, now);
         }
         self.placer
