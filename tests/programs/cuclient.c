@@ -768,7 +768,12 @@ static int cmd_steps(unsigned long long ns, unsigned grid, double secs, double w
     double *lat = malloc(cap * sizeof *lat);
     double *at = malloc(cap * sizeof *at);
     double *order = malloc(cap * sizeof *order);
-    if (!lat || !at || !order) return 1;
+    if (!lat || !at || !order) {
+        free(lat);
+        free(at);
+        free(order);
+        return 1;
+    }
     double t0 = now_s(), end = t0 + secs, in_launch = 0, in_sync = 0;
     while (n < cap) {
         double a = now_s();
