@@ -16,7 +16,7 @@
 
 #define VGPU_SHM_MAGIC 0x004d485355504756ULL /* "VGPUSHM\0", little-endian */
 #define VGPU_SHM_VERSION_MAJOR 2u
-#define VGPU_SHM_VERSION_MINOR 9u
+#define VGPU_SHM_VERSION_MINOR 10u
 #define VGPU_SHM_OFFSET 2011136 /* where vgpu's part starts: HAMi's size, page-aligned */
 #define VGPU_SHM_MAX_DEVICES 16
 #define VGPU_SHM_MAX_SLOTS 1024
@@ -86,7 +86,9 @@ typedef struct vgpu_shm_slot {
     uint32_t flags;             /* VGPU_SHM_SLOT_HOST_PID_VERIFIED (1.1) */
     uint32_t pad;
     uint64_t nvml_used[VGPU_SHM_MAX_DEVICES]; /* NVML's used memory per device (2.0) */
-    uint64_t reserved[17];
+    uint64_t gap_device;        /* device entry + 1 whose host gaps the process counts, 0 none yet (2.10) */
+    uint64_t host_gap_ns;       /* ns from a synchronisation's return to the next launch, under an SM limit (2.10) */
+    uint64_t reserved[15];
 } vgpu_shm_slot;
 
 typedef struct vgpu_shm_header {

@@ -67,7 +67,7 @@ fn the_c_header_matches_the_rust_layout() {
     let mut expect = Vec::new();
     offsets!(expect, "vgpu_shm_header", Header: version_major, size, header_size, state, slot_hwm, created_unix_s, reclaims, boot_id, region_id, hami_writer, origin, devices);
     offsets!(expect, "vgpu_shm_device", DeviceEntry: in_use, sm_limit, mem_limit, total_mem, sm_count, policy, tat_ns, rate_scale_milli, util_milli, leader, waits, context_bytes, hami_index, hami_limit_seen, hami_sm_seen, oom_denials, wait_ns, turn_anchor_ns, turn_moved_ns, turn_cut_ns, admitted_ns, turn_flags, turn_fill_milli, turn_shared_ns, held_ns, alone_ns, paced_ns, sync_wait_ns, rest_percent, syncs, rest_beside_ns, limited_beside_ns, turn_period_ns);
-    offsets!(expect, "vgpu_shm_slot", ProcSlot: host_pid, start_time, pidns, claimed_unix_s, sm_util, usage, dead_since_ms, heartbeat_ms, flags, nvml_used);
+    offsets!(expect, "vgpu_shm_slot", ProcSlot: host_pid, start_time, pidns, claimed_unix_s, sm_util, usage, dead_since_ms, heartbeat_ms, flags, nvml_used, gap_device, host_gap_ns);
     for (field, offset) in expect {
         assert_eq!(c.u64(field), offset as u64, "{field}");
     }

@@ -189,6 +189,7 @@ impl Leader {
             .count();
         entry.set_turn_flag(vgpu_shm::layout::TURNS_PAUSED, users > 1);
         let now = clock::monotonic_ns();
+        let gaps = attach.region.host_gap_ns(dev);
         if !state.leading {
             // A new leader: most often a new program of the container,
             // whose windows' fill is its own to measure, not its
@@ -220,7 +221,7 @@ impl Leader {
         if period_ns < CONTROL_PERIOD_NS {
             state
                 .pacing
-                .tick(entry, &entry.uuid(), percent, resting, now);
+                .tick(entry, &entry.uuid(), (percent, resting), gaps, now);
             return;
         }
         state.last_control_ns = now;
@@ -228,7 +229,7 @@ impl Leader {
         entry.note_alone(alone, now);
         state
             .pacing
-            .tick(entry, &entry.uuid(), percent, resting, now);
+            .tick(entry, &entry.uuid(), (percent, resting), gaps, now);
         let admitted = entry.admitted_ns();
         let admitted_share =
             admitted.saturating_sub(state.last_admitted_ns) as f64 / period_ns as f64;

@@ -92,6 +92,19 @@ pub fn sync_returned(attach: &Attach, ns: u64) {
     settle_at_sync(attach);
 }
 
+/// The host took `ns` from a synchronisation's return to a launch on
+/// device entry `dev`: counted in the process's slot, for `pacing`, where
+/// the process uses that device alone (as its synchronisations' waits).
+fn count_host_gap(attach: &Attach, dev: EntryIndex, ns: u64) {
+    if process::only_device() != Some(dev) {
+        return;
+    }
+    // (Not claimed here: a launch path takes no lock.)
+    if let Some(slot) = attach.slot_index() {
+        attach.region.add_host_gap(slot, dev, ns);
+    }
+}
+
 /// A paced step's wait for the bucket, taken at its synchronisation, on
 /// the one device this process uses (`settle`).
 fn settle_at_sync(attach: &Attach) {
@@ -142,7 +155,13 @@ pub fn admit(attach: &Attach, dev: EntryIndex, shape: &Slot) {
     let cost = cost_ns(shape);
     let credit = &process::device(dev).limiter;
     // (A synchronisation that took this launch's wait counted it.)
-    let counted = settle::admitted(dev, cost);
+    let settle::Admitted {
+        counted,
+        host_gap_ns,
+    } = settle::admitted(dev, cost);
+    if host_gap_ns != 0 {
+        count_host_gap(attach, dev, host_gap_ns);
+    }
     if credit.spend(i64::try_from(cost).unwrap_or(i64::MAX / 2)) {
         return;
     }

@@ -53,7 +53,7 @@ use vgpu_shm::sm_board::{self, Claim, Others, SmBoard};
 use super::following;
 use super::period;
 use super::room::{self, ROOM_PERCENT};
-use super::shortfall::{asks_now, short_of_the_gpu};
+use super::shortfall::{asks_now, short_of_the_gpu, while_busy};
 use super::tiling;
 
 pub use crate::config::Turns;
@@ -156,6 +156,7 @@ pub struct Pacing {
     last_sync_wait_ns: u64,
     last_bucket_wait_ns: u64,
     last_syncs: u64,
+    last_host_gap_ns: u64,
     /// Since when the container has been paced side by side (0: it is
     /// not): a span judged for a shortfall must be paced whole.
     paced_since_ns: u64,
@@ -231,19 +232,20 @@ impl Pacing {
     /// its windows where three or more take turns (`tiling.rs`). (Every tick,
     /// not every control period: a container that has just become busy
     /// shows on the board a tick later, so the room a newcomer must see
-    /// before it paces holds for less.)
+    /// before it paces holds for less.) `host_gap_ns`: the container's
+    /// host gaps there so far (`Region::host_gap_ns`).
     pub fn tick(
         &mut self,
         entry: &DeviceEntry,
         uuid: &[u8; 16],
-        percent: u32,
-        rest: bool,
+        (percent, rest): (u32, bool),
+        host_gap_ns: u64,
         now: u64,
     ) {
         // A rest was never promised: a container that takes one never
         // asks the limited ones for turns.
         if !rest {
-            self.judge_shortfall(entry, percent, now);
+            self.judge_shortfall(entry, percent, host_gap_ns, now);
         }
         let asks_turns = now < self.turns_until_ns;
         // A container that takes turns asks for them, and counts as the
@@ -296,7 +298,7 @@ impl Pacing {
     /// Over the span that ends at `now`, once it holds [`JUDGE_NS`] of
     /// paced time: whether the container, paced side by side, was short
     /// of the GPU; if so it asks for turns for a while.
-    fn judge_shortfall(&mut self, entry: &DeviceEntry, percent: u32, now: u64) {
+    fn judge_shortfall(&mut self, entry: &DeviceEntry, percent: u32, host_gap: u64, now: u64) {
         let paced_whole = self.paced_since_ns != 0 && self.paced_since_ns <= self.last_tick_ns;
         if paced_whole && now.saturating_sub(self.last_tick_ns) < JUDGE_NS {
             return; // the span goes on
@@ -310,13 +312,15 @@ impl Pacing {
             self.last_sync_wait_ns,
             self.last_bucket_wait_ns,
             self.last_syncs,
+            self.last_host_gap_ns,
         );
         (
             self.judged_admitted_ns,
             self.last_sync_wait_ns,
             self.last_bucket_wait_ns,
             self.last_syncs,
-        ) = (admitted, synced, held, syncs);
+            self.last_host_gap_ns,
+        ) = (admitted, synced, held, syncs, host_gap);
         let last_tick = std::mem::replace(&mut self.last_tick_ns, now);
         let period = now.saturating_sub(last_tick);
         let paused = entry.turn_flag(vgpu_shm::layout::TURNS_PAUSED);
@@ -330,8 +334,9 @@ impl Pacing {
         let got = share(admitted, last.0);
         let waited = share(synced, last.1);
         let bucket = share(held, last.2);
+        let idle = share(host_gap, last.4);
         log::debug!(
-            "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket"
+            "paced side by side: got {got:.3} of the GPU at {percent} %, {waited:.2} of the time in synchronisations, {bucket:.2} for the bucket, {idle:.2} between a return and a launch"
         );
         let per_s = syncs.saturating_sub(last.3) as f64 * 1e9 / period as f64;
         // (At the configured period: turns lengthened for another's steps
@@ -339,9 +344,12 @@ impl Pacing {
         let room = room::steps_room(percent, got, per_s, super::turns::period_ns());
         let asking_room = now < self.room_until_ns;
         let limit = f64::from(percent) / 100.0;
-        let short = short_of_the_gpu(got, waited, bucket, limit);
+        // (Judged over the time it had work: a server between requests is
+        // short of work, not of the GPU.)
+        let busy_got = while_busy(got, idle);
+        let short = short_of_the_gpu(busy_got, waited, bucket, limit);
         let short_before = std::mem::replace(&mut self.short_before, short);
-        if short && !asks_now(got, limit, short_before) {
+        if short && !asks_now(busy_got, limit, short_before) {
             log::debug!("side by side a little short of the GPU: judged again over the next span");
             return;
         }

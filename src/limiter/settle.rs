@@ -128,21 +128,33 @@ thread_local! {
     };
 }
 
-/// A launch of `cost_ns` on device entry `dev` is being admitted: true
-/// where a synchronisation already counted its wait (`admit` then counts
-/// none, should it wait a little more).
-pub(super) fn admitted(dev: EntryIndex, cost_ns: u64) -> bool {
+/// What a launch being admitted learnt here.
+pub(super) struct Admitted {
+    /// A synchronisation already counted its wait (`admit` then counts
+    /// none, should it wait a little more).
+    pub counted: bool,
+    /// How long the host took from this thread's last synchronisation's
+    /// return to this launch (0: it is not the first launch since one).
+    pub host_gap_ns: u64,
+}
+
+/// A launch of `cost_ns` on device entry `dev` is being admitted.
+pub(super) fn admitted(dev: EntryIndex, cost_ns: u64) -> Admitted {
     THREAD.with(|cell| {
         let mut t = cell.get();
         t.owed = Some(Owed { dev, cost_ns });
+        let mut host_gap_ns = 0;
         if t.returned_ns != 0 {
-            t.gaps
-                .note(clock::monotonic_ns().saturating_sub(t.returned_ns));
+            host_gap_ns = clock::monotonic_ns().saturating_sub(t.returned_ns);
+            t.gaps.note(host_gap_ns);
             t.returned_ns = 0;
         }
         let counted = std::mem::take(&mut t.counted);
         cell.set(t);
-        counted
+        Admitted {
+            counted,
+            host_gap_ns,
+        }
     })
 }
 

@@ -25,7 +25,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// 2: the part moved behind HAMi's layout, to [`VGPU_OFFSET`].
 pub const VERSION_MAJOR: u32 = 2;
 /// Bumped when fields are added in reserved space; readers accept any minor.
-pub const VERSION_MINOR: u32 = 9;
+pub const VERSION_MINOR: u32 = 10;
 /// The major version of layout 1.x, vgpu's part alone at offset 0.
 pub const LEGACY_MAJOR: u32 = 1;
 /// Device entries in a region: GPUs a container can use.
@@ -258,8 +258,18 @@ pub struct ProcSlot {
     /// NVML's used memory of this process per device entry, bytes, as
     /// last sampled (2.0; what monitors call `monitorused`).
     pub nvml_used: [AtomicU64; MAX_DEVICES],
+    /// The device entry (index + 1) whose [`ProcSlot::host_gap_ns`] this
+    /// process counts: the one device it uses (0: none yet; 2.10).
+    pub gap_device: AtomicU64,
+    /// Nanoseconds the process's threads took, under an SM limit, from a
+    /// synchronisation's return to their next launch (2.10): time the
+    /// process had no work for the GPU, a server waiting for requests or
+    /// host work. A container that waits for the GPU yet gets less than
+    /// its limit is short of it only over the time it had work (the
+    /// library's `limiter/shortfall.rs`).
+    pub host_gap_ns: AtomicU64,
     /// Zero; room for fields of later minor versions.
-    pub _reserved: [AtomicU64; 17],
+    pub _reserved: [AtomicU64; 15],
 }
 
 /// The start of a region file: its identity, its geometry, and the device
@@ -367,6 +377,8 @@ const _: () = {
     assert!(offset_of!(ProcSlot, heartbeat_ms) == 744);
     assert!(offset_of!(ProcSlot, flags) == 752);
     assert!(offset_of!(ProcSlot, nvml_used) == 760);
+    assert!(offset_of!(ProcSlot, gap_device) == 888);
+    assert!(offset_of!(ProcSlot, host_gap_ns) == 896);
     assert!(offset_of!(Header, size) == 16);
     assert!(offset_of!(Header, state) == 40);
     assert!(offset_of!(Header, slot_hwm) == 44);

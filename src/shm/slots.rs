@@ -178,6 +178,39 @@ impl Region {
         self.slot(index).sm_util[dev.get()].load(Ordering::Relaxed)
     }
 
+    /// Adds `ns` of host gap (a synchronisation's return to the next
+    /// launch) to slot `index`, counted for device `dev`, the one device
+    /// its process uses: a slot counts for the first device it is given.
+    pub fn add_host_gap(&self, index: SlotIndex, dev: EntryIndex, ns: u64) {
+        let slot = self.slot(index);
+        let want = dev.get() as u64 + 1;
+        let counted_for =
+            match slot
+                .gap_device
+                .compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => want,
+                Err(d) => d,
+            };
+        if counted_for == want {
+            slot.host_gap_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// The host gaps the container's live processes counted for device
+    /// `dev` ([`Region::add_host_gap`]), summed: it falls where a process
+    /// left, and anyone who maps the region can write it, so readers take
+    /// differences saturating and bound them.
+    pub fn host_gap_ns(&self, dev: EntryIndex) -> u64 {
+        let want = dev.get() as u64 + 1;
+        self.occupied_slots()
+            .map(|i| self.slot(i))
+            .filter(|s| s.gap_device.load(Ordering::Relaxed) == want)
+            .fold(0u64, |sum, s| {
+                sum.saturating_add(s.host_gap_ns.load(Ordering::Relaxed))
+            })
+    }
+
     /// Slot `index`'s owner, as the slot records it.
     pub fn owner(&self, index: SlotIndex) -> Owner {
         let s = self.slot(index);
@@ -327,6 +360,8 @@ fn clear_counters(slot: &ProcSlot) {
         util.store(0, Ordering::Relaxed);
     }
     slot.dead_since_ms.store(0, Ordering::Relaxed);
+    slot.host_gap_ns.store(0, Ordering::Relaxed);
+    slot.gap_device.store(0, Ordering::Relaxed);
 }
 
 fn unix_now() -> u64 {

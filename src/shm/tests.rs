@@ -505,3 +505,34 @@ fn the_leader_s_words_expire_and_words_from_the_future_do_not_stand() {
     e.note_turn_shared(6 * s);
     assert!(e.turn_shared(7 * s + crate::layout::TURN_SHARED_NS - 1));
 }
+
+#[test]
+fn host_gaps_sum_the_live_slots_of_their_one_device() {
+    let r = Region::anonymous().unwrap();
+    let me = ProcId::current();
+    let mine = r.claim_slot(&me).unwrap();
+    let other = ProcId {
+        pid: me.pid + 1,
+        ..me
+    };
+    let theirs = r.claim_slot(&other).unwrap();
+    let dev = |i: usize| EntryIndex::new(i).unwrap();
+    r.add_host_gap(mine, dev(0), 300);
+    r.add_host_gap(theirs, dev(0), 20);
+    // A slot counts for the first device it was given, not another.
+    r.add_host_gap(mine, dev(1), 5);
+    assert_eq!(r.host_gap_ns(dev(0)), 320);
+    assert_eq!(r.host_gap_ns(dev(1)), 0);
+    // A forged count saturates the sum; it does not wrap to a small one.
+    r.slot(theirs)
+        .host_gap_ns
+        .store(u64::MAX, Ordering::Relaxed);
+    assert_eq!(r.host_gap_ns(dev(0)), u64::MAX);
+    // A slot given back leaves the sum, and its next owner starts clean.
+    r.release_slot(theirs);
+    assert_eq!(r.host_gap_ns(dev(0)), 300);
+    let again = r.claim_slot(&other).unwrap();
+    assert_eq!(r.slot(again).host_gap_ns.load(Ordering::Relaxed), 0);
+    r.add_host_gap(again, dev(1), 7);
+    assert_eq!(r.host_gap_ns(dev(1)), 7);
+}

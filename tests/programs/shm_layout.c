@@ -41,6 +41,8 @@ int main(int argc, char **argv) {
     F(vgpu_shm_slot, claimed_unix_s); F(vgpu_shm_slot, sm_util); F(vgpu_shm_slot, usage);
     F(vgpu_shm_slot, dead_since_ms); F(vgpu_shm_slot, heartbeat_ms); F(vgpu_shm_slot, flags);
     F(vgpu_shm_slot, nvml_used);
+    F(vgpu_shm_slot, gap_device);
+    F(vgpu_shm_slot, host_gap_ns);
     if (argc < 2) return 0;
     int fd = open(argv[1], O_RDONLY);
     if (fd < 0) return 2;
