@@ -31,8 +31,10 @@ pub const MAX_CUT_PCT: u64 = 25;
 /// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
 /// never moves earlier: one that ran on from a clear start adds half what
 /// its tail lost too; and where its `period` is also longer than the
-/// configured one (`period.rs`), a clear end takes a sixteenth off the
-/// cut, not half, so that the cut stays near what the window needs.
+/// configured one (`period.rs`), a clear end takes a sixteenth off a cut
+/// of up to a sixteenth of the share, not half, so that the cut stays
+/// near what the window needs; a larger one (covered windows' eighths
+/// as the turns begin) still halves.
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -53,7 +55,11 @@ pub fn next_cut(
     // a sixteenth, not half: halved, the cut of 1 ms steps at 90 % went
     // 2.4, 1.2, 2.4 ms, its window ran on every other period and a step
     // waited a time slice each time, p99 3.40 ms; H200, run 197.)
-    let slow = tiled && period > super::turns::period_ns();
+    // (Not above a sixteenth of the share: taken off by sixteenths, the
+    // 19.5 ms that two covered windows left of a 78 ms share took 5 s to
+    // come down, and the 60 % container of 0.05 ms kernels beside 30 %
+    // got 0.562 of its solo rate over 10 s; H200, run 207.)
+    let slow = tiled && period > super::turns::period_ns() && cut <= share_ns / 16;
     let cut = if covered(probes) {
         cut + share_ns / 8
     } else if !tiled && ran_on_from_a_clear_start(probes) {

@@ -116,10 +116,12 @@ impl Asking {
         if steps < MIN_SYNCS {
             return;
         }
-        let asked = steadied(
-            asked_ms(percent, gpu / steps, turns::period_ns()),
-            self.asked_ms,
-        );
+        let ask = if self.asked_ms == 0 {
+            asked_ms
+        } else {
+            renewed_ms
+        };
+        let asked = steadied(ask(percent, gpu / steps, turns::period_ns()), self.asked_ms);
         if asked != 0 {
             if asked != self.asked_ms {
                 log::debug!(
@@ -168,12 +170,28 @@ pub fn choose(entry: &DeviceEntry, asked_ms: u32, now: u64) {
 /// help: they wait out the other's window, which a shorter period keeps
 /// short).
 pub fn asked_ms(percent: u32, step_ns: u64, period: u64) -> u32 {
+    asked_below(percent, step_ns, period, FEWEST_STEPS)
+}
+
+/// What an ask that holds asks on ([`asked_ms`]): until a window at the
+/// configured period holds [`WINDOW_STEPS`], not [`FEWEST_STEPS`]. Steps
+/// near the edge would otherwise ask and lapse by turns, and each change
+/// of the period moves every window on the device: 0.55 ms steps at 60 %
+/// asked 130 ms, measured 0.54 ms a span later and lapsed, and asked
+/// again 10 s on (H200, run 207).
+pub fn renewed_ms(percent: u32, step_ns: u64, period: u64) -> u32 {
+    asked_below(percent, step_ns, period, WINDOW_STEPS)
+}
+
+/// [`asked_ms`], where a window at `period` holding `fewest` steps asks
+/// nothing.
+fn asked_below(percent: u32, step_ns: u64, period: u64, fewest: u64) -> u32 {
     let percent = u64::from(percent.clamp(1, 100));
     if step_ns == 0 {
         return 0;
     }
     let window = period / 100 * percent;
-    if window / step_ns >= FEWEST_STEPS {
+    if window / step_ns >= fewest {
         return 0;
     }
     let want = u128::from(step_ns) * u128::from(WINDOW_STEPS) * 100 / u128::from(percent);
@@ -265,6 +283,39 @@ mod tests {
         assert_eq!(asked_ms(90, u64::MAX, P), 0);
         // A configured period that holds enough asks nothing.
         assert_eq!(asked_ms(90, MS, 150 * MS), 0);
+    }
+
+    #[test]
+    fn an_ask_that_holds_goes_on_until_a_window_holds_enough() {
+        // 0.545 ms steps at 60 %: 110 to a window at 100 ms, enough to
+        // ask nothing; an ask that holds goes on, to 135 to a window.
+        assert_eq!(asked_ms(60, 545_000, P), 0);
+        assert_eq!(renewed_ms(60, 545_000, P), 123);
+        assert_eq!(steadied(renewed_ms(60, 545_000, P), 130), 130);
+        assert_eq!(renewed_ms(60, 440_000, P), 0);
+        // (Beyond that, as `asked_ms`.)
+        assert_eq!(renewed_ms(90, MS, P), 150);
+        assert_eq!(renewed_ms(90, 10 * MS, P), 0);
+        let (r, i) = crate::limiter::bucket::tests::entry(60);
+        let e = r.device(i);
+        let mut a = Asking::default();
+        let s = 1_000_000_000_000u64;
+        a.tick(e, 60, true, true, s);
+        run(e, 800, 800 * 570_000);
+        a.tick(e, 60, true, true, s + SPAN_NS);
+        assert_eq!(a.asked_ms(), 130);
+        // Spans of 0.54 ms steps long after: the ask goes on.
+        for k in 2..20 {
+            run(e, 800, 800 * 540_000);
+            a.tick(e, 60, true, true, s + k * SPAN_NS);
+            assert_eq!(a.asked_ms(), 130, "span {k}");
+        }
+        // Steps of 0.44 ms (136 to a window): it lapses after its hold.
+        for k in 20..40 {
+            run(e, 800, 800 * 440_000);
+            a.tick(e, 60, true, true, s + k * SPAN_NS);
+        }
+        assert_eq!(a.asked_ms(), 0);
     }
 
     #[test]
