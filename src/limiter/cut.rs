@@ -32,9 +32,9 @@ pub const MAX_CUT_PCT: u64 = 25;
 /// never moves earlier: one that ran on from a clear start adds half what
 /// its tail lost too; and where its `period` is also longer than the
 /// configured one (`period.rs`), a clear end takes a sixteenth off a cut
-/// of up to a sixteenth of the share, not half, so that the cut stays
-/// near what the window needs; a larger one (covered windows' eighths
-/// as the turns begin) still halves.
+/// of up to a sixteenth of the share (or [`SLOW_GUARDS`] guards), not
+/// half, so that the cut stays near what the window needs; a larger one
+/// (covered windows' eighths as the turns begin) still halves.
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -59,7 +59,9 @@ pub fn next_cut(
     // 19.5 ms that two covered windows left of a 78 ms share took 5 s to
     // come down, and the 60 % container of 0.05 ms kernels beside 30 %
     // got 0.562 of its solo rate over 10 s; H200, run 207.)
-    let slow = tiled && period > super::turns::period_ns() && cut <= share_ns / 16;
+    let slow = tiled
+        && period > super::turns::period_ns()
+        && cut <= (share_ns / 16).max(SLOW_GUARDS * guard_ns());
     let cut = if covered(probes) {
         cut + share_ns / 8
     } else if !tiled && ran_on_from_a_clear_start(probes) {
@@ -73,6 +75,12 @@ pub fn next_cut(
     };
     cut.max(floor).min(most)
 }
+
+/// A cut of up to this many guards comes down slowly in lengthened
+/// turns however small the share: a 10 % window's sixteenth (0.9 ms at
+/// 150 ms) is hardly over the guard, and halved, a cut swung 2.4 / 1.2
+/// ms (run 197).
+pub const SLOW_GUARDS: u64 = 6;
 
 /// What a container leaves unspent of each share while it shares the
 /// GPU with others that take turns. Shares that sum to the whole period

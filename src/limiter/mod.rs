@@ -99,11 +99,16 @@ fn count_host_gap(attach: &Attach, dev: EntryIndex, ns: u64) {
     if process::only_device() != Some(dev) {
         return;
     }
-    // (Not claimed here: a launch path takes no lock.)
+    // (Not claimed here: a launch path takes no lock. A gap of seconds
+    // lands in one judged span whatever its length: the span is then
+    // judged whole, `shortfall::while_busy`.)
     if let Some(slot) = attach.slot_index() {
-        attach.region.add_host_gap(slot, dev, ns);
+        attach.region.add_host_gap(slot, dev, ns.min(MOST_GAP_NS));
     }
 }
+
+/// The most one host gap counts for: a judged span is 0.3 s.
+const MOST_GAP_NS: u64 = 1_000_000_000;
 
 /// A paced step's wait for the bucket, taken at its synchronisation, on
 /// the one device this process uses (`settle`).

@@ -346,7 +346,7 @@ impl Pacing {
         let limit = f64::from(percent) / 100.0;
         // (Judged over the time it had work: a server between requests is
         // short of work, not of the GPU.)
-        let busy_got = while_busy(got, idle);
+        let busy_got = while_busy(got, idle, waited + bucket);
         let short = short_of_the_gpu(busy_got, waited, bucket, limit);
         let short_before = std::mem::replace(&mut self.short_before, short);
         if short && !asks_now(busy_got, limit, short_before) {

@@ -85,7 +85,7 @@ impl Asking {
     /// whether it takes turns (`in_turns`; not while its turns are paused
     /// for several processes) and has a limit of its own (a rest asks
     /// nothing). Closes a span of [`SPAN_NS`] in turns and asks for what
-    /// its steps need ([`asked_ms`]).
+    /// its steps need ([`asked_ms`]; [`renewed_ms`] while an ask holds).
     pub fn tick(
         &mut self,
         entry: &DeviceEntry,

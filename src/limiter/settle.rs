@@ -160,14 +160,18 @@ pub(super) fn admitted(dev: EntryIndex, cost_ns: u64) -> Admitted {
 
 /// A synchronisation of this thread returned at `now`: what its last
 /// launch left owing, if anything (taken: a second synchronisation owes
-/// nothing).
+/// nothing). The host's gap runs from the last return before the next
+/// launch: a second synchronisation's wait (another stream, an event,
+/// then the context) is the GPU's, not the host's.
 pub(super) fn owed_at(now: u64) -> Option<Owed> {
     THREAD.with(|cell| {
         let mut t = cell.get();
-        let owed = t.owed.take()?;
-        t.returned_ns = now;
+        let owed = t.owed.take();
+        if owed.is_some() || t.returned_ns != 0 {
+            t.returned_ns = now;
+        }
         cell.set(t);
-        Some(owed)
+        owed
     })
 }
 
@@ -242,6 +246,24 @@ mod tests {
             gaps.note(host(k));
         }
         (latency, now)
+    }
+
+    #[test]
+    fn the_host_gap_runs_from_the_last_synchronisation_before_a_launch() {
+        let dev = EntryIndex::new(0).unwrap();
+        let long_ago = clock::monotonic_ns() - 5_000_000_000;
+        let _ = admitted(dev, 1000);
+        assert!(owed_at(long_ago).is_some());
+        // A second synchronisation (another stream, then the context)
+        // owes nothing, but its wait was the GPU's: the gap starts anew.
+        assert!(owed_at(clock::monotonic_ns()).is_none());
+        let gap = admitted(dev, 1000).host_gap_ns;
+        assert!(gap < 1_000_000_000, "{gap}");
+        // Without it, the gap runs from the first return.
+        assert!(owed_at(long_ago).is_some());
+        assert!(admitted(dev, 1000).host_gap_ns >= 5_000_000_000);
+        // A launch that follows a launch has no gap.
+        assert_eq!(admitted(dev, 1000).host_gap_ns, 0);
     }
 
     fn p99(mut v: Vec<u64>) -> u64 {

@@ -28,10 +28,13 @@ pub const SHORT_OF: f64 = 0.93;
 /// at 30 %, runs 165-168), ask at once.
 pub const FAR_SHORT_OF: f64 = 0.8;
 
-/// The least part of a span a container counts as having had work in:
-/// host gaps summed over a process's threads may cover more than the
-/// span.
+/// The least part of a span a container counts as having had work in.
 pub const BUSY_FLOOR: f64 = 0.25;
+
+/// How far over the span a container's host gaps and waits may add up
+/// for the gaps to count: one thread's are disjoint, and a gap or a wait
+/// counted where it ends may straddle the span's start.
+pub const OVERLAP_SLACK: f64 = 0.05;
 
 /// What a container got of the GPU over the part of a span it had work
 /// in: `admitted` (a fraction of the span) over what its host gaps leave
@@ -43,8 +46,19 @@ pub const BUSY_FLOOR: f64 = 0.25;
 /// waited out the other 70 (p99 117-130 ms against 85; H200 runs 203-204).
 /// Over the time it had requests it got about 0.39: it was short of
 /// work, not of the GPU.
-pub fn while_busy(admitted: f64, idle: f64) -> f64 {
-    admitted / (1.0 - idle.clamp(0.0, 1.0)).max(BUSY_FLOOR)
+///
+/// Where the gaps and the time it `waited` (in synchronisations and for
+/// its bucket, a fraction) add up to more than the span, threads or
+/// processes overlapped (one idle between requests while another
+/// waited for the GPU), and whether the container had work in a gap is
+/// not known: it is judged over the whole span, as without gaps. So are
+/// a span into which a gap of seconds was counted at its end, and one
+/// where a process left (its gaps leave the sum).
+pub fn while_busy(admitted: f64, idle: f64, waited: f64) -> f64 {
+    if !(0.0..=1.0).contains(&idle) || idle + waited > 1.0 + OVERLAP_SLACK {
+        return admitted;
+    }
+    admitted / (1.0 - idle).max(BUSY_FLOOR)
 }
 
 /// Whether a container short of the GPU over the span just judged, where
@@ -84,16 +98,25 @@ mod tests {
         // The server at 250 a second beside 60 %: 0.25 of the GPU, 0.64 of
         // the time in synchronisations, 0.34 between a response and the
         // next request.
-        let got = while_busy(0.25, 0.34);
+        let got = while_busy(0.25, 0.34, 0.64);
         assert!((got - 0.379).abs() < 0.001, "{got}");
         assert!(!short_of_the_gpu(got, 0.64, 0.0, 0.3));
         // A closed loop has next to no gaps: short as before.
-        let got = while_busy(0.20, 0.01);
+        let got = while_busy(0.20, 0.01, 0.95);
         assert!(short_of_the_gpu(got, 0.95, 0.0, 0.3));
-        // Gaps over the whole span (threads) count it busy a quarter;
-        // none, all of it.
-        assert_eq!(while_busy(0.1, 3.0), 0.4);
-        assert_eq!(while_busy(0.1, -1.0), 0.1);
+        // Two threads, one between requests while the other waits for
+        // the GPU: gaps and waits add up to more than the span, and the
+        // container is judged over the whole of it.
+        let got = while_busy(0.20, 0.4, 0.9);
+        assert_eq!(got, 0.20);
+        assert!(short_of_the_gpu(got, 0.9, 0.0, 0.3));
+        // Gaps over the whole span (one of seconds, counted at its end),
+        // or none to speak of: the span as it is.
+        assert_eq!(while_busy(0.1, 3.0, 0.6), 0.1);
+        assert_eq!(while_busy(0.1, -1.0, 0.6), 0.1);
+        assert_eq!(while_busy(0.1, f64::NAN, 0.6), 0.1);
+        // Gaps with next to no waits: a quarter of the span at least.
+        assert_eq!(while_busy(0.1, 0.9, 0.0), 0.4);
     }
 
     #[test]

@@ -449,7 +449,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool, period: u64) -> Optio
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::limiter::cut::{GUARD_NS, guard_ns, next_cut};
+    use crate::limiter::cut::{GUARD_NS, SLOW_GUARDS, guard_ns, next_cut};
 
     const MS: u64 = 1_000_000;
 
@@ -717,6 +717,15 @@ pub(super) mod tests {
         }
         assert_eq!(after[..2], [share / 8, share / 16]);
         assert_eq!(after[2], share / 16 - share / 16 / 16);
+        // A 10 % window at 150 ms: its sixteenth is 0.94 ms, and a cut of
+        // a few guards still comes down slowly.
+        let (share, long) = (15 * MS, 150 * MS);
+        let cut = 24 * MS / 10;
+        assert!(cut <= SLOW_GUARDS * guard_ns());
+        assert_eq!(
+            next_cut(cut, (share, long), &clear, 0, true, true),
+            (cut - cut / 16).min(share / 4)
+        );
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
         assert!(!ran_on_from_a_clear_start(&both));

@@ -184,14 +184,14 @@ impl Region {
     pub fn add_host_gap(&self, index: SlotIndex, dev: EntryIndex, ns: u64) {
         let slot = self.slot(index);
         let want = dev.get() as u64 + 1;
-        let counted_for =
-            match slot
+        // (Set once: read first, so that each gap is not a write.)
+        let counted_for = match slot.gap_device.load(Ordering::Relaxed) {
+            0 => slot
                 .gap_device
                 .compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => want,
-                Err(d) => d,
-            };
+                .map_or_else(|d| d, |_| want),
+            d => d,
+        };
         if counted_for == want {
             slot.host_gap_ns.fetch_add(ns, Ordering::Relaxed);
         }
