@@ -31,10 +31,8 @@ pub const MAX_CUT_PCT: u64 = 25;
 /// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
 /// never moves earlier: one that ran on from a clear start adds half what
 /// its tail lost too; and where its `period` is also longer than the
-/// configured one (`period.rs`), a clear end takes a sixteenth off a cut
-/// of up to a sixteenth of the share (or [`SLOW_GUARDS`] guards), not
-/// half, so that the cut stays near what the window needs; a larger one
-/// (covered windows' eighths as the turns begin) still halves.
+/// configured one (`period.rs`), a clear end takes a sixteenth off the
+/// cut, not half, so that the cut stays near what the window needs.
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -55,13 +53,7 @@ pub fn next_cut(
     // a sixteenth, not half: halved, the cut of 1 ms steps at 90 % went
     // 2.4, 1.2, 2.4 ms, its window ran on every other period and a step
     // waited a time slice each time, p99 3.40 ms; H200, run 197.)
-    // (Not above a sixteenth of the share: taken off by sixteenths, the
-    // 19.5 ms that two covered windows left of a 78 ms share took 5 s to
-    // come down, and the 60 % container of 0.05 ms kernels beside 30 %
-    // got 0.562 of its solo rate over 10 s; H200, run 207.)
-    let slow = tiled
-        && period > super::turns::period_ns()
-        && cut <= (share_ns / 16).max(SLOW_GUARDS * guard_ns());
+    let slow = tiled && period > super::turns::period_ns();
     let cut = if covered(probes) {
         cut + share_ns / 8
     } else if !tiled && ran_on_from_a_clear_start(probes) {
@@ -75,12 +67,6 @@ pub fn next_cut(
     };
     cut.max(floor).min(most)
 }
-
-/// A cut of up to this many guards comes down slowly in lengthened
-/// turns however small the share: a 10 % window's sixteenth (0.9 ms at
-/// 150 ms) is hardly over the guard, and halved, a cut swung 2.4 / 1.2
-/// ms (run 197).
-pub const SLOW_GUARDS: u64 = 6;
 
 /// What a container leaves unspent of each share while it shares the
 /// GPU with others that take turns. Shares that sum to the whole period
