@@ -23,7 +23,8 @@
 //!
 //! Side by side, loops that synchronise often hand the GPU over at every
 //! synchronisation, and each hand-over costs a switch: a container that
-//! waits for the GPU most of the time yet gets under its limit
+//! waits for the GPU most of the time yet gets under its limit, over the
+//! time it had work (`shortfall.rs`: a server between requests has none),
 //! asks for turns for a while ([`Pacing::tick`]): its claim then counts
 //! as 100 %. Beside a container that takes the rest, one whose windows
 //! in turns would hold too few of its steps asks that one for room for
