@@ -75,7 +75,11 @@ def make_env(preload, extra=None, region=None):
 
 def log_path(name):
     _log_n[0] += 1
-    return os.path.join(LOGS, f"{_log_n[0]:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:60]}.log")
+    safe = re.sub(r'[^A-Za-z0-9_.-]', '_', name)
+    # (Long names keep their tail, where a case names its step size.)
+    if len(safe) > 60:
+        safe = safe[:39] + "~" + safe[-20:]
+    return os.path.join(LOGS, f"{_log_n[0]:03d}-{safe}.log")
 
 
 def run(cmd, env, timeout=300, name=None):
