@@ -124,6 +124,18 @@ fn container_command(
     c
 }
 
+/// `cuclient args` as container `name` on `sim`, with vgpu at an SM limit
+/// of `percent` (its region `name.cache`).
+fn limited_client(sim: &Sim, name: &str, percent: u32, args: &[&str]) -> std::process::Command {
+    let mut c = sim.client_cmd(Path3::ProcAddr, true, args);
+    c.env(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        sim.dir.path().join(format!("{name}.cache")),
+    )
+    .env("CUDA_DEVICE_SM_LIMIT", percent.to_string());
+    c
+}
+
 /// Container `first` (name, limit, seconds: [`container_for`]) alone for
 /// 3 s, then `second` beside it: each one's run and its per-second
 /// fractions of the device.
@@ -714,13 +726,12 @@ fn steps_at_beside(
     let solo = DEVICE_RATE;
     let neighbour = container_for(sim, "n", limit, 12);
     let step = step_ns.to_string();
-    let mut steps = sim.client_cmd(Path3::ProcAddr, true, &["steps", &step, "132", "10", "2"]);
-    steps
-        .env(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            sim.dir.path().join("steps.cache"),
-        )
-        .env("CUDA_DEVICE_SM_LIMIT", steps_limit.to_string());
+    let mut steps = limited_client(
+        sim,
+        "steps",
+        steps_limit,
+        &["steps", &step, "132", "10", "2"],
+    );
     if let Some(dir) = std::env::var_os("NEIGHBOURS_LOG_DIR") {
         let level = std::env::var("NEIGHBOURS_LOG_LEVEL").unwrap_or_else(|_| "4".into());
         let path = std::path::Path::new(&dir).join("steps.log");
@@ -782,18 +793,13 @@ fn a_serving_loop_s_host_pauses_do_not_move_its_windows() {
     let _serial = serial();
     let sim = Sim::new(1, "8g");
     let neighbour = container_for(&sim, "n", Some(60), 14);
-    let mut steps = sim.client_cmd(
-        Path3::ProcAddr,
-        true,
+    let mut steps = limited_client(
+        &sim,
+        "steps",
+        30,
         &["steps", "300000", "132", "10", "2", "150"],
     );
-    steps
-        .env(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            sim.dir.path().join("steps.cache"),
-        )
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("LIBCUDA_LOG_LEVEL", "4");
+    steps.env("LIBCUDA_LOG_LEVEL", "4");
     let r = Run::from(steps.output().expect("run cuclient steps"));
     let _ = finish(neighbour);
     let r = r.ok();
@@ -902,17 +908,7 @@ fn short_steps_that_a_window_holds_too_few_of_lengthen_the_turns() {
     let _serial = serial();
     let sim = with_a_board_on(2);
     let beside_long = container_on(&sim, "n", Some(10), 12, "1");
-    let long = sim
-        .client_cmd(
-            Path3::ProcAddr,
-            true,
-            &["steps", "10000000", "132", "10", "2"],
-        )
-        .env(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            sim.dir.path().join("steps.cache"),
-        )
-        .env("CUDA_DEVICE_SM_LIMIT", "90")
+    let long = limited_client(&sim, "steps", 90, &["steps", "10000000", "132", "10", "2"])
         .env("CUCLIENT_DEVICE", "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1008,18 +1004,13 @@ fn a_server_between_requests_stays_paced_beside_others() {
     let _serial = serial();
     let sim = with_a_board();
     let neighbour = container_for(&sim, "n", Some(60), 14);
-    let mut server = sim.client_cmd(
-        Path3::ProcAddr,
-        true,
+    let mut server = limited_client(
+        &sim,
+        "server",
+        30,
         &["serve", "1000000", "132", "10", "2", "250", "3330"],
     );
-    server
-        .env(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            sim.dir.path().join("server.cache"),
-        )
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("LIBCUDA_LOG_LEVEL", "4");
+    server.env("LIBCUDA_LOG_LEVEL", "4");
     let r = Run::from(server.output().expect("run cuclient serve"));
     let n = finish(neighbour).ok();
     let r = r.ok();
