@@ -125,6 +125,9 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
     // and one stamped when its child was made was stale on arrival, so
     // the process waited for room it had (run 116 on an H200: minutes).
     // Stamped when the child asks, the restore finds it at once.
+    // And the answer reaches the process late, as a loaded host carries
+    // it: counted fresh from the question, every figure was stale on
+    // arrival again (CI, once: 13 s of waiting for room it had).
     let _serial = serial();
     let node = Node::new();
     let stalled = node.sim.dir.path().join("stalled");
@@ -134,6 +137,7 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
         &[
             ("SIM_GPU_NVML_STALL_FIRST", stalled.to_str().unwrap()),
             ("SIM_GPU_NVML_INIT_MS", "800"),
+            ("SIM_GPU_NVML_ANSWER_MS", "700"),
             ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000"),
         ],
         &args(&keep),

@@ -13,10 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::room::Figure;
 use crate::lock::{CondLock, Listed, Name};
-
-/// An answer is used while it is this fresh.
-const FRESH_NS: u64 = 500_000_000;
 
 /// How long the last query through child processes took, asked to
 /// answered (ns; their whole bound where none answered).
@@ -33,9 +31,8 @@ pub fn last_took() -> Duration {
 struct Probe {
     /// A query is in flight (its thread may be blocked in NVML).
     asking: bool,
-    /// The last answer: the card, its free bytes, when it was asked
-    /// (`CLOCK_MONOTONIC` ns, the board's clock).
-    last: Option<([u8; 16], u64, u64)>,
+    /// The last answer, and its card.
+    last: Option<([u8; 16], Figure)>,
 }
 
 /// The probe; its condition variable says a query was answered. A forked
@@ -54,8 +51,8 @@ pub(super) fn locks() -> [Listed; 1] {
 }
 
 /// Free bytes on `card` as NVML says, asked at or after `after` (monotonic
-/// ns; 0: any figure under half a second old), waiting at most `wait`, and
-/// when it was asked; None when NVML does not answer in time (or cannot).
+/// ns; 0: any fresh figure, `Figure::fresh_at`), waiting at most `wait`;
+/// None when NVML does not answer in time (or cannot).
 /// `checkpointed`: this process's NVML waits for its restore, so a child
 /// process asks. A restore that has just claimed its room judges it on
 /// what NVML says since, not on a figure an allocation may have overtaken.
@@ -64,17 +61,15 @@ pub fn free_asked_after(
     after: u64,
     wait: Duration,
     checkpointed: bool,
-) -> Option<(u64, u64)> {
+) -> Option<Figure> {
     let deadline = Instant::now() + wait;
     let mut p = PROBE.lock();
     let fresh = |p: &Probe| {
         p.last
-            .filter(|&(c, _, at)| {
-                c == card
-                    && at >= after
-                    && crate::clock::monotonic_ns().saturating_sub(at) < FRESH_NS
+            .filter(|&(c, f)| {
+                c == card && f.asked >= after && f.fresh_at(crate::clock::monotonic_ns())
             })
-            .map(|(_, free, at)| (free, at))
+            .map(|(_, f)| f)
     };
     // Each query is asked once: a second answer without a figure is None.
     let mut asked = false;
@@ -103,8 +98,16 @@ pub fn free_asked_after(
                     };
                     let mut p = PROBE.lock();
                     p.asking = false;
-                    if let Some((free, at)) = answer {
-                        p.last = Some((card, free, at));
+                    if let Some((free, asked)) = answer {
+                        let arrived = crate::clock::monotonic_ns();
+                        p.last = Some((
+                            card,
+                            Figure {
+                                free,
+                                asked,
+                                arrived,
+                            },
+                        ));
                     }
                     if checkpointed {
                         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);

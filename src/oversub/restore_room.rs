@@ -72,10 +72,10 @@ pub(super) fn room_on(
     checkpointed: bool,
 ) -> Option<u64> {
     observe(h, card, clock::monotonic_ns());
-    let (free, at) = free_probe::free_asked_after(*card, after, wait, checkpointed)?;
-    let claimed = claimed_after(&CLAIMS.lock(), card, at);
+    let figure = free_probe::free_asked_after(*card, after, wait, checkpointed)?;
+    let claimed = claimed_after(&CLAIMS.lock(), card, figure.asked);
     Some(judged(
-        (free, at),
+        figure,
         clock::monotonic_ns(),
         waited,
         super::state::settings().claim_bound,

@@ -27,11 +27,39 @@ pub const WANTS_BOUND: Duration = Duration::from_secs(10);
 /// a claim may hold it waiting for its figure (claim.rs), so that a
 /// claim that waits for a slow NVML child does not let others skip it.
 pub const LOCK_BOUND: Duration = Duration::from_secs(6);
-/// This process's own figure is used while it is this fresh.
+/// This process's own figure is used for this long after it arrived.
 pub(super) const FRESH_NS: u64 = 500_000_000;
+/// A figure that arrived later than this after its question is not used:
+/// longer than its children may take to answer (`nvml::fresh::ANSWER_WAIT`,
+/// 5 s) and to be reaped.
+pub(super) const LATE_NS: u64 = 6_000_000_000;
 /// A claim seen this long before the figure was read may have landed
 /// after it (observations are 20 ms apart while a restore waits).
 const SLACK_NS: u64 = 100_000_000;
+
+/// NVML's free bytes on a card, as this process asked: when it asked and
+/// when the answer arrived (`CLOCK_MONOTONIC` ns, the board's clock).
+/// What the board shows since the question is taken off it; its freshness
+/// counts from its arrival, so that a loaded host, slow to carry an answer
+/// from a child process, does not make every figure stale (CI, once: a
+/// restore waited 13 s for room it had).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Figure {
+    pub(super) free: u64,
+    pub(super) asked: u64,
+    pub(super) arrived: u64,
+}
+
+impl Figure {
+    /// Whether it may be used at `now`: arrived [`FRESH_NS`] ago or less,
+    /// not from the future, and not [`LATE_NS`] late.
+    pub(super) fn fresh_at(&self, now: u64) -> bool {
+        self.asked <= self.arrived
+            && self.arrived <= now
+            && now - self.arrived <= FRESH_NS
+            && self.arrived - self.asked <= LATE_NS
+    }
+}
 
 /// A restore of another process seen moving onto a card.
 pub(super) struct Claim {
@@ -44,7 +72,7 @@ pub(super) struct Claim {
 
 /// Notes restores seen in flight on `card` at `now` (entry, pid, bytes
 /// there; none for 0 bytes), and forgets those gone for longer than any
-/// figure is kept.
+/// figure is kept (asked, carried and used).
 pub(super) fn note_claims(
     claims: &mut Vec<Claim>,
     seen: impl Iterator<Item = (usize, u32, u64)>,
@@ -69,8 +97,11 @@ pub(super) fn note_claims(
             }),
         }
     }
-    claims.retain(|c| now.saturating_sub(c.last_ns) <= 2 * FRESH_NS + SLACK_NS);
+    claims.retain(|c| now.saturating_sub(c.last_ns) <= KEPT_NS);
 }
+
+/// How long a claim is remembered after it was last seen.
+const KEPT_NS: u64 = LATE_NS + 2 * FRESH_NS + SLACK_NS;
 
 /// Bytes of restores on `card` that a figure read at `at` may not hold:
 /// those seen in flight since shortly before it.
@@ -82,23 +113,23 @@ pub(super) fn claimed_after(claims: &[Claim], card: &[u8; 16], at: u64) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// Room from this process's own figure (`free` bytes read at `at`) at
-/// `now`, less what the board may hold it to while the wait is young:
-/// `claimed` bytes for the first `claim_bound` of the wait, `wanted` for
-/// the first [`WANTS_BOUND`]. 0 for a figure stale or from the future.
+/// Room from this process's own figure at `now`, less what the board may
+/// hold it to while the wait is young: `claimed` bytes for the first
+/// `claim_bound` of the wait, `wanted` for the first [`WANTS_BOUND`]. 0
+/// for a figure that is not fresh ([`Figure::fresh_at`]).
 pub(super) fn judged(
-    (free, at): (u64, u64),
+    figure: Figure,
     now: u64,
     waited: Duration,
     claim_bound: Duration,
     (claimed, wanted): (u64, u64),
 ) -> u64 {
-    if at > now || now - at > FRESH_NS {
+    if !figure.fresh_at(now) {
         return 0;
     }
     let claimed = if waited < claim_bound { claimed } else { 0 };
     let wanted = if waited < WANTS_BOUND { wanted } else { 0 };
-    free.saturating_sub(claimed).saturating_sub(wanted)
+    figure.free.saturating_sub(claimed).saturating_sub(wanted)
 }
 
 #[cfg(test)]
@@ -109,20 +140,29 @@ mod tests {
     const CARD: [u8; 16] = [7; 16];
     const MS: u64 = 1_000_000;
 
+    /// `free` bytes, asked and arrived at `at`.
+    fn at(free: u64, at: u64) -> Figure {
+        Figure {
+            free,
+            asked: at,
+            arrived: at,
+        }
+    }
+
     #[test]
     fn a_fresh_figure_less_claims_and_wants_while_the_wait_is_young() {
         let bound = CLAIM_BOUND;
         let now = 10_000 * MS;
         let young = Duration::from_secs(1);
-        assert_eq!(judged((100, now - MS), now, young, bound, (30, 20)), 50);
+        assert_eq!(judged(at(100, now - MS), now, young, bound, (30, 20)), 50);
         // Wants count for WANTS_BOUND, claims for the claim bound.
         assert_eq!(
-            judged((100, now - MS), now, WANTS_BOUND, bound, (30, 20)),
+            judged(at(100, now - MS), now, WANTS_BOUND, bound, (30, 20)),
             70
         );
-        assert_eq!(judged((100, now - MS), now, bound, bound, (30, 20)), 100);
+        assert_eq!(judged(at(100, now - MS), now, bound, bound, (30, 20)), 100);
         // More claimed than free: no room, not a wrap.
-        assert_eq!(judged((100, now), now, young, bound, (300, 0)), 0);
+        assert_eq!(judged(at(100, now), now, young, bound, (300, 0)), 0);
     }
 
     #[test]
@@ -130,13 +170,37 @@ mod tests {
         let now = 10_000 * MS;
         let w = Duration::ZERO;
         assert_eq!(
-            judged((100, now - FRESH_NS - 1), now, w, CLAIM_BOUND, (0, 0)),
+            judged(at(100, now - FRESH_NS - 1), now, w, CLAIM_BOUND, (0, 0)),
             0
         );
-        assert_eq!(judged((100, now + 1), now, w, CLAIM_BOUND, (0, 0)), 0);
+        assert_eq!(judged(at(100, now + 1), now, w, CLAIM_BOUND, (0, 0)), 0);
         assert_eq!(
-            judged((100, now - FRESH_NS), now, w, CLAIM_BOUND, (0, 0)),
+            judged(at(100, now - FRESH_NS), now, w, CLAIM_BOUND, (0, 0)),
             100
+        );
+    }
+
+    #[test]
+    fn a_figure_slow_to_arrive_is_fresh_from_its_arrival_unless_too_late() {
+        let now = 10_000 * MS;
+        let w = Duration::ZERO;
+        let carried = |asked: u64, arrived: u64| Figure {
+            free: 100,
+            asked,
+            arrived,
+        };
+        // Asked 2 s ago, carried for 1.9 s by a loaded host: fresh.
+        let late = carried(now - 2_000 * MS, now - 100 * MS);
+        assert_eq!(judged(late, now, w, CLAIM_BOUND, (0, 0)), 100);
+        // But not half a second after it arrived.
+        assert_eq!(judged(late, now + FRESH_NS, w, CLAIM_BOUND, (0, 0)), 0);
+        // Nor where it came later than any child may take.
+        let too_late = carried(now - LATE_NS - 2 * MS, now - MS);
+        assert_eq!(judged(too_late, now, w, CLAIM_BOUND, (0, 0)), 0);
+        // Nor one that says it arrived before it was asked.
+        assert_eq!(
+            judged(carried(now, now - MS), now, w, CLAIM_BOUND, (0, 0)),
+            0
         );
     }
 
@@ -160,8 +224,13 @@ mod tests {
         assert_eq!(claimed_after(&claims, &[8; 16], t0), 0);
         // A figure read well after a claim was last seen holds it.
         assert_eq!(claimed_after(&claims, &CARD, t0 + MS + SLACK_NS + 1), 0);
+        // Seen before a figure's question that was carried late, and still
+        // fresh: kept.
+        let later = t0 + MS + LATE_NS + FRESH_NS;
+        note_claims(&mut claims, std::iter::empty(), &CARD, later);
+        assert_eq!(claimed_after(&claims, &CARD, t0), 9);
         // Gone from the board for longer than any figure is kept: forgotten.
-        let later = t0 + MS + 2 * FRESH_NS + SLACK_NS + 1;
+        let later = t0 + MS + KEPT_NS + 1;
         note_claims(&mut claims, std::iter::empty(), &CARD, later);
         assert!(claims.is_empty());
     }

@@ -49,6 +49,8 @@
 //! as where the driver's NVML is missing),
 //! `SIM_GPU_NVML_INIT_MS` (NVML starts this slowly in vgpu's fresh
 //! NVML children, as on a node of many cards),
+//! `SIM_GPU_NVML_ANSWER_MS` (their memory figure, read, reaches the parent
+//! this much later, as a loaded host carries it),
 //! `SIM_GPU_NO_FD_HANDLES=1` (`cuMemCreate` refuses memory exportable as a
 //! file descriptor: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) and
 //! `SIM_GPU_NVML_LOCKED=1` (NVML's memory queries wait while the process

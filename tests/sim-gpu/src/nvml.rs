@@ -218,6 +218,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(d: Device, out: *mut Memory) ->
     blocks_while_checkpointed();
     let dev = dev!(d);
     let (total, used) = memory(dev);
+    answers_late_in_a_fresh_child();
     let m = Memory {
         total,
         free: total - used,
@@ -237,6 +238,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(d: Device, out: *mut MemoryV
         return ARGUMENT_VERSION_MISMATCH;
     }
     let (total, used) = memory(dev);
+    answers_late_in_a_fresh_child();
     put(
         out,
         MemoryV2 {
@@ -432,6 +434,18 @@ fn stalls_in_the_first_fresh_child() {
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
+    }
+}
+
+/// `SIM_GPU_NVML_ANSWER_MS`: a fresh child's memory figure, read, reaches
+/// its parent this much later (as a loaded host carries it: CI, once).
+fn answers_late_in_a_fresh_child() {
+    if let Some(ms) = std::env::var("SIM_GPU_NVML_ANSWER_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        && in_a_fresh_child()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 
