@@ -857,6 +857,43 @@ fn with_a_board() -> Sim {
 }
 
 /// [`with_a_board`] with `gpus` GPUs.
+/// One process that uses two GPUs (a container that sees both) gets its
+/// limit on each: alone on the first, beside a 60 % container on the
+/// second, whose share stays its own. (Its synchronisations' waits and
+/// host gaps count on neither GPU: they count only for a process on one
+/// device.)
+#[test]
+fn one_process_on_two_gpus_gets_its_limit_on_each_beside_a_neighbour_on_one() {
+    let _serial = serial();
+    let sim = with_a_board_on(2);
+    let mut both = container_command(&sim, "a", Some(30), SECS, "twodev");
+    both.env("CUDA_VISIBLE_DEVICES", "0,1");
+    let both = both.spawn().expect("spawn cuclient");
+    let beside = container_on(&sim, "b", Some(60), SECS, "1");
+    let a = finish(both).ok();
+    let b = finish(beside).ok();
+    let first = (Some(30), a.f64("rate") / DEVICE_RATE, per_sec_of_device(&a));
+    // (The second GPU's loop prints its rate only.)
+    let second = (Some(30), a.f64("side_rate") / DEVICE_RATE, Vec::new());
+    let neighbour = (Some(60), b.f64("rate") / DEVICE_RATE, per_sec_of_device(&b));
+    for (what, (_, f, secs)) in [
+        ("a on GPU 0", &first),
+        ("a on GPU 1", &second),
+        ("b on GPU 1", &neighbour),
+    ] {
+        eprintln!("{what}: {f:.3}; per second {secs:.3?}");
+    }
+    let status = sim.status(&sim.dir.path().join("a.cache"));
+    let limited: Vec<_> = status["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter(|d| !d["turns"].is_null())
+        .collect();
+    assert_eq!(limited.len(), 2, "a's turns on both GPUs: {status}");
+    assert_each_gets_its_limit(&[first, second, neighbour]);
+}
+
 fn with_a_board_on(gpus: u32) -> Sim {
     let mut sim = Sim::new(gpus, "8g");
     let board = sim.dir.path().join("vgpulock");

@@ -10,7 +10,9 @@
  *   cuclient spin NS GRID SECONDS [MODE]   throughput of spin kernels (MODE paced:
  *                                          host-bound, a launch every 1.1 NS; synced:
  *                                          cuCtxSynchronize_v2 after every 10; streams:
- *                                          a second thread launches on its own stream too)
+ *                                          a second thread launches on its own stream too;
+ *                                          twodev: a second thread launches on device 1,
+ *                                          synchronising after every 10: side_rate)
  *   cuclient ticks NS SECONDS              launch NS-ns spin kernels (grid 1), 10 at a time,
  *                                          printing tick=<CLOCK_REALTIME s> after each 10
  *   cuclient launchcost N                  empty-kernel launch cost
@@ -582,6 +584,29 @@ static void *side_stream(void *arg) {
     return NULL;
 }
 
+/* The second device's loop of `twodev`: the same kernels in its own
+ * primary context, synchronised after every ten. */
+static void *side_device(void *arg) {
+    struct side *s = arg;
+    unsigned long long zero = 0;
+    void *args[] = {&s->ns, &zero};
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction spin;
+    CHECK(cu.cuDeviceGet(&dev, 1));
+    CHECK(cu.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cu.cuCtxSetCurrent(ctx));
+    CHECK(cu.cuModuleLoadData(&mod, VGPU_SPIN_PTX));
+    CHECK(cu.cuModuleGetFunction(&spin, mod, "vgpu_spin"));
+    while (now_s() < s->end) {
+        for (int i = 0; i < 10; i++) CHECK(cu.cuLaunchKernel(spin, s->grid, 1, 1, 128, 1, 1, 0, 0, args, NULL));
+        CHECK(cu.cuCtxSynchronize());
+        s->launched += 10;
+    }
+    return NULL;
+}
+
 static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const char *mode) {
     setup();
     load_kernels();
@@ -610,7 +635,9 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     double end = g_t0 + secs;
     struct side side = {ns, grid, end, 0};
     int streams = !strcmp(mode, "streams");
+    int twodev = !strcmp(mode, "twodev");
     if (streams) pthread_create(&side_th, NULL, side_stream, &side);
+    if (twodev) pthread_create(&side_th, NULL, side_device, &side);
     while (now_s() < end) {
         while (g_recorded - __atomic_load_n(&g_done, __ATOMIC_ACQUIRE) >= max_queued && now_s() < end)
             usleep(100);
@@ -633,7 +660,7 @@ static int cmd_spin(unsigned long long ns, unsigned grid, double secs, const cha
     }
     g_stop_poll = 1;
     pthread_join(th, NULL);
-    if (streams) {
+    if (streams || twodev) {
         pthread_join(side_th, NULL);
         printf("side_rate=%.3f\n", side.launched / secs);
     }
