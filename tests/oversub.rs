@@ -121,8 +121,8 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
     // kept the card (CI, once). Here the first child stalls; its sibling
     // answers.
     // And NVML starts slowly in the children (as on a node of many
-    // cards): the restore trusts a figure while it is half a second old,
-    // and one stamped when its child was made was stale on arrival, so
+    // cards): the restore trusted a figure while it was half a second
+    // old, and one stamped when its child was made was stale on arrival, so
     // the process waited for room it had (run 116 on an H200: minutes).
     // Stamped when the child asks, the restore finds it at once.
     // And the answer reaches the process late, as a loaded host carries
@@ -146,11 +146,51 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
     assert_eq!(finish(b).get("hold_rc"), "0");
     let a = finish(a);
     assert!(stalled.exists(), "no child stalled: {}", a.stderr);
+    // The stalled child held none of the process's pipes (its stdout and
+    // stderr are the test's): only its answer's, and /dev/null as its
+    // standard streams. (One stuck for good would keep them open.)
+    let held = std::fs::read_to_string(&stalled).unwrap();
+    let pipes = held.lines().filter(|l| l.contains("pipe:")).count();
+    assert_eq!(pipes, 1, "{held}");
+    for std in ["0", "1", "2"] {
+        assert!(
+            held.lines().any(|l| l == format!("{std} /dev/null")),
+            "{std}: {held}"
+        );
+    }
     assert_intact(&a);
     assert!(a.stderr.contains("suspended this process"), "{}", a.stderr);
     assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
     assert!(!a.stderr.contains("still waiting for room"), "{}", a.stderr);
     assert!(!a.stderr.contains("could not read NVML"), "{}", a.stderr);
+}
+
+#[test]
+fn a_checkpointed_process_on_two_cards_restores_where_nvml_children_are_slow() {
+    // Its restore needs a fresh figure of each card, asked one at a time.
+    // Where a child takes longer than a figure stands (NVML starting
+    // slowly), the first card's figure had gone stale by the time the
+    // second's came, and the restore waited for room it had.
+    let _serial = serial();
+    let node = Node::with_cards(2, "4g", "3g");
+    let keep = keeper("5");
+    let a = node.spawn(
+        "a",
+        &[
+            ("CUCLIENT_KEEP_DEVICE1", "67108864"),
+            ("SIM_GPU_NVML_INIT_MS", "800"),
+            ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000"),
+        ],
+        &args(&keep),
+    );
+    let b = node.crowd_out();
+    assert_eq!(finish(b).get("hold_rc"), "0");
+    let a = finish(a);
+    assert_intact(&a);
+    assert_eq!(a.get("device1_intact"), "1", "{}\n{}", a.stdout, a.stderr);
+    assert!(a.stderr.contains("restored this process"), "{}", a.stderr);
+    assert!(a.stderr.contains("; by card: "), "{}", a.stderr);
+    assert!(!a.stderr.contains("still waiting for room"), "{}", a.stderr);
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! never drive a restore (a refused restore loses the process, issue 26).
 //!
 //! The child is a bare `clone` (no fork handlers: vgpu's take its locks,
-//! the driver's might wait on the checkpoint lock); it loads NVML afresh
+//! the driver's might wait on the checkpoint lock); it keeps none of the
+//! process's descriptors but its answer's pipe (`keep_only`), loads NVML afresh
 //! in a new link-map namespace (`dlmopen`: its own descriptors, none of
 //! this process's state, none of vgpu's hooks), asks, writes its answer
 //! into a pipe and `_exit`s. A child may wait for ever on a lock another
@@ -337,6 +338,8 @@ const ANSWER_BYTES: usize = 17;
 /// # Safety
 /// Only in the child of the bare clone above.
 unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
+    // SAFETY: in the child, plain system calls on its own descriptors.
+    unsafe { keep_only(fd) };
     let mut out = [0u8; ANSWER_BYTES];
     // SAFETY: dlmopen/dlsym with NUL-terminated names; each symbol is
     // NVML's with the signature named (nvml.h); the pointers passed are
@@ -369,6 +372,43 @@ unsafe fn child(fd: c_int, lib: &CStr, uuid: &CStr) -> ! {
         }
         libc::write(fd, out.as_ptr().cast(), out.len());
         libc::_exit(0)
+    }
+}
+
+/// Leaves the child only `fd` (its answer's pipe) and `/dev/null` as its
+/// standard streams: a bare clone inherits every descriptor of the
+/// process, and one stuck in the driver (it cannot even be killed) would
+/// hold the host program's stdout and stderr pipes and sockets open for
+/// as long as it lives, so that whatever reads them never sees their
+/// end (a test that killed a hung process then waited for ever on its
+/// output). Where the pipe is itself 0-2 (the process had closed its
+/// standard streams), nothing is changed.
+///
+/// # Safety
+/// Only in the child of the bare clone: it closes descriptors that the
+/// parent's threads own in the parent.
+unsafe fn keep_only(fd: c_int) {
+    if fd <= 2 {
+        return;
+    }
+    // SAFETY: open, dup2 and close_range are plain system calls on this
+    // child's own descriptor table. close_range (Linux 5.9) may be
+    // missing: then the rest stay open, as before.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            for std in 0..=2 {
+                libc::dup2(null, std);
+            }
+        }
+        let all = libc::c_uint::MAX;
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            (fd - 1) as libc::c_uint,
+            0,
+        );
+        libc::syscall(libc::SYS_close_range, (fd + 1) as libc::c_uint, all, 0);
     }
 }
 
@@ -430,7 +470,7 @@ mod tests {
         let read_at = crate::clock::monotonic_ns();
         let (free, at) = close(asked).expect("an answer");
         assert_eq!((made, kids, free), (1, 1, 42));
-        // Read while fresh (free_probe.rs uses a figure for 500 ms).
+        // Read soon after its question, not after siblings' clones.
         assert!(
             read_at - at < 500_000_000,
             "read {} ms late",

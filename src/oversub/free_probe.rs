@@ -31,8 +31,9 @@ pub fn last_took() -> Duration {
 struct Probe {
     /// A query is in flight (its thread may be blocked in NVML).
     asking: bool,
-    /// The last answer, and its card.
-    last: Option<([u8; 16], Figure)>,
+    /// The last answer for each card asked about (a restore of several
+    /// cards asks one at a time, and judges them together).
+    last: Vec<([u8; 16], Figure)>,
 }
 
 /// The probe; its condition variable says a query was answered. A forked
@@ -40,7 +41,7 @@ struct Probe {
 static PROBE: CondLock<Probe> = CondLock::new(
     Probe {
         asking: false,
-        last: None,
+        last: Vec::new(),
     },
     |p| *p = Probe::default(),
 );
@@ -51,25 +52,27 @@ pub(super) fn locks() -> [Listed; 1] {
 }
 
 /// Free bytes on `card` as NVML says, asked at or after `after` (monotonic
-/// ns; 0: any fresh figure, `Figure::fresh_at`), waiting at most `wait`;
-/// None when NVML does not answer in time (or cannot).
+/// ns; 0: any), arrived at most `stands_ns` ago (`Figure::fresh_at`),
+/// waiting at most `wait`; None when NVML does not answer in time (or
+/// cannot).
 /// `checkpointed`: this process's NVML waits for its restore, so a child
 /// process asks. A restore that has just claimed its room judges it on
 /// what NVML says since, not on a figure an allocation may have overtaken.
 pub fn free_asked_after(
     card: [u8; 16],
-    after: u64,
+    (after, stands_ns): (u64, u64),
     wait: Duration,
     checkpointed: bool,
 ) -> Option<Figure> {
     let deadline = Instant::now() + wait;
     let mut p = PROBE.lock();
     let fresh = |p: &Probe| {
+        let now = crate::clock::monotonic_ns();
         p.last
-            .filter(|&(c, f)| {
-                c == card && f.asked >= after && f.fresh_at(crate::clock::monotonic_ns())
-            })
-            .map(|(_, f)| f)
+            .iter()
+            .find(|(c, _)| *c == card)
+            .map(|&(_, f)| f)
+            .filter(|f| f.asked >= after && f.fresh_at(now, stands_ns))
     };
     // Each query is asked once: a second answer without a figure is None.
     let mut asked = false;
@@ -100,14 +103,15 @@ pub fn free_asked_after(
                     p.asking = false;
                     if let Some((free, asked)) = answer {
                         let arrived = crate::clock::monotonic_ns();
-                        p.last = Some((
-                            card,
-                            Figure {
-                                free,
-                                asked,
-                                arrived,
-                            },
-                        ));
+                        let figure = Figure {
+                            free,
+                            asked,
+                            arrived,
+                        };
+                        match p.last.iter_mut().find(|(c, _)| *c == card) {
+                            Some(last) => last.1 = figure,
+                            None => p.last.push((card, figure)),
+                        }
                     }
                     if checkpointed {
                         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use vgpu_shm::board::ProcState;
 
 use super::free_probe;
-use super::room::{Claim, LOCK_BOUND, claimed_after, judged, note_claims};
+use super::room::{
+    Claim, FRESH_NS, LOCK_BOUND, MOST_STANDS_NS, claimed_after, judged, note_claims,
+};
 use super::state::Here;
 use crate::clock;
 use crate::lock::{Listed, Lock, Name};
@@ -60,10 +62,17 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 /// Room on `card` for this suspended process now: its own fresh NVML
 /// figure (asked for up to `wait`, at or after `after`, monotonic ns; by a
 /// child process where it is `checkpointed`),
-/// less restores in flight there for the first [`CLAIM_BOUND`](super::state::CLAIM_BOUND) of the
+/// less restores in flight there since its question for the first [`CLAIM_BOUND`](super::state::CLAIM_BOUND) of the
 /// wait (`waited`: since the first try after the suspension) and running
 /// processes' waiting allocations for its first [`WANTS_BOUND`]. None
 /// without a figure of its own.
+///
+/// A claim's figure (`after` set) stands for [`FRESH_NS`] after its
+/// arrival. A waiting restore's look (`after` 0) only decides whether to
+/// claim, where the room is judged anew: its figure stands for twice
+/// what a question takes, so that a restore of several cards, asked one
+/// at a time, sees each fresh at once where a child process takes longer
+/// than half a second (NVML starting slowly).
 pub(super) fn room_on(
     h: &Here,
     card: &[u8; 16],
@@ -71,16 +80,34 @@ pub(super) fn room_on(
     after: u64,
     checkpointed: bool,
 ) -> Option<u64> {
+    let looked = clock::monotonic_ns();
+    observe(h, card, looked);
+    let stands = if after == 0 {
+        look_stands_ns()
+    } else {
+        FRESH_NS
+    };
+    let figure = free_probe::free_asked_after(*card, (after, stands), wait, checkpointed)?;
+    // Restores in flight since its question count, and so does any seen
+    // at the look before it (which was taken before the question when it
+    // was asked just now): a claim's child asks a second or so after
+    // that look, while the restore before it moves.
     observe(h, card, clock::monotonic_ns());
-    let figure = free_probe::free_asked_after(*card, after, wait, checkpointed)?;
-    let claimed = claimed_after(&CLAIMS.lock(), card, figure.asked);
+    let claimed = claimed_after(&CLAIMS.lock(), card, figure.asked.min(looked));
     Some(judged(
-        figure,
+        (figure, stands),
         clock::monotonic_ns(),
         waited,
         super::state::settings().claim_bound,
         (claimed, wanted_on(h, card)),
     ))
+}
+
+/// How long a waiting restore's look takes a figure for: twice what the
+/// last question took, at least [`FRESH_NS`], at most [`MOST_STANDS_NS`].
+fn look_stands_ns() -> u64 {
+    let took = u64::try_from(free_probe::last_took().as_nanos()).unwrap_or(u64::MAX);
+    took.saturating_mul(2).clamp(FRESH_NS, MOST_STANDS_NS)
 }
 
 /// The node's restore lock, or leave to claim without it: a process that

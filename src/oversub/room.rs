@@ -27,15 +27,20 @@ pub const WANTS_BOUND: Duration = Duration::from_secs(10);
 /// a claim may hold it waiting for its figure (claim.rs), so that a
 /// claim that waits for a slow NVML child does not let others skip it.
 pub const LOCK_BOUND: Duration = Duration::from_secs(6);
-/// This process's own figure is used for this long after it arrived.
+/// This process's own figure is used for this long after it arrived (a
+/// claim's; a waiting restore's look stands longer, `restore_room.rs`).
 pub(super) const FRESH_NS: u64 = 500_000_000;
+/// The longest a figure stands for a waiting restore's look (twice what a
+/// question takes, `restore_room::room_on`).
+pub(super) const MOST_STANDS_NS: u64 = 5_000_000_000;
 /// A figure that arrived later than this after its question is not used:
 /// longer than its children may take to answer (`nvml::fresh::ANSWER_WAIT`,
 /// 5 s) and to be reaped.
 pub(super) const LATE_NS: u64 = 6_000_000_000;
 /// A claim seen this long before the figure was read may have landed
-/// after it (observations are 20 ms apart while a restore waits).
-const SLACK_NS: u64 = 100_000_000;
+/// after it: a waiting restore looks at the board about every 120 ms
+/// (its 100 ms wait for a figure, then 20 ms).
+const SLACK_NS: u64 = 250_000_000;
 
 /// NVML's free bytes on a card, as this process asked: when it asked and
 /// when the answer arrived (`CLOCK_MONOTONIC` ns, the board's clock).
@@ -51,12 +56,13 @@ pub(super) struct Figure {
 }
 
 impl Figure {
-    /// Whether it may be used at `now`: arrived [`FRESH_NS`] ago or less,
-    /// not from the future, and not [`LATE_NS`] late.
-    pub(super) fn fresh_at(&self, now: u64) -> bool {
+    /// Whether it may be used at `now`, where a figure stands for
+    /// `stands_ns` after its arrival: not from the future, and not
+    /// [`LATE_NS`] late.
+    pub(super) fn fresh_at(&self, now: u64, stands_ns: u64) -> bool {
         self.asked <= self.arrived
             && self.arrived <= now
-            && now - self.arrived <= FRESH_NS
+            && now - self.arrived <= stands_ns
             && self.arrived - self.asked <= LATE_NS
     }
 }
@@ -101,7 +107,7 @@ pub(super) fn note_claims(
 }
 
 /// How long a claim is remembered after it was last seen.
-const KEPT_NS: u64 = LATE_NS + 2 * FRESH_NS + SLACK_NS;
+const KEPT_NS: u64 = LATE_NS + MOST_STANDS_NS + SLACK_NS;
 
 /// Bytes of restores on `card` that a figure read at `at` may not hold:
 /// those seen in flight since shortly before it.
@@ -113,18 +119,19 @@ pub(super) fn claimed_after(claims: &[Claim], card: &[u8; 16], at: u64) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// Room from this process's own figure at `now`, less what the board may
-/// hold it to while the wait is young: `claimed` bytes for the first
-/// `claim_bound` of the wait, `wanted` for the first [`WANTS_BOUND`]. 0
-/// for a figure that is not fresh ([`Figure::fresh_at`]).
+/// Room from this process's own figure at `now` (standing for
+/// `stands_ns` after its arrival), less what the board may hold it to
+/// while the wait is young: `claimed` bytes for the first `claim_bound`
+/// of the wait, `wanted` for the first [`WANTS_BOUND`]. 0 for a figure
+/// that is not fresh ([`Figure::fresh_at`]).
 pub(super) fn judged(
-    figure: Figure,
+    (figure, stands_ns): (Figure, u64),
     now: u64,
     waited: Duration,
     claim_bound: Duration,
     (claimed, wanted): (u64, u64),
 ) -> u64 {
-    if !figure.fresh_at(now) {
+    if !figure.fresh_at(now, stands_ns) {
         return 0;
     }
     let claimed = if waited < claim_bound { claimed } else { 0 };
@@ -154,15 +161,30 @@ mod tests {
         let bound = CLAIM_BOUND;
         let now = 10_000 * MS;
         let young = Duration::from_secs(1);
-        assert_eq!(judged(at(100, now - MS), now, young, bound, (30, 20)), 50);
+        assert_eq!(
+            judged((at(100, now - MS), FRESH_NS), now, young, bound, (30, 20)),
+            50
+        );
         // Wants count for WANTS_BOUND, claims for the claim bound.
         assert_eq!(
-            judged(at(100, now - MS), now, WANTS_BOUND, bound, (30, 20)),
+            judged(
+                (at(100, now - MS), FRESH_NS),
+                now,
+                WANTS_BOUND,
+                bound,
+                (30, 20)
+            ),
             70
         );
-        assert_eq!(judged(at(100, now - MS), now, bound, bound, (30, 20)), 100);
+        assert_eq!(
+            judged((at(100, now - MS), FRESH_NS), now, bound, bound, (30, 20)),
+            100
+        );
         // More claimed than free: no room, not a wrap.
-        assert_eq!(judged(at(100, now), now, young, bound, (300, 0)), 0);
+        assert_eq!(
+            judged((at(100, now), FRESH_NS), now, young, bound, (300, 0)),
+            0
+        );
     }
 
     #[test]
@@ -170,12 +192,27 @@ mod tests {
         let now = 10_000 * MS;
         let w = Duration::ZERO;
         assert_eq!(
-            judged(at(100, now - FRESH_NS - 1), now, w, CLAIM_BOUND, (0, 0)),
+            judged(
+                (at(100, now - FRESH_NS - 1), FRESH_NS),
+                now,
+                w,
+                CLAIM_BOUND,
+                (0, 0)
+            ),
             0
         );
-        assert_eq!(judged(at(100, now + 1), now, w, CLAIM_BOUND, (0, 0)), 0);
         assert_eq!(
-            judged(at(100, now - FRESH_NS), now, w, CLAIM_BOUND, (0, 0)),
+            judged((at(100, now + 1), FRESH_NS), now, w, CLAIM_BOUND, (0, 0)),
+            0
+        );
+        assert_eq!(
+            judged(
+                (at(100, now - FRESH_NS), FRESH_NS),
+                now,
+                w,
+                CLAIM_BOUND,
+                (0, 0)
+            ),
             100
         );
     }
@@ -191,15 +228,34 @@ mod tests {
         };
         // Asked 2 s ago, carried for 1.9 s by a loaded host: fresh.
         let late = carried(now - 2_000 * MS, now - 100 * MS);
-        assert_eq!(judged(late, now, w, CLAIM_BOUND, (0, 0)), 100);
+        assert_eq!(judged((late, FRESH_NS), now, w, CLAIM_BOUND, (0, 0)), 100);
         // But not half a second after it arrived.
-        assert_eq!(judged(late, now + FRESH_NS, w, CLAIM_BOUND, (0, 0)), 0);
+        assert_eq!(
+            judged((late, FRESH_NS), now + FRESH_NS, w, CLAIM_BOUND, (0, 0)),
+            0
+        );
         // Nor where it came later than any child may take.
         let too_late = carried(now - LATE_NS - 2 * MS, now - MS);
-        assert_eq!(judged(too_late, now, w, CLAIM_BOUND, (0, 0)), 0);
+        assert_eq!(judged((too_late, FRESH_NS), now, w, CLAIM_BOUND, (0, 0)), 0);
+        // A waiting restore's look may take it for longer.
+        let stands = 2 * FRESH_NS;
+        assert_eq!(
+            judged((late, stands), now + FRESH_NS, w, CLAIM_BOUND, (0, 0)),
+            100
+        );
+        assert_eq!(
+            judged((late, stands), now + stands, w, CLAIM_BOUND, (0, 0)),
+            0
+        );
         // Nor one that says it arrived before it was asked.
         assert_eq!(
-            judged(carried(now, now - MS), now, w, CLAIM_BOUND, (0, 0)),
+            judged(
+                (carried(now, now - MS), FRESH_NS),
+                now,
+                w,
+                CLAIM_BOUND,
+                (0, 0)
+            ),
             0
         );
     }
@@ -226,7 +282,7 @@ mod tests {
         assert_eq!(claimed_after(&claims, &CARD, t0 + MS + SLACK_NS + 1), 0);
         // Seen before a figure's question that was carried late, and still
         // fresh: kept.
-        let later = t0 + MS + LATE_NS + FRESH_NS;
+        let later = t0 + MS + LATE_NS + 2 * FRESH_NS;
         note_claims(&mut claims, std::iter::empty(), &CARD, later);
         assert_eq!(claimed_after(&claims, &CARD, t0), 9);
         // Gone from the board for longer than any figure is kept: forgotten.

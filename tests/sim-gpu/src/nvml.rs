@@ -410,7 +410,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Util
 /// `SIM_GPU_NVML_STALL_FIRST=<file>`: the first NVML loaded in a
 /// namespace of its own (vgpu's fresh child, `dlmopen`) stalls for ever,
 /// as a child cloned while a lock it needs was held does; it makes
-/// `<file>` to say so, and later ones answer.
+/// `<file>` to say so, listing the descriptors it holds ("fd target" a
+/// line), and later ones answer.
 fn stalls_in_the_first_fresh_child() {
     // `SIM_GPU_NVML_INIT_MS`: NVML starts this slowly in a fresh child
     // (as on a node of many cards).
@@ -425,12 +426,25 @@ fn stalls_in_the_first_fresh_child() {
         return;
     };
     if in_a_fresh_child()
-        && std::fs::OpenOptions::new()
+        && let Ok(mut f) = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(path)
-            .is_ok()
     {
+        // What it holds open while it stalls, a line each: "fd target".
+        use std::io::Write;
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            for e in fds.filter_map(Result::ok) {
+                let target = std::fs::read_link(e.path()).unwrap_or_default();
+                let _ = writeln!(
+                    f,
+                    "{} {}",
+                    e.file_name().to_string_lossy(),
+                    target.display()
+                );
+            }
+        }
+        drop(f);
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
