@@ -63,13 +63,14 @@ pub(super) fn short_of_room(
     after: u64,
 ) -> Result<u64, Short> {
     let mut least = u64::MAX;
+    let cards = saved.iter().filter(|&&(_, b)| b > 0).count();
     for &(card, bytes) in saved.iter().filter(|&&(_, b)| b > 0) {
         // A child process asks only where this process's NVML waits for
         // its restore (checkpointed): one cloned beside a live context and
         // a pinned arena of 15 GiB never answered on an H100 (run 103),
         // and both busy jobs then waited for good.
         let checkpointed = super::mover::CHECKPOINTED.load(Ordering::Acquire);
-        let room = restore_room::room_on(h, &card, (wait, waited), after, checkpointed);
+        let room = restore_room::room_on(h, (&card, cards), (wait, waited), after, checkpointed);
         let needed = bytes.saturating_add(margin(bytes));
         match room {
             Some(r) if r >= needed => least = least.min(r),
@@ -102,7 +103,8 @@ pub(super) fn claim_room(
     }
     std::thread::sleep(CLAIM_SETTLE);
     let after = clock::monotonic_ns();
-    match short_of_room(h, saved, claim_nvml_wait(), waited, after) {
+    let cards = saved.iter().filter(|&&(_, b)| b > 0).count();
+    match short_of_room(h, saved, claim_nvml_wait(cards), waited, after) {
         Ok(judged) => {
             e.set_want(&[0; 16], 0);
             Ok(judged)
@@ -136,20 +138,29 @@ impl Gate {
 /// How long a claim lets an allocation that passed its check before the
 /// claim reach the driver, before room is judged anew.
 const CLAIM_SETTLE: Duration = Duration::from_millis(50);
-/// How long a claim waits for its new figure (a child process's NVML):
-/// twice what the last figure took, at least [`CLAIM_NVML_WAIT`] and at
-/// most what a child may take ([`ANSWER_WAIT`]): a child's figure for a
-/// process holding a 46 GiB checkpoint took 0.4-0.9 s on an H100 (run
-/// 125; its clone most of it), more on a node whose NVML starts slowly,
-/// and a claim that times out waits its turn at the lock again.
-fn claim_nvml_wait() -> Duration {
-    (2 * super::free_probe::last_took()).clamp(CLAIM_NVML_WAIT, ANSWER_WAIT)
+/// How long a claim waits for each of its `cards`' new figures (a child
+/// process's NVML): twice what the last figure took, at least
+/// [`CLAIM_NVML_WAIT`] and at most what a child may take
+/// ([`ANSWER_WAIT`]), and all of them within [`CLAIM_FIGURES_MOST`]: a
+/// child's figure for a process holding a 46 GiB checkpoint took 0.4-0.9
+/// s on an H100 (run 125; its clone most of it), more on a node whose
+/// NVML starts slowly, and a claim that times out waits its turn at the
+/// lock again.
+fn claim_nvml_wait(cards: usize) -> Duration {
+    let each = (2 * super::free_probe::last_took()).clamp(CLAIM_NVML_WAIT, ANSWER_WAIT);
+    let cards = u32::try_from(cards.max(1)).unwrap_or(u32::MAX);
+    each.min(CLAIM_FIGURES_MOST / cards)
 }
+
+/// The most a claim waits for its figures, all its cards together.
+const CLAIM_FIGURES_MOST: Duration = Duration::from_secs(10);
 
 /// The least a claim waits for its new figure.
 const CLAIM_NVML_WAIT: Duration = Duration::from_secs(2);
 
 // A claim holds the node's restore lock for less than others wait for it
-// (one card: a settle and one figure), so none claims beside it.
-const _: () =
-    assert!(CLAIM_SETTLE.as_nanos() + ANSWER_WAIT.as_nanos() < super::room::LOCK_BOUND.as_nanos());
+// (a settle and its figures, one card after another), so none claims
+// beside it.
+const _: () = assert!(
+    CLAIM_SETTLE.as_nanos() + CLAIM_FIGURES_MOST.as_nanos() < super::room::LOCK_BOUND.as_nanos()
+);

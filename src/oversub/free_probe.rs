@@ -43,7 +43,11 @@ static PROBE: CondLock<Probe> = CondLock::new(
         asking: false,
         last: Vec::new(),
     },
-    |p| *p = Probe::default(),
+    |p| {
+        // (Cleared, not dropped: no allocator call in a fork handler.)
+        p.asking = false;
+        p.last.clear();
+    },
 );
 
 /// This module's lock, for the fork handlers (`fork.rs`).
@@ -51,10 +55,13 @@ pub(super) fn locks() -> [Listed; 1] {
     [(Name::of("oversub.free_probe"), &PROBE)]
 }
 
-/// Free bytes on `card` as NVML says, asked at or after `after` (monotonic
-/// ns; 0: any), arrived at most `stands_ns` ago (`Figure::fresh_at`),
-/// waiting at most `wait`; None when NVML does not answer in time (or
-/// cannot).
+/// Free bytes on `card` as NVML says, the question sent at or after
+/// `after` (monotonic ns; 0: any), arrived at most `stands_ns` ago
+/// (`Figure::fresh_at`), waiting at most `wait`; None when NVML does not
+/// answer in time (or cannot). (Sent, not asked: a question left running
+/// by an earlier claim may reach NVML after a later claim began, and
+/// restores seen since that claim's look at the board are not all in its
+/// figure.)
 /// `checkpointed`: this process's NVML waits for its restore, so a child
 /// process asks. A restore that has just claimed its room judges it on
 /// what NVML says since, not on a figure an allocation may have overtaken.
@@ -72,7 +79,7 @@ pub fn free_asked_after(
             .iter()
             .find(|(c, _)| *c == card)
             .map(|&(_, f)| f)
-            .filter(|f| f.asked >= after && f.fresh_at(now, stands_ns))
+            .filter(|f| f.sent >= after && f.fresh_at(now, stands_ns))
     };
     // Each query is asked once: a second answer without a figure is None.
     let mut asked = false;
@@ -105,6 +112,7 @@ pub fn free_asked_after(
                         let arrived = crate::clock::monotonic_ns();
                         let figure = Figure {
                             free,
+                            sent: at,
                             asked,
                             arrived,
                         };

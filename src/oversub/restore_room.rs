@@ -69,13 +69,13 @@ pub(super) fn wanted_on(h: &Here, card: &[u8; 16]) -> u64 {
 ///
 /// A claim's figure (`after` set) stands for [`FRESH_NS`] after its
 /// arrival. A waiting restore's look (`after` 0) only decides whether to
-/// claim, where the room is judged anew: its figure stands for twice
-/// what a question takes, so that a restore of several cards, asked one
-/// at a time, sees each fresh at once where a child process takes longer
-/// than half a second (NVML starting slowly).
+/// claim, where the room is judged anew: its figure stands for a round of
+/// questions over its `cards`, so that a restore of several cards, asked
+/// one at a time, sees each fresh at once where a child process takes
+/// longer than half a second (NVML starting slowly).
 pub(super) fn room_on(
     h: &Here,
-    card: &[u8; 16],
+    (card, cards): (&[u8; 16], usize),
     (wait, waited): (Duration, Duration),
     after: u64,
     checkpointed: bool,
@@ -83,7 +83,7 @@ pub(super) fn room_on(
     let looked = clock::monotonic_ns();
     observe(h, card, looked);
     let stands = if after == 0 {
-        look_stands_ns()
+        look_stands_ns(cards)
     } else {
         FRESH_NS
     };
@@ -103,11 +103,14 @@ pub(super) fn room_on(
     ))
 }
 
-/// How long a waiting restore's look takes a figure for: twice what the
-/// last question took, at least [`FRESH_NS`], at most [`MOST_STANDS_NS`].
-fn look_stands_ns() -> u64 {
+/// How long a waiting restore's look takes a figure for, where it judges
+/// `cards` one question at a time: what the last question took, once
+/// for each card and once more, at least [`FRESH_NS`], at most
+/// [`MOST_STANDS_NS`].
+fn look_stands_ns(cards: usize) -> u64 {
     let took = u64::try_from(free_probe::last_took().as_nanos()).unwrap_or(u64::MAX);
-    took.saturating_mul(2).clamp(FRESH_NS, MOST_STANDS_NS)
+    let rounds = u64::try_from(cards).unwrap_or(u64::MAX).saturating_add(1);
+    took.saturating_mul(rounds).clamp(FRESH_NS, MOST_STANDS_NS)
 }
 
 /// The node's restore lock, or leave to claim without it: a process that

@@ -24,15 +24,16 @@ use std::time::Duration;
 /// Running processes' waits count this long into a restore's wait.
 pub const WANTS_BOUND: Duration = Duration::from_secs(10);
 /// The node's restore lock is waited for this long in all: longer than
-/// a claim may hold it waiting for its figure (claim.rs), so that a
-/// claim that waits for a slow NVML child does not let others skip it.
-pub const LOCK_BOUND: Duration = Duration::from_secs(6);
+/// a claim may hold it waiting for its figures, one card after another
+/// (claim.rs), so that a claim that waits for slow NVML children does
+/// not let others skip it.
+pub const LOCK_BOUND: Duration = Duration::from_secs(12);
 /// This process's own figure is used for this long after it arrived (a
 /// claim's; a waiting restore's look stands longer, `restore_room.rs`).
 pub(super) const FRESH_NS: u64 = 500_000_000;
-/// The longest a figure stands for a waiting restore's look (twice what a
-/// question takes, `restore_room::room_on`).
-pub(super) const MOST_STANDS_NS: u64 = 5_000_000_000;
+/// The longest a figure stands for a waiting restore's look (a round of
+/// questions over its cards, `restore_room::room_on`).
+pub(super) const MOST_STANDS_NS: u64 = 30_000_000_000;
 /// A figure that arrived later than this after its question is not used:
 /// longer than its children may take to answer (`nvml::fresh::ANSWER_WAIT`,
 /// 5 s) and to be reaped.
@@ -42,8 +43,10 @@ pub(super) const LATE_NS: u64 = 6_000_000_000;
 /// (its 100 ms wait for a figure, then 20 ms).
 const SLACK_NS: u64 = 250_000_000;
 
-/// NVML's free bytes on a card, as this process asked: when it asked and
-/// when the answer arrived (`CLOCK_MONOTONIC` ns, the board's clock).
+/// NVML's free bytes on a card, as this process asked: when the question
+/// was sent, when NVML was asked (a child process asks once its NVML has
+/// started) and when the answer arrived (`CLOCK_MONOTONIC` ns, the
+/// board's clock).
 /// What the board shows since the question is taken off it; its freshness
 /// counts from its arrival, so that a loaded host, slow to carry an answer
 /// from a child process, does not make every figure stale (CI, once: a
@@ -51,6 +54,7 @@ const SLACK_NS: u64 = 250_000_000;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Figure {
     pub(super) free: u64,
+    pub(super) sent: u64,
     pub(super) asked: u64,
     pub(super) arrived: u64,
 }
@@ -151,6 +155,7 @@ mod tests {
     fn at(free: u64, at: u64) -> Figure {
         Figure {
             free,
+            sent: at,
             asked: at,
             arrived: at,
         }
@@ -223,6 +228,7 @@ mod tests {
         let w = Duration::ZERO;
         let carried = |asked: u64, arrived: u64| Figure {
             free: 100,
+            sent: asked,
             asked,
             arrived,
         };

@@ -361,23 +361,27 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         CHECK(cu.cuMemcpyHtoD_v2(x, xw, ipc_bytes));
     }
     /* CUCLIENT_KEEP_DEVICE1=N: an N-byte block with a pattern of its own on
-     * device 1 too (its primary context), checked after the idle spell. */
+     * device 1 too (its primary context), checked after the idle spell;
+     * CUCLIENT_KEEP_CARDS=K: on each of devices 1..K (at most 7). */
     const char *second = getenv("CUCLIENT_KEEP_DEVICE1");
     size_t d1_bytes = second && *second ? strtoull(second, 0, 0) : 0;
-    CUcontext c1 = NULL;
-    CUdeviceptr y = 0;
-    uint32_t *yw = NULL, *yback = NULL;
-    if (d1_bytes) {
+    const char *cards_env = getenv("CUCLIENT_KEEP_CARDS");
+    int cards = d1_bytes ? (cards_env && *cards_env ? atoi(cards_env) : 1) : 0;
+    if (cards < 0 || cards > 7) return 1;
+    CUcontext c1[7] = {0};
+    CUdeviceptr y[7] = {0};
+    uint32_t *yw[7] = {0}, *yback[7] = {0};
+    for (int k = 0; k < cards; k++) {
         CUdevice dev1;
-        CHECK(cu.cuDeviceGet(&dev1, 1));
-        CHECK(cu.cuDevicePrimaryCtxRetain(&c1, dev1));
-        CHECK(cu.cuCtxSetCurrent(c1));
-        CHECK(cu.cuMemAlloc_v2(&y, d1_bytes));
-        yw = malloc(d1_bytes);
-        yback = malloc(d1_bytes);
-        if (!yw || !yback) return 1;
-        fill_pattern(yw, d1_bytes / 4, seed + 2);
-        CHECK(cu.cuMemcpyHtoD_v2(y, yw, d1_bytes));
+        CHECK(cu.cuDeviceGet(&dev1, 1 + k));
+        CHECK(cu.cuDevicePrimaryCtxRetain(&c1[k], dev1));
+        CHECK(cu.cuCtxSetCurrent(c1[k]));
+        CHECK(cu.cuMemAlloc_v2(&y[k], d1_bytes));
+        yw[k] = malloc(d1_bytes);
+        yback[k] = malloc(d1_bytes);
+        if (!yw[k] || !yback[k]) return 1;
+        fill_pattern(yw[k], d1_bytes / 4, seed + 2 + k);
+        CHECK(cu.cuMemcpyHtoD_v2(y[k], yw[k], d1_bytes));
         CHECK(cu.cuCtxSetCurrent(g_ctx));
     }
     size_t n = data / 4;
@@ -419,10 +423,15 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         printf("ipc_intact=%d\n", xrc == CUDA_SUCCESS && !memcmp(xw, xback, ipc_bytes));
     }
     if (arr) printf("array_destroy_rc=%d\n", cu.cuArrayDestroy(arr));
-    if (d1_bytes) {
-        CHECK(cu.cuCtxSetCurrent(c1));
-        CUresult yrc = cu.cuMemcpyDtoH_v2(yback, y, d1_bytes);
-        printf("device1_intact=%d\n", yrc == CUDA_SUCCESS && !memcmp(yw, yback, d1_bytes));
+    if (cards) {
+        int all = 1;
+        for (int k = 0; k < cards; k++) {
+            CHECK(cu.cuCtxSetCurrent(c1[k]));
+            CUresult yrc = cu.cuMemcpyDtoH_v2(yback[k], y[k], d1_bytes);
+            all &= yrc == CUDA_SUCCESS && !memcmp(yw[k], yback[k], d1_bytes);
+        }
+        /* (Every device past the first, 1..K.) */
+        printf("device1_intact=%d\n", all);
         CHECK(cu.cuCtxSetCurrent(g_ctx));
     }
     fflush(stdout);

@@ -41,7 +41,7 @@ impl Config {
         Config {
             state: std::env::var_os("SIM_GPU_STATE")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(format!("/tmp/sim-gpu-{uid}.v5.state"))),
+                .unwrap_or_else(|| PathBuf::from(format!("/tmp/sim-gpu-{uid}.v6.state"))),
             count: var("SIM_GPU_COUNT", 1, |v| v.parse().ok())
                 .clamp(1, crate::state::MAX_DEV as u32),
             memory: var("SIM_GPU_MEMORY", 16 << 30, parse_bytes),

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::queue;
 use crate::sched::{Queue, Sched};
 
-pub const MAX_DEV: usize = 2;
+pub const MAX_DEV: usize = 4;
 /// Processes with a context or memory at once (a process that only calls
 /// `cuInit` takes no entry, so thousands of those are cheap).
 pub const MAX_PROC: usize = 48;
