@@ -1451,8 +1451,12 @@ static void forked_child(void) {
     _exit(0);
 }
 
-/* Forks right after cuInit and waits up to 10 s for the child; a child
- * still running then is hung (its stack printed, killed, reported). */
+/* Forks right after cuInit and waits up to 30 s for the child; a child
+ * still running then is hung (its stack printed, killed, reported). (At
+ * 10 s, twice in some forty loaded CI runs a child was reported hung
+ * whose stack, sampled, was running in a hook, not waiting on a lock; it
+ * takes about 60 ms alone. Slowness or a rare livelock: a livelock still
+ * fails at 30 s, and its stack says where.) */
 static int cmd_forkheld(void) {
     load_and_init();
     void *warm[1];
@@ -1466,7 +1470,7 @@ static int cmd_forkheld(void) {
     if (child == 0) forked_child();
     int status = 0;
     pid_t done = 0;
-    while ((done = waitpid(child, &status, WNOHANG)) == 0 && now_s() < t0 + 10) usleep(2000);
+    while ((done = waitpid(child, &status, WNOHANG)) == 0 && now_s() < t0 + 30) usleep(2000);
     if (done == child)
         printf("child_exit=%d child_ms=%.0f\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
                (now_s() - t0) * 1e3);
