@@ -396,13 +396,7 @@ fn containers_on_two_gpus_are_placed_from_their_own_gpu_s_board() {
     let turns: Vec<serde_json::Value> = runs
         .iter()
         .map(|(n, _, _)| {
-            let s = sim.status(&sim.dir.path().join(format!("{n}.cache")));
-            let used: Vec<_> = s["devices"]
-                .as_array()
-                .expect("devices")
-                .iter()
-                .filter(|d| !d["turns"].is_null())
-                .collect();
+            let (used, s) = devices_in_turns(&sim, n);
             assert_eq!(used.len(), 1, "{n}: one device with turns: {s}");
             eprintln!("{n}: turns {}", used[0]["turns"]);
             used[0]["turns"].clone()
@@ -883,15 +877,23 @@ fn one_process_on_two_gpus_gets_its_limit_on_each_beside_a_neighbour_on_one() {
     ] {
         eprintln!("{what}: {f:.3}; per second {secs:.3?}");
     }
-    let status = sim.status(&sim.dir.path().join("a.cache"));
-    let limited: Vec<_> = status["devices"]
+    let (limited, status) = devices_in_turns(&sim, "a");
+    assert_eq!(limited.len(), 2, "a's turns on both GPUs: {status}");
+    assert_each_gets_its_limit(&[first, second, neighbour]);
+}
+
+/// The devices of container `name`'s region that show turns (`vgpuctl
+/// status`), and the whole status.
+fn devices_in_turns(sim: &Sim, name: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let s = sim.status(&sim.dir.path().join(format!("{name}.cache")));
+    let used = s["devices"]
         .as_array()
         .expect("devices")
         .iter()
         .filter(|d| !d["turns"].is_null())
+        .cloned()
         .collect();
-    assert_eq!(limited.len(), 2, "a's turns on both GPUs: {status}");
-    assert_each_gets_its_limit(&[first, second, neighbour]);
+    (used, s)
 }
 
 fn with_a_board_on(gpus: u32) -> Sim {

@@ -415,13 +415,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: Device, out: *mut Util
 fn stalls_in_the_first_fresh_child() {
     // `SIM_GPU_NVML_INIT_MS`: NVML starts this slowly in a fresh child
     // (as on a node of many cards).
-    if let Some(ms) = std::env::var("SIM_GPU_NVML_INIT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        && in_a_fresh_child()
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
+    sleeps_in_a_fresh_child("SIM_GPU_NVML_INIT_MS");
     let Some(path) = std::env::var_os("SIM_GPU_NVML_STALL_FIRST") else {
         return;
     };
@@ -454,9 +448,12 @@ fn stalls_in_the_first_fresh_child() {
 /// `SIM_GPU_NVML_ANSWER_MS`: a fresh child's memory figure, read, reaches
 /// its parent this much later (as a loaded host carries it: CI, once).
 fn answers_late_in_a_fresh_child() {
-    if let Some(ms) = std::env::var("SIM_GPU_NVML_ANSWER_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+    sleeps_in_a_fresh_child("SIM_GPU_NVML_ANSWER_MS");
+}
+
+/// In a fresh child only, sleeps the milliseconds the variable `name` says.
+fn sleeps_in_a_fresh_child(name: &str) {
+    if let Some(ms) = std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok())
         && in_a_fresh_child()
     {
         std::thread::sleep(std::time::Duration::from_millis(ms));
