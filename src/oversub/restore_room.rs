@@ -10,7 +10,7 @@ use vgpu_shm::board::ProcState;
 
 use super::free_probe;
 use super::room::{
-    Claim, FRESH_NS, LOCK_BOUND, MOST_STANDS_NS, claimed_after, judged, note_claims,
+    Claim, FRESH_NS, LOCK_BOUND, MOST_STANDS_NS, claimed_since, judged, note_claims,
 };
 use super::state::Here;
 use crate::clock;
@@ -89,11 +89,9 @@ pub(super) fn room_on(
     };
     let figure = free_probe::free_asked_after(*card, (after, stands), wait, checkpointed)?;
     // Restores in flight since its question count, and so does any seen
-    // at the look before it (which was taken before the question when it
-    // was asked just now): a claim's child asks a second or so after
-    // that look, while the restore before it moves.
+    // at the look before it (`claimed_since`).
     observe(h, card, clock::monotonic_ns());
-    let claimed = claimed_after(&CLAIMS.lock(), card, figure.asked.min(looked));
+    let claimed = claimed_since(&CLAIMS.lock(), card, figure.asked, looked);
     Some(judged(
         (figure, stands),
         clock::monotonic_ns(),

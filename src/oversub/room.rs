@@ -115,12 +115,21 @@ const KEPT_NS: u64 = LATE_NS + MOST_STANDS_NS + SLACK_NS;
 
 /// Bytes of restores on `card` that a figure read at `at` may not hold:
 /// those seen in flight since shortly before it.
-pub(super) fn claimed_after(claims: &[Claim], card: &[u8; 16], at: u64) -> u64 {
+fn claimed_after(claims: &[Claim], card: &[u8; 16], at: u64) -> u64 {
     claims
         .iter()
         .filter(|c| &c.card == card && c.last_ns.saturating_add(SLACK_NS) >= at)
         .map(|c| c.bytes)
         .fold(0u64, u64::saturating_add)
+}
+
+/// Bytes of restores on `card` that a figure asked at `asked` may not
+/// hold, where the board was last looked at `looked` before the question
+/// was sent: those seen since shortly before the earlier of the two. A
+/// claim's child asks a second or so after that look, while the restore
+/// seen there may still be moving and gone from the board by the answer.
+pub(super) fn claimed_since(claims: &[Claim], card: &[u8; 16], asked: u64, looked: u64) -> u64 {
+    claimed_after(claims, card, asked.min(looked))
 }
 
 /// Room from this process's own figure at `now` (standing for
@@ -262,6 +271,28 @@ mod tests {
                 CLAIM_BOUND,
                 (0, 0)
             ),
+            0
+        );
+    }
+
+    #[test]
+    fn a_restore_seen_at_the_look_before_a_late_question_is_held_against_its_figure() {
+        let mut claims = Vec::new();
+        let looked = 1_000 * MS;
+        // Another restore moving 6 bytes onto the card, seen at the look;
+        // this one's question goes a second later, by when it is gone.
+        note_claims(&mut claims, [(4, 40, 6)].into_iter(), &CARD, looked);
+        let asked = looked + 1_000 * MS;
+        assert_eq!(claimed_since(&claims, &CARD, asked, looked), 6);
+        // (Judged from the question alone, it would be dropped.)
+        assert_eq!(claimed_after(&claims, &CARD, asked), 0);
+        // A question sent before the look (a figure already in hand):
+        // from the question.
+        assert_eq!(claimed_since(&claims, &CARD, looked - MS, looked), 6);
+        // A restore last seen well before both holds nothing.
+        let much_later = looked + 10 * SLACK_NS;
+        assert_eq!(
+            claimed_since(&claims, &CARD, much_later + MS, much_later),
             0
         );
     }
