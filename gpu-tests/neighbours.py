@@ -185,7 +185,8 @@ def gpu_time(r, ref=None):
 
 def judge(sec, case, kind_key, results, ref):
     """Records one row per limited container: fraction of the solo rate
-    over its run and the worst 1-s window after its first 3 s. Then what
+    over its run (the lower bound; the upper one is on its GPU time) and
+    the worst 1-s window after its first 3 s. Then what
     the regions show against each container's GPU time (`gpu_time`: its
     own kernels, timed in the run). NVML's per-process figures, and the
     device's utilisation split by throughput (the reference before run
@@ -214,15 +215,22 @@ def judge(sec, case, kind_key, results, ref):
         want = lim / 100
         worst = max((abs(w - want) for w in windows), default=1.0)
         beside_unlimited = any(x["limit"] is None for x in results)
+        # What the container got is its throughput; what the limit caps is
+        # its GPU time, and a loop that leaves the GPU idle alone gets more
+        # than its limit of its solo throughput: 0.05 ms kernels kept the
+        # GPU 0.90 busy alone, so 0.307 of GPU time at 30 % was 0.339 of
+        # solo (run 212; the row failed eight runs since 118 at GPU time
+        # 0.302-0.308). The upper bound is on GPU time.
+        capped = gpu_time(r, ref) <= want + 0.03
         if beside_unlimited:
-            ok = r["rc"] == 0 and want - 0.05 <= frac <= want + 0.03
-            target = f"{want - 0.05:.2f}..{want + 0.03:.2f}"
+            ok = r["rc"] == 0 and frac >= want - 0.05 and capped
+            target = f">= {want - 0.05:.2f}; GPU time <= {want + 0.03:.2f}"
         elif case == "50+50":
             ok = r["rc"] == 0 and frac >= 0.47 and worst <= 0.08
             target = ">= 0.47; <= 0.08"
         else:
-            ok = r["rc"] == 0 and abs(frac - want) <= 0.03 and worst <= 0.08
-            target = f"{want:.2f} +-0.03; <= 0.08"
+            ok = r["rc"] == 0 and frac >= want - 0.03 and capped and worst <= 0.08
+            target = f">= {want - 0.03:.2f}, GPU time <= {want + 0.03:.2f}; <= 0.08"
         ok_all &= ok
         S.record(sec, f"{case} {kind_key}: container at {lim}%: fraction; worst 1-s window",
                  f"{frac:.3f}; {worst:.3f} (NVML {r['nvml']:.3f}, region {r['region_util']:.3f}, "
