@@ -276,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn a_restore_seen_at_the_look_before_a_late_question_is_held_against_its_figure() {
+    fn a_restore_seen_before_the_earlier_of_question_and_look_is_held_against_its_figure() {
         let mut claims = Vec::new();
         let looked = 1_000 * MS;
         // Another restore moving 6 bytes onto the card, seen at the look;
@@ -287,8 +287,11 @@ mod tests {
         // (Judged from the question alone, it would be dropped.)
         assert_eq!(claimed_after(&claims, &CARD, asked), 0);
         // A question sent before the look (a figure already in hand):
-        // from the question.
-        assert_eq!(claimed_since(&claims, &CARD, looked - MS, looked), 6);
+        // from the question, so the restore seen just before it counts
+        // though the look came long after.
+        let late_look = looked + 2 * SLACK_NS;
+        assert_eq!(claimed_since(&claims, &CARD, looked + MS, late_look), 6);
+        assert_eq!(claimed_after(&claims, &CARD, late_look), 0);
         // A restore last seen well before both holds nothing.
         let much_later = looked + 10 * SLACK_NS;
         assert_eq!(
