@@ -31,8 +31,8 @@ pub const MAX_CUT_PCT: u64 = 25;
 /// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
 /// never moves earlier: one that ran on from a clear start adds half what
 /// its tail lost too; and where its `period` is also longer than the
-/// configured one (`period.rs`), a clear end takes a sixteenth off the
-/// cut, not half, so that the cut stays near what the window needs.
+/// configured one (`period.rs`), the cut never falls below
+/// [`lengthened_floor_ns`].
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -47,25 +47,38 @@ pub fn next_cut(
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
-    let floor = if shared { guard_ns() } else { 0 };
+    let lengthened = tiled && period > super::turns::period_ns();
+    let floor = match (shared, lengthened) {
+        (false, _) => 0,
+        (true, false) => guard_ns(),
+        (true, true) => lengthened_floor_ns(share_ns),
+    };
     let cut = cut.min(most);
-    // (Placed in turns lengthened for short steps, a clear end takes off
-    // a sixteenth, not half: halved, the cut of 1 ms steps at 90 % went
-    // 2.4, 1.2, 2.4 ms, its window ran on every other period and a step
-    // waited a time slice each time, p99 3.40 ms; H200, run 197.)
-    let slow = tiled && period > super::turns::period_ns();
     let cut = if covered(probes) {
         cut + share_ns / 8
     } else if !tiled && ran_on_from_a_clear_start(probes) {
         cut // it moves earlier instead (`turns::verdict`)
     } else {
         match trailing_lost_ns(probes) {
-            0 if slow => cut - cut / 16,
             0 => cut / 2,
             lost => cut.saturating_add(lost / 2),
         }
     };
     cut.max(floor).min(most)
+}
+
+/// The least a placed window leaves unspent in turns lengthened for
+/// short steps: the guard and two steps (a window there holds about
+/// [`WINDOW_STEPS`](super::period::WINDOW_STEPS)). Its last step runs past
+/// its share by up to one, and where a rest's deep queue follows, no probe
+/// sees it: 1 ms steps at 90 % beside one ran into its window from a cut
+/// of about 1.2 ms down (a time slice each period, p99 3.40 ms; H200, run
+/// 214), and kept clear at 1.5-7.6 (run 215). Halved to this floor, a cut
+/// grown by a placement's first windows is gone within a few periods,
+/// where taken off by sixteenths it held the 60 % window of 0.05 ms
+/// kernels 10-20 ms short for 5 s (0.541 of its solo rate; run 212).
+pub fn lengthened_floor_ns(share_ns: u64) -> u64 {
+    guard_ns().saturating_add(share_ns / super::period::WINDOW_STEPS * 2)
 }
 
 /// What a container leaves unspent of each share while it shares the

@@ -684,24 +684,24 @@ pub(super) mod tests {
             2 * MS + tail / 2
         );
         // A clear end halves the cut; placed in turns lengthened for
-        // short steps, it takes a sixteenth off (to the guard at least).
+        // short steps, down to the guard and two steps at least.
         let clear = [clean(3), clean(3)];
         let long = 140 * MS;
         assert_eq!(
             next_cut(4 * MS, (30 * MS, PERIOD_NS), &clear, 0, true, true),
             2 * MS
         );
+        let floor = crate::limiter::cut::lengthened_floor_ns(30 * MS);
+        assert_eq!(floor, crate::limiter::cut::guard_ns() + 2 * (30 * MS / 135));
         assert_eq!(
             next_cut(4 * MS, (30 * MS, long), &clear, 0, true, true),
-            4 * MS - 4 * MS / 16
+            2 * MS
         );
+        assert_eq!(next_cut(MS, (30 * MS, long), &clear, 0, true, true), floor);
+        assert_eq!(next_cut(0, (30 * MS, long), &clear, 0, true, true), floor);
         assert_eq!(
             next_cut(4 * MS, (30 * MS, long), &clear, 0, true, false),
             2 * MS
-        );
-        assert_eq!(
-            next_cut(GUARD_NS, (30 * MS, long), &clear, 0, true, true),
-            GUARD_NS
         );
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
