@@ -31,8 +31,9 @@ pub const MAX_CUT_PCT: u64 = 25;
 /// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
 /// never moves earlier: one that ran on from a clear start adds half what
 /// its tail lost too; and where its `period` is also longer than the
-/// configured one (`period.rs`), the cut never falls below
-/// [`lengthened_floor_ns`].
+/// configured one (`period.rs`), a clear end halves the cut only down
+/// to twice [`lengthened_floor_ns`], takes a sixteenth off below that,
+/// and never leaves less than the floor (but after a covered streak).
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -60,6 +61,18 @@ pub fn next_cut(
         cut // it moves earlier instead (`turns::verdict`)
     } else {
         match trailing_lost_ns(probes) {
+            // (Halved near its floor, the cut of a window whose tail
+            // needs more than the floor would run on every other period,
+            // as 1 ms steps at 90 % did at 2.4 / 1.2 ms: a step waited a
+            // time slice each time, p99 3.40 ms; H200, run 197.)
+            0 if lengthened => {
+                let knee = floor.saturating_mul(2);
+                if cut <= knee {
+                    cut - cut / 16
+                } else {
+                    (cut / 2).max(knee)
+                }
+            }
             0 => cut / 2,
             lost => cut.saturating_add(lost / 2),
         }
@@ -68,15 +81,18 @@ pub fn next_cut(
 }
 
 /// The least a placed window leaves unspent in turns lengthened for
-/// short steps: the guard and two steps (a window there holds about
-/// [`WINDOW_STEPS`](super::period::WINDOW_STEPS)). Its last step runs past
-/// its share by up to one, and where a rest's deep queue follows, no probe
-/// sees it: 1 ms steps at 90 % beside one ran into its window from a cut
-/// of about 1.2 ms down (a time slice each period, p99 3.40 ms; H200, run
-/// 214), and kept clear at 1.5-7.6 (run 215). Halved to this floor, a cut
-/// grown by a placement's first windows is gone within a few periods,
-/// where taken off by sixteenths it held the 60 % window of 0.05 ms
-/// kernels 10-20 ms short for 5 s (0.541 of its solo rate; run 212).
+/// short steps: the guard and two of the steps that lengthened them (a
+/// window holds about [`WINDOW_STEPS`](super::period::WINDOW_STEPS)
+/// there; for a neighbour that did not ask, a share-sized stand-in). Its
+/// last launch runs past its share, and where a rest's deep queue
+/// follows, no probe sees it: 1 ms steps at 90 % beside one, their cut
+/// coming down from 2.6 ms by sixteenths, ran into its window from 1.3 s
+/// on (a time slice each period, p99 3.40 ms; H200, run 214), and kept
+/// clear with cuts of 5.0-7.6 ms after their placement, 1-2 ms at the
+/// end (run 215). Halved to twice this, a cut grown by a placement's
+/// first windows is gone within a few periods, where taken off by
+/// sixteenths the 60 % window of 0.05 ms kernels left 13.0, then 16.6 ms
+/// unspent and took 5 s to come down (0.541 of its solo rate; run 212).
 pub fn lengthened_floor_ns(share_ns: u64) -> u64 {
     guard_ns().saturating_add(share_ns / super::period::WINDOW_STEPS * 2)
 }

@@ -684,7 +684,8 @@ pub(super) mod tests {
             2 * MS + tail / 2
         );
         // A clear end halves the cut; placed in turns lengthened for
-        // short steps, down to the guard and two steps at least.
+        // short steps, down to twice the floor (the guard and two steps),
+        // then by sixteenths, and never under the floor.
         let clear = [clean(3), clean(3)];
         let long = 140 * MS;
         assert_eq!(
@@ -692,17 +693,36 @@ pub(super) mod tests {
             2 * MS
         );
         let floor = crate::limiter::cut::lengthened_floor_ns(30 * MS);
-        assert_eq!(floor, crate::limiter::cut::guard_ns() + 2 * (30 * MS / 135));
-        assert_eq!(
-            next_cut(4 * MS, (30 * MS, long), &clear, 0, true, true),
-            2 * MS
+        assert!(
+            floor > crate::limiter::cut::guard_ns() && floor < MS,
+            "{floor}"
         );
-        assert_eq!(next_cut(MS, (30 * MS, long), &clear, 0, true, true), floor);
-        assert_eq!(next_cut(0, (30 * MS, long), &clear, 0, true, true), floor);
+        let placed = |cut| next_cut(cut, (30 * MS, long), &clear, 0, true, true);
+        // A placement's jump of 7 ms is gone in three windows.
+        assert_eq!(placed(7 * MS), 3 * MS + MS / 2);
+        assert_eq!(placed(3 * MS + MS / 2), 2 * floor);
+        assert_eq!(placed(2 * floor), 2 * floor - 2 * floor / 16);
+        assert_eq!(placed(floor + 1), floor);
+        assert_eq!(placed(0), floor);
+        // A window whose tail needs more than that runs on, grows its cut
+        // by half what it lost, and comes down by halves to the knee, not
+        // to where it ran on.
+        let cut = next_cut(floor, (30 * MS, long), &ran_on, 0, true, true);
+        assert_eq!(cut, floor + tail / 2);
+        assert!(placed(placed(cut)) >= 2 * floor - 2 * floor / 16);
+        // Probe-led (not placed), lengthened or not: halved, to the guard.
         assert_eq!(
             next_cut(4 * MS, (30 * MS, long), &clear, 0, true, false),
             2 * MS
         );
+        assert_eq!(
+            next_cut(0, (30 * MS, long), &clear, 0, true, false),
+            crate::limiter::cut::guard_ns()
+        );
+        // A share so small that the floor passes a quarter of it: the
+        // quarter.
+        let tiny = 2 * MS;
+        assert_eq!(next_cut(0, (tiny, long), &clear, 0, true, true), tiny / 4);
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
         assert!(!ran_on_from_a_clear_start(&both));
