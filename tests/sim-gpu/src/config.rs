@@ -15,6 +15,7 @@ pub struct Config {
     pub pid_offset: u32,
     pub nvml_delay_us: u64,
     pub jitter_pct: u64,
+    pub wander_pct: u64,
 }
 
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -54,6 +55,7 @@ impl Config {
             pid_offset: var("SIM_GPU_PID_OFFSET", 0, |v| v.parse().ok()),
             nvml_delay_us: var("SIM_GPU_NVML_DELAY_US", 0, |v| v.parse().ok()),
             jitter_pct: var("SIM_GPU_JITTER_PCT", 0, |v| v.parse().ok()).min(100),
+            wander_pct: var("SIM_GPU_WANDER_PCT", 0, |v| v.parse().ok()).min(100),
         }
     }
 }

@@ -44,7 +44,9 @@
 //! `SIM_GPU_PID_OFFSET`, `SIM_GPU_NVML_DELAY_US` (how stale a process
 //! list is when it returns), `SIM_GPU_JITTER_PCT` (each kernel takes up
 //! to that much longer than its work, a different amount each launch;
-//! a graph's node, each time it is added),
+//! a graph's node, each time it is added), `SIM_GPU_WANDER_PCT` (every
+//! kernel up to that much longer, by an amount that drifts with the time
+//! of its launch, alike in every process: a power-bound clock),
 //! `SIM_GPU_HOST_PROC_FD`, `SIM_GPU_NVML=0` (NVML fails to initialise,
 //! as where the driver's NVML is missing),
 //! `SIM_GPU_NVML_INIT_MS` (NVML starts this slowly in vgpu's fresh

@@ -103,6 +103,7 @@ struct State {
     pid_offset: u32,
     nvml_delay_us: u64,
     jitter_pct: u64,
+    wander_pct: u64,
     /// (pid, proc index) of the caller, re-claimed after fork.
     me: AtomicU64,
     /// The state file's path: host copies of checkpointed processes lie
@@ -145,6 +146,7 @@ fn state() -> &'static State {
             pid_offset: cfg.pid_offset,
             nvml_delay_us: cfg.nvml_delay_us,
             jitter_pct: cfg.jitter_pct,
+            wander_pct: cfg.wander_pct,
             me: AtomicU64::new(0),
             path: cfg.state.clone(),
         };
@@ -221,6 +223,7 @@ pub fn nvml_delay() -> std::time::Duration {
 /// launch, and the least of its timings is under its typical one).
 pub fn jittered(ns: u64) -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+    let ns = wandered(ns, now_ns());
     let pct = state().jitter_pct;
     if pct == 0 {
         return ns;
@@ -234,6 +237,39 @@ pub fn jittered(ns: u64) -> u64 {
     let more = u128::from(ns) * u128::from(pct) * u128::from(x % 1000) / 100_000;
     ns.saturating_add(u64::try_from(more).unwrap_or(u64::MAX))
 }
+
+/// `ns` of a kernel's work as the device's wandering clock takes it at
+/// `now` (`SIM_GPU_WANDER_PCT`: [`stretched_at`]).
+pub fn wandered(ns: u64, now: u64) -> u64 {
+    stretched_at(ns, now, state().wander_pct)
+}
+
+/// `ns` stretched by up to `pct` per cent, by the same amount in every
+/// process at the same `now`, drifting from one value to the next every
+/// [`WANDER_KNOT_NS`]: a power-bound GEMM's clock (the same kernel took
+/// 1.41-1.65 ms within a second on an H100, and an H200 window's fill
+/// ranged 0.88-1.00: docs/limits.md).
+pub fn stretched_at(ns: u64, now: u64, pct: u64) -> u64 {
+    if pct == 0 {
+        return ns;
+    }
+    let knot = |i: u64| {
+        // (A hash of the knot's index, so every process draws the same.)
+        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x ^= x >> 29;
+        x % 1000
+    };
+    let (i, into) = (now / WANDER_KNOT_NS, now % WANDER_KNOT_NS);
+    // Per mille of `pct`, on the line between the two knots.
+    let at = (knot(i) * (WANDER_KNOT_NS - into) + knot(i + 1) * into) / WANDER_KNOT_NS;
+    let more = u128::from(ns) * u128::from(pct) * u128::from(at) / 100_000;
+    ns.saturating_add(u64::try_from(more).unwrap_or(u64::MAX))
+}
+
+/// How far apart the wandering clock takes a new value ([`stretched_at`]).
+const WANDER_KNOT_NS: u64 = 40_000_000;
 
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -457,4 +493,27 @@ pub fn phys_free(dev: usize, bytes: u64) {
     let _ = me().used[dev].fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
         Some(v.saturating_sub(bytes))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wandering_clock_stretches_within_its_bound_and_drifts_smoothly() {
+        const MS: u64 = 1_000_000;
+        assert_eq!(stretched_at(1_600_000, 123 * MS, 0), 1_600_000);
+        let at = |t: u64| stretched_at(1_600_000, t, 15);
+        let seen: Vec<u64> = (0..2000).map(|i| at(i * 5 * MS)).collect();
+        // Never shorter, never over 15 % longer.
+        assert!(seen.iter().all(|&ns| (1_600_000..=1_840_000).contains(&ns)));
+        // It wanders over most of its range in 10 s ...
+        let (lo, hi) = (seen.iter().min().unwrap(), seen.iter().max().unwrap());
+        assert!(hi - lo > 180_000, "{lo}..{hi}");
+        // ... but 1 ms on, a kernel takes nearly what it did: a clock, not
+        // a coin toss per launch.
+        for t in (0..200).map(|i| i * 37 * MS) {
+            assert!(at(t).abs_diff(at(t + MS)) <= 240_000 / 40 + 1);
+        }
+    }
 }
