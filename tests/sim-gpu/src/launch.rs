@@ -78,7 +78,9 @@ pub fn kernel_duration(
         "vgpu_empty" => 100,
         _ => d.block_ns.load(Ordering::Relaxed).saturating_mul(waves),
     };
-    // A year at most: the scheduler's clock must not overflow.
+    // As the device's wandering clock and this launch's jitter take it; a
+    // year at most: the scheduler's clock must not overflow.
+    let ns = crate::state::wandered(ns, crate::state::now_ns());
     Some(crate::state::jittered(ns).min(MAX_KERNEL_NS))
 }
 

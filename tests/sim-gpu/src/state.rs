@@ -223,7 +223,6 @@ pub fn nvml_delay() -> std::time::Duration {
 /// launch, and the least of its timings is under its typical one).
 pub fn jittered(ns: u64) -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
-    let ns = wandered(ns, now_ns());
     let pct = state().jitter_pct;
     if pct == 0 {
         return ns;
