@@ -378,20 +378,38 @@ def work(kind, size, secs, go_file, offset=0.0, sync_every=10):
     ref = torch.cuda.Event(enable_timing=True)
     ref.record()
     done, gaps = [], []
+    # WORK_TIMELINE=PREFIX: each batch's host times (before its first
+    # launch, after it, after the last, after the synchronisation) and
+    # its kernels' ends on the GPU clock go to PREFIX.PID.json, to tell
+    # where a batch's time goes (the host, the GPU, another context).
+    timeline = os.environ.get("WORK_TIMELINE")
+    batches = []
     end = start + secs
     while time.time() < end:
         events = []
+        h0 = time.perf_counter()
+        h1 = None
         for _ in range(sync_every):
             op()
+            if h1 is None:
+                h1 = time.perf_counter()
             e = torch.cuda.Event(enable_timing=True)
             e.record()
             events.append(e)
+        h2 = time.perf_counter()
         torch.cuda.synchronize()
+        h3 = time.perf_counter()
         if pace:
             time.sleep(pace)
         t = [ref.elapsed_time(e) / 1000 for e in events]
         done.extend(t)
         gaps.extend((b - a) * 1000 for a, b in zip(t, t[1:]))
+        if timeline:
+            batches.append((h0, h1, h2, h3, t))
+    if timeline:
+        import json
+        with open(f"{timeline}.{os.getpid()}.json", "w") as f:
+            json.dump(batches, f)
     whole = int(secs)
     per_sec = [0] * whole
     for t in done:
