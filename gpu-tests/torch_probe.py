@@ -379,11 +379,14 @@ def work(kind, size, secs, go_file, offset=0.0, sync_every=10):
     ref.record()
     done, gaps = [], []
     # WORK_TIMELINE=PREFIX: each batch's host times (before its first
-    # launch, after it, after the last, after the synchronisation) and
+    # launch, after it, after the last, after the synchronisation, after
+    # reading its events' times) and
     # its kernels' ends on the GPU clock go to PREFIX.PID.json, to tell
     # where a batch's time goes (the host, the GPU, another context).
     timeline = os.environ.get("WORK_TIMELINE")
     batches = []
+    duty = [float(x) / 1000 for x in os.environ.get("WORK_DUTY_MS", "").split(",") if x]
+    cycle = time.time()
     end = start + secs
     while time.time() < end:
         events = []
@@ -401,11 +404,19 @@ def work(kind, size, secs, go_file, offset=0.0, sync_every=10):
         h3 = time.perf_counter()
         if pace:
             time.sleep(pace)
+        if duty:
+            # WORK_DUTY_MS=ON,OFF: the host runs ON ms, then sleeps OFF,
+            # as a container in turns does, with no limit to do it.
+            now = time.time()
+            if now - cycle >= duty[0]:
+                cycle += duty[0] + duty[1]
+                time.sleep(max(0.0, cycle - now))
         t = [ref.elapsed_time(e) / 1000 for e in events]
+        h4 = time.perf_counter()
         done.extend(t)
         gaps.extend((b - a) * 1000 for a, b in zip(t, t[1:]))
         if timeline:
-            batches.append((h0, h1, h2, h3, t))
+            batches.append((h0, h1, h2, h3, h4, t))
     if timeline:
         import json
         with open(f"{timeline}.{os.getpid()}.json", "w") as f:
