@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use vgpu_shm::EntryIndex;
 
 use super::events;
+use super::fill;
 use super::streams::stream_key;
 use super::turns::{self, Probe, StreamKey};
 use super::verdicts;
@@ -401,6 +402,7 @@ fn poll(attach: &Attach, now: u64) {
             done.into_iter()
                 .filter(|d| d.period > process::device(d.dev).limiter.turns.judged()),
         );
+        note_live_fills(attach, &probes.1, now);
         ready_windows(&mut probes, now)
     };
     for (w, timings) in windows {
@@ -413,6 +415,45 @@ fn poll(attach: &Attach, now: u64) {
             now,
         );
     }
+}
+
+/// Writes the fill of each device's running window, from its probes in
+/// so far (`fill::live_fill_milli`), where it says another.
+fn note_live_fills(attach: &Attach, done: &[Done], now: u64) {
+    let mut seen: Vec<EntryIndex> = Vec::new();
+    for d in done {
+        if seen.contains(&d.dev) {
+            continue;
+        }
+        seen.push(d.dev);
+        let probes = running_window(done, d.dev, now);
+        let entry = attach.region.device(d.dev);
+        match fill::live_fill_milli(&probes) {
+            Some(f) if f != entry.turn_fill_milli() => entry.set_turn_fill_milli(f),
+            _ => {}
+        }
+    }
+}
+
+/// The finished probes of `dev`'s window that is still running at `now`,
+/// in the order they opened (none once a later window has begun).
+fn running_window(done: &[Done], dev: EntryIndex, now: u64) -> Vec<Probe> {
+    let Some(last) = done
+        .iter()
+        .filter(|d| d.dev == dev)
+        .max_by_key(|d| d.period)
+    else {
+        return Vec::new();
+    };
+    if turns::period_start(last.anchor, now, last.period_ns) > last.period {
+        return Vec::new();
+    }
+    let mut mine: Vec<&Done> = done
+        .iter()
+        .filter(|d| d.dev == dev && d.period == last.period)
+        .collect();
+    mine.sort_by_key(|d| d.opened_ns);
+    mine.iter().map(|d| d.probe).collect()
 }
 
 /// One window of a device's turns: its anchor, the start of its period
@@ -473,4 +514,43 @@ pub fn forget_context(ctx: usize) {
             o.set(None);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::turns::tests::clean;
+
+    const MS: u64 = 1_000_000;
+    const P: u64 = 100 * MS;
+
+    fn done(dev: usize, period: u64, opened_ms: u64, cost_ms: u64) -> Done {
+        Done {
+            dev: EntryIndex::new(dev).unwrap(),
+            anchor: 7 * MS,
+            period,
+            period_ns: P,
+            opened_ns: period + opened_ms * MS,
+            probe: clean(cost_ms),
+        }
+    }
+
+    #[test]
+    fn the_running_window_holds_only_its_own_probes_until_the_next_begins() {
+        let (before, running) = (7 * MS + 10 * P, 7 * MS + 11 * P);
+        let all = [
+            done(0, running, 6, 3),
+            done(0, before, 1, 9),
+            done(1, running, 1, 8),
+            done(0, running, 2, 2),
+        ];
+        let dev = EntryIndex::new(0).unwrap();
+        // Mid-window: device 0's probes of this window, in the order they
+        // opened; not the last window's, nor another device's.
+        let got = running_window(&all, dev, running + 40 * MS);
+        assert_eq!(got, [clean(2), clean(3)]);
+        // Once the next window has begun, this one is for the judge.
+        assert!(running_window(&all, dev, running + P).is_empty());
+        assert!(running_window(&[], dev, running).is_empty());
+    }
 }
