@@ -64,20 +64,25 @@ pub fn window_fill_milli(probes: &[Probe]) -> Option<u64> {
     Some(median.clamp(MIN_FILL_MILLI, MAX_FILL_MILLI))
 }
 
-/// The probes a running window needs in before what they say of its
-/// fill stands for the rest of it ([`live_fill_milli`]).
+/// The clean probes a running window needs in before what they say of
+/// its fill stands for the rest of it ([`live_fill_milli`]): the median
+/// of three leaves out one odd probe (a host hiccup, a neighbour's last
+/// kernel).
 pub const LIVE_PROBES: usize = 3;
 
 /// What the finished probes of the window now running say of its fill
-/// ([`window_fill_milli`]), once [`LIVE_PROBES`] are in: it converts the
-/// rest of that window's share, so that the window ends near its part of
-/// the period when the cost of its launches has moved since the windows
-/// before. A power-bound GEMM's clock wanders within a second: a window's
-/// fill ranged 0.88-1.00 (p10-p90), so a window of 50 ms of cost spanned
-/// 50 to 57 ms, and each of two 50 % containers left 4.6-5.4 ms of its
-/// share unspent on average to keep clear of the other (H200, run 219).
+/// ([`window_fill_milli`]), once [`LIVE_PROBES`] clean ones are in: it
+/// converts the rest of that window's share, so that the window ends near
+/// its part of the period when the cost of its launches has moved since
+/// the windows before. A power-bound GEMM's clock wanders within a
+/// second: a window's fill ranged 0.88-1.00 (p10-p90), so a window of 50
+/// ms of cost spanned 50 to 57 ms, and each of two 50 % containers left
+/// 4.6-5.4 ms of its share unspent on average to keep clear of the other
+/// (H200, run 219). Written so, the fill a window is judged with is
+/// nearly its own, and [`next_fill_milli`] keeps about the last window's:
+/// an odd window sets only its own rest and the next one's first probes.
 pub fn live_fill_milli(probes: &[Probe]) -> Option<u64> {
-    if probes.len() < LIVE_PROBES {
+    if probes.iter().filter(|p| !p.beside_another()).count() < LIVE_PROBES {
         return None;
     }
     window_fill_milli(probes)
@@ -85,7 +90,9 @@ pub fn live_fill_milli(probes: &[Probe]) -> Option<u64> {
 
 /// The fill after a window that measured `window`: a running average
 /// over about two windows (from the first one measured), so that it
-/// follows a cost that wanders with the clock within a few periods.
+/// follows a cost that wanders with the clock within a few periods. (In
+/// turns, a running window's own probes have set the fill already,
+/// [`live_fill_milli`], so there it keeps about the last window's.)
 pub fn next_fill_milli(fill_milli: u64, window: u64) -> u64 {
     match fill_milli {
         0 => window,
@@ -156,6 +163,13 @@ mod tests {
         // Beside another context they say nothing of the fill.
         let met = [timed(3000, 3400), shared(3, 3), shared(3, 3)];
         assert_eq!(live_fill_milli(&met), None);
+        // Three clean ones are needed, whatever else is in.
+        let mut some = [timed(3000, 3400); 5];
+        some[0] = shared(3, 3);
+        some[3] = shared(3, 3);
+        assert_eq!(live_fill_milli(&some), Some(882));
+        some[4] = shared(3, 3);
+        assert_eq!(live_fill_milli(&some), None);
         assert_eq!(live_fill_milli(&[timed(3000, 0); 3]), None);
     }
 

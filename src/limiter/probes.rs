@@ -418,7 +418,9 @@ fn poll(attach: &Attach, now: u64) {
 }
 
 /// Writes the fill of each device's running window, from its probes in
-/// so far (`fill::live_fill_milli`), where it says another.
+/// so far (`fill::live_fill_milli`), where it says another and the
+/// container takes turns there (alone, or paced side by side, the fill
+/// sizes the room it claims, which should not swing within a window).
 fn note_live_fills(attach: &Attach, done: &[Done], now: u64) {
     let mut seen: Vec<EntryIndex> = Vec::new();
     for d in done {
@@ -426,8 +428,11 @@ fn note_live_fills(attach: &Attach, done: &[Done], now: u64) {
             continue;
         }
         seen.push(d.dev);
-        let probes = running_window(done, d.dev, now);
         let entry = attach.region.device(d.dev);
+        if !super::bucket::in_turns(entry, now) {
+            continue;
+        }
+        let probes = running_window(done, d.dev, now);
         match fill::live_fill_milli(&probes) {
             Some(f) if f != entry.turn_fill_milli() => entry.set_turn_fill_milli(f),
             _ => {}
