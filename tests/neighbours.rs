@@ -26,11 +26,15 @@ const SYNCED: &str = "synced";
 /// of gpu-tests/neighbours.py): shorter than a time slice, so beside an
 /// unlimited neighbour most of their timings hold one of its slices.
 const SYNCED_LONG: &str = "synced-long";
+/// 0.055 ms kernels, synchronised after every ten: steps of 0.55 ms, too
+/// few to a 60 % window of 100 ms (`limiter/period.rs`).
+const SYNCED_SHORT: &str = "synced-short";
 
 fn spin_args(secs: u32, mode: &str) -> Vec<String> {
     let (kernel_ns, mode) = match mode {
         PACED | SYNCED => (KERNEL_NS / 10, mode),
         SYNCED_LONG => (KERNEL_NS * 16 / 10, SYNCED),
+        SYNCED_SHORT => (KERNEL_NS * 55 / 1000, SYNCED),
         _ => (KERNEL_NS, mode),
     };
     vec![
@@ -1028,6 +1032,26 @@ fn loops_that_hand_the_gpu_over_often_go_back_to_turns() {
         assert_eq!(t.as_ref().expect("turns shown")["paced"], false);
     }
     assert_each_gets_its_limit(&out);
+}
+
+/// 30 + 60 of 0.055 ms kernels synchronised every ten (as the 0.05 ms
+/// loop of gpu-tests/neighbours.py on an H200): placed from the board on
+/// lengthened turns with room after each window, where each kept 1.6 ms of
+/// its share back and the 60 % one got 0.581 (0.565-0.579 on an H200,
+/// runs 220-223).
+#[test]
+fn thirty_and_sixty_of_short_steps_placed_with_room_keep_nothing_back() {
+    let _serial = serial();
+    let (out, turns, _) = share_on(with_a_board(), &[Some(30), Some(60)], 20, SYNCED_SHORT);
+    assert_each_gets_its_limit(&out);
+    for t in turns.iter().flatten() {
+        // 0.55 ms steps at 60 % ask for 130 ms; the shares leave 6.5 ms
+        // after each window, so neither keeps any of its share back (1.6
+        // ms each before, the guard and two steps).
+        assert_eq!(t["period_ms"], 130.0, "{t}");
+        let unspent = t["unspent_ms"].as_f64().expect("unspent");
+        assert!(unspent < 0.2, "{t}");
+    }
 }
 
 /// A server paced side by side beside a busy 60 % container: requests

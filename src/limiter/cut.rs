@@ -28,12 +28,14 @@ pub const MAX_CUT_PCT: u64 = 25;
 ///   `shared` (another context was met in the last 10 s,
 ///   `layout::TURN_SHARED_NS`).
 ///
-/// Where the window is `tiled` (its place is the board's, `tiling.rs`), it
-/// never moves earlier: one that ran on from a clear start adds half what
-/// its tail lost too; and where its `period` is also longer than the
+/// Where the window is placed from the board (`tiling.rs`), it never
+/// moves earlier: one that ran on from a clear start adds half what its
+/// tail lost too; and where its `period` is also longer than the
 /// configured one (`period.rs`), a clear end halves the cut only down
 /// to twice [`lengthened_floor_ns`], takes a sixteenth off below that,
 /// and never leaves less than the floor (but after a covered streak).
+/// Where the board leaves room after the window for its end
+/// ([`Placed::WithRoom`]), no floor: a clear end halves the cut to nothing.
 ///
 /// At most [`MAX_CUT_PCT`] of `share_ns` (of a `period`).
 pub fn next_cut(
@@ -42,14 +44,15 @@ pub fn next_cut(
     probes: &[Probe],
     streak: u32,
     shared: bool,
-    tiled: bool,
+    placed: Placed,
 ) -> u64 {
     if (covered(probes) || nearly_covered(probes, share_ns, period)) && streak > covered_streak() {
         return 0;
     }
     let most = share_ns / 100 * MAX_CUT_PCT;
+    let tiled = placed != Placed::ByProbes;
     let lengthened = tiled && period > super::turns::period_ns();
-    let floor = match (shared, lengthened) {
+    let floor = match (shared && placed != Placed::WithRoom, lengthened) {
         (false, _) => 0,
         (true, false) => guard_ns(),
         (true, true) => lengthened_floor_ns(share_ns),
@@ -78,6 +81,30 @@ pub fn next_cut(
         }
     };
     cut.max(floor).min(most)
+}
+
+/// Where a container's windows lie in each period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    /// Where its probes lead them (`turns::verdict`).
+    ByProbes,
+    /// From the board, end to end with the others' (`tiling.rs`).
+    Tiled,
+    /// From the board, with room after each for what its end runs past
+    /// its share (`tiling::roomy`).
+    WithRoom,
+}
+
+impl Placed {
+    /// From the region's flags ([`TURNS_TILED`](vgpu_shm::layout::TURNS_TILED),
+    /// [`TURNS_ROOMY`](vgpu_shm::layout::TURNS_ROOMY)).
+    pub fn of(tiled: bool, roomy: bool) -> Placed {
+        match (tiled, roomy) {
+            (false, _) => Placed::ByProbes,
+            (true, false) => Placed::Tiled,
+            (true, true) => Placed::WithRoom,
+        }
+    }
 }
 
 /// The least a placed window leaves unspent in turns lengthened for

@@ -55,6 +55,9 @@ pub struct Window<'a> {
     /// (`tiling.rs`): the window does not move, and one that ran on
     /// leaves time unspent as one that opened late would.
     pub tiled: bool,
+    /// The board leaves room after the placed window for its end
+    /// (`tiling::roomy`): it keeps nothing back for it.
+    pub roomy: bool,
     /// Picks the factor of a move later (`turns::verdict`).
     pub random: u64,
 }
@@ -153,7 +156,7 @@ pub fn judge(w: &Window) -> Verdict {
         w.probes,
         v.covered,
         shared,
-        w.tiled,
+        cut::Placed::of(w.tiled, w.roomy),
     );
     v.late = w.probes.first().is_some_and(Probe::beside_another);
     v.step = turns::verdict(w.probes, w.random, w.late, w.period_ns);
@@ -227,6 +230,7 @@ mod tests {
             beside_rest: true,
             beside_limited: false,
             tiled: false,
+            roomy: false,
             random: 0,
         }
     }

@@ -449,7 +449,7 @@ fn later(probes: &[Probe], random: u64, late_before: bool, period: u64) -> Optio
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::limiter::cut::{GUARD_NS, guard_ns, next_cut};
+    use crate::limiter::cut::{GUARD_NS, Placed, guard_ns, next_cut};
 
     const MS: u64 = 1_000_000;
 
@@ -550,7 +550,14 @@ pub(super) mod tests {
         let share = 30 * MS;
         let late = [clean(3), shared(3, 3)];
         assert_eq!(
-            next_cut(u64::MAX, (share, PERIOD_NS), &late, 0, true, false),
+            next_cut(
+                u64::MAX,
+                (share, PERIOD_NS),
+                &late,
+                0,
+                true,
+                Placed::ByProbes
+            ),
             share / 4
         );
         let huge = Probe {
@@ -566,16 +573,16 @@ pub(super) mod tests {
     fn a_window_late_at_both_ends_leaves_some_of_its_share() {
         let share = 50 * MS;
         let ran_on = [shared(3, 3), clean(3), shared(3, 2), shared(3, 3)];
-        let cut = next_cut(0, (share, PERIOD_NS), &ran_on, 0, false, false);
+        let cut = next_cut(0, (share, PERIOD_NS), &ran_on, 0, false, Placed::ByProbes);
         assert_eq!(cut, 5 * MS / 2);
         assert_eq!(
-            next_cut(cut, (share, PERIOD_NS), &ran_on, 0, false, false),
+            next_cut(cut, (share, PERIOD_NS), &ran_on, 0, false, Placed::ByProbes),
             5 * MS
         );
         // Bounded, and halved after a window that ended clear.
         let mut big = 0;
         for _ in 0..10 {
-            big = next_cut(big, (share, PERIOD_NS), &ran_on, 0, false, false);
+            big = next_cut(big, (share, PERIOD_NS), &ran_on, 0, false, Placed::ByProbes);
         }
         assert_eq!(big, share / 4);
         assert_eq!(
@@ -585,7 +592,7 @@ pub(super) mod tests {
                 &[shared(3, 3), clean(3)],
                 0,
                 false,
-                false
+                Placed::ByProbes
             ),
             share / 8
         );
@@ -597,7 +604,14 @@ pub(super) mod tests {
         let all = [shared(3, 3), shared(3, 3)];
         let mut cut = 0;
         for streak in 1..=COVERED_STREAK {
-            cut = next_cut(cut, (share, PERIOD_NS), &all, streak, true, false);
+            cut = next_cut(
+                cut,
+                (share, PERIOD_NS),
+                &all,
+                streak,
+                true,
+                Placed::ByProbes,
+            );
         }
         assert_eq!(cut, share / 4);
         assert_eq!(
@@ -607,7 +621,7 @@ pub(super) mod tests {
                 &all,
                 COVERED_STREAK + 1,
                 true,
-                false
+                Placed::ByProbes
             ),
             0
         );
@@ -627,7 +641,14 @@ pub(super) mod tests {
         assert!(nearly_covered(&nearly, share, PERIOD_NS) && !covered(&nearly));
         assert_eq!(next_streak(streak, &nearly, share, PERIOD_NS), streak);
         assert_eq!(
-            next_cut(0, (share, PERIOD_NS), &nearly, streak, true, false),
+            next_cut(
+                0,
+                (share, PERIOD_NS),
+                &nearly,
+                streak,
+                true,
+                Placed::ByProbes
+            ),
             0
         );
         // Before the streak, it counts for nothing either way.
@@ -650,7 +671,7 @@ pub(super) mod tests {
         assert!(!nearly_covered(&long, half, PERIOD_NS));
         assert_eq!(next_streak(streak, &long, half, PERIOD_NS), 0);
         assert_ne!(
-            next_cut(0, (half, PERIOD_NS), &long, streak, false, false),
+            next_cut(0, (half, PERIOD_NS), &long, streak, false, Placed::ByProbes),
             0
         );
     }
@@ -668,11 +689,18 @@ pub(super) mod tests {
             Some(Move::Earlier(min_move_ns()))
         );
         assert_eq!(
-            next_cut(2 * MS, (30 * MS, PERIOD_NS), &ran_on, 0, true, false),
+            next_cut(
+                2 * MS,
+                (30 * MS, PERIOD_NS),
+                &ran_on,
+                0,
+                true,
+                Placed::ByProbes
+            ),
             2 * MS
         );
         assert_eq!(
-            next_cut(0, (30 * MS, PERIOD_NS), &ran_on, 0, true, false),
+            next_cut(0, (30 * MS, PERIOD_NS), &ran_on, 0, true, Placed::ByProbes),
             GUARD_NS
         );
         // Placed from the board, it cannot move: it leaves half what its
@@ -680,7 +708,14 @@ pub(super) mod tests {
         let tail = trailing_lost_ns(&ran_on);
         assert_eq!(tail, 6 * MS);
         assert_eq!(
-            next_cut(2 * MS, (30 * MS, PERIOD_NS), &ran_on, 0, true, true),
+            next_cut(
+                2 * MS,
+                (30 * MS, PERIOD_NS),
+                &ran_on,
+                0,
+                true,
+                Placed::Tiled
+            ),
             2 * MS + tail / 2
         );
         // A clear end halves the cut; placed in turns lengthened for
@@ -689,7 +724,7 @@ pub(super) mod tests {
         let clear = [clean(3), clean(3)];
         let long = 140 * MS;
         assert_eq!(
-            next_cut(4 * MS, (30 * MS, PERIOD_NS), &clear, 0, true, true),
+            next_cut(4 * MS, (30 * MS, PERIOD_NS), &clear, 0, true, Placed::Tiled),
             2 * MS
         );
         let floor = crate::limiter::cut::lengthened_floor_ns(30 * MS);
@@ -697,7 +732,7 @@ pub(super) mod tests {
             floor > crate::limiter::cut::guard_ns() && floor < MS,
             "{floor}"
         );
-        let placed = |cut| next_cut(cut, (30 * MS, long), &clear, 0, true, true);
+        let placed = |cut| next_cut(cut, (30 * MS, long), &clear, 0, true, Placed::Tiled);
         // A placement's jump of 7 ms is gone in three windows.
         assert_eq!(placed(7 * MS), 3 * MS + MS / 2);
         assert_eq!(placed(3 * MS + MS / 2), 2 * floor);
@@ -707,27 +742,43 @@ pub(super) mod tests {
         // A window whose tail needs more than that runs on, grows its cut
         // by half what it lost, and comes down by halves to the knee, not
         // to where it ran on.
-        let cut = next_cut(floor, (30 * MS, long), &ran_on, 0, true, true);
+        let cut = next_cut(floor, (30 * MS, long), &ran_on, 0, true, Placed::Tiled);
         assert_eq!(cut, floor + tail / 2);
         assert!(placed(placed(cut)) >= 2 * floor - 2 * floor / 16);
         // Probe-led (not placed), lengthened or not: halved, to the guard.
         assert_eq!(
-            next_cut(4 * MS, (30 * MS, long), &clear, 0, true, false),
+            next_cut(4 * MS, (30 * MS, long), &clear, 0, true, Placed::ByProbes),
             2 * MS
         );
         assert_eq!(
-            next_cut(0, (30 * MS, long), &clear, 0, true, false),
+            next_cut(0, (30 * MS, long), &clear, 0, true, Placed::ByProbes),
             crate::limiter::cut::guard_ns()
+        );
+        // Placed with room after it for its end: no floor, lengthened or
+        // not; a clear end halves the cut to nothing, and a tail that ran
+        // on still adds half what it lost.
+        let roomy =
+            |cut, period| next_cut(cut, (30 * MS, period), &clear, 0, true, Placed::WithRoom);
+        assert_eq!(roomy(2 * floor, long), floor);
+        assert_eq!(roomy(1, long), 0);
+        assert_eq!(roomy(0, long), 0);
+        assert_eq!(roomy(0, PERIOD_NS), 0);
+        assert_eq!(
+            next_cut(0, (30 * MS, long), &ran_on, 0, true, Placed::WithRoom),
+            tail / 2
         );
         // A share so small that the floor passes a quarter of it: the
         // quarter.
         let tiny = 2 * MS;
-        assert_eq!(next_cut(0, (tiny, long), &clear, 0, true, true), tiny / 4);
+        assert_eq!(
+            next_cut(0, (tiny, long), &clear, 0, true, Placed::Tiled),
+            tiny / 4
+        );
         // Late at both ends: no room either side, so it leaves time.
         let both = [shared(3, 3), clean(3), shared(3, 3)];
         assert!(!ran_on_from_a_clear_start(&both));
         assert_eq!(
-            next_cut(0, (30 * MS, PERIOD_NS), &both, 0, false, false),
+            next_cut(0, (30 * MS, PERIOD_NS), &both, 0, false, Placed::ByProbes),
             3 * MS / 2
         );
     }
@@ -865,11 +916,11 @@ pub(super) mod tests {
         assert_eq!(trailing_lost_ns(&one), 6 * MS);
         assert_eq!(trailing_lost_ns(&two), 6 * MS);
         assert_eq!(
-            next_cut(0, (30 * MS, PERIOD_NS), &one, 0, false, false),
+            next_cut(0, (30 * MS, PERIOD_NS), &one, 0, false, Placed::ByProbes),
             3 * MS
         );
         assert_eq!(
-            next_cut(0, (30 * MS, PERIOD_NS), &two, 0, false, false),
+            next_cut(0, (30 * MS, PERIOD_NS), &two, 0, false, Placed::ByProbes),
             3 * MS
         );
         // Two streams whose window opened while the other ran its last

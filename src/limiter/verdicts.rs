@@ -58,6 +58,7 @@ pub fn carry_out(
         beside_rest: entry.rest_beside(now),
         beside_limited: entry.limited_beside(now),
         tiled: entry.turn_flag(vgpu_shm::layout::TURNS_TILED),
+        roomy: entry.turn_flag(vgpu_shm::layout::TURNS_ROOMY),
         random: now ^ u64::from(std::process::id()).rotate_left(17),
     };
     let v = judge::judge(&w);
