@@ -78,8 +78,10 @@ pub const LIVE_PROBES: usize = 3;
 /// second: a window's fill ranged 0.88-1.00 (p10-p90), so a window of 50
 /// ms of cost spanned 50 to 57 ms, and each of two 50 % containers left
 /// 4.6-5.4 ms of its share unspent on average to keep clear of the other
-/// (H200, run 219). Written so, the fill a window is judged with is
-/// nearly its own, and [`next_fill_milli`] keeps about the last window's:
+/// (H200, run 219); converted so, 3.4-4.3 ms, and the pair got
+/// 0.479-0.490 each in 8 runs (runs 220-221). Written so, the fill a
+/// window is judged with is nearly its own, and [`next_fill_milli`]
+/// keeps about the last window's:
 /// an odd window sets only its own rest and the next one's first probes.
 pub fn live_fill_milli(probes: &[Probe]) -> Option<u64> {
     if probes.iter().filter(|p| !p.beside_another()).count() < LIVE_PROBES {
