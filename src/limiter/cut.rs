@@ -108,7 +108,8 @@ impl Placed {
 }
 
 /// The least a placed window leaves unspent in turns lengthened for
-/// short steps: the guard and two of the steps that lengthened them (a
+/// short steps, where the board leaves no room after it
+/// ([`Placed::WithRoom`]): the guard and two of the steps that lengthened them (a
 /// window holds about [`WINDOW_STEPS`](super::period::WINDOW_STEPS)
 /// there; for a neighbour that did not ask, a share-sized stand-in). Its
 /// last launch runs past its share, and where a rest's deep queue

@@ -167,14 +167,14 @@ impl Leader {
         if unlimited && !resting {
             // The leader does not yield (`VGPU_SM_YIELD=false`).
             entry.set_rest_percent(0);
-            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
+            super::tiling::unplace(entry);
             state.pacing.withdraw();
             state.leading = false;
             return;
         }
         if resting && super::rest::take(&mut state.pacing, entry, dev) == 0 {
             // Free again: nothing to place.
-            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
+            super::tiling::unplace(entry);
             state.leading = false;
             return;
         }
@@ -198,7 +198,7 @@ impl Leader {
             // (`tiling::Placer`): a flag left by one that exited would
             // keep its windows from moving meanwhile.
             entry.set_turn_fill_milli(0);
-            entry.set_turn_flag(vgpu_shm::layout::TURNS_TILED, false);
+            super::tiling::unplace(entry);
             entry.note_alone(alone_on(attach, dev) == Some(true), now);
             *state = Device {
                 leading: true,

@@ -214,10 +214,12 @@ pub const TURNS_PAUSED: u64 = 1;
 /// probes' word (the library's `limiter/tiling.rs`; a library from before
 /// it ignores the bit).
 pub const TURNS_TILED: u64 = 2;
-/// [`DeviceEntry::turn_flags`], read with [`TURNS_TILED`]: the board's
-/// shares leave room after each of the container's placed windows for
-/// what a window's end runs past its share, so it keeps none of its share
-/// back for it (the library's `limiter/tiling.rs` and `limiter/cut.rs`).
+/// [`DeviceEntry::turn_flags`], read only with [`TURNS_TILED`] and
+/// cleared with it: the board's shares leave room after each of the
+/// container's placed windows (twice the guard and two steps of its share
+/// or more), so it keeps none of its share back for its end (the
+/// library's `limiter/tiling.rs` and `limiter/cut.rs`; a library from
+/// before it ignores the bit and keeps its floor).
 pub const TURNS_ROOMY: u64 = 4;
 /// How long after [`DeviceEntry::turn_shared_ns`] the container counts as
 /// sharing the device.

@@ -317,6 +317,16 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
     setup();
     CUdeviceptr d = 0, b = 0;
     CHECK(cu.cuMemAlloc_v2(&d, data));
+    /* The pattern is written before the ballast is taken: a neighbour that
+     * comes once the container holds the ballast (`Node::settle`) finds
+     * the data on the card, not a write still to come (a loaded CI host
+     * took over 0.5 s from the ballast to the write, and the write met
+     * the neighbour's hold). */
+    size_t n = data / 4;
+    uint32_t *w = malloc(data), *back = malloc(data);
+    if (!w || !back) return 1;
+    fill_pattern(w, n, seed);
+    CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
     CUresult brc = ballast ? cu.cuMemAlloc_v2(&b, ballast) : CUDA_SUCCESS;
     printf("ballast_rc=%d\n", brc);
     /* CUCLIENT_KEEP_PITCH=N: N more bytes by cuMemAllocPitch (never
@@ -384,11 +394,6 @@ static int cmd_keep(size_t data, size_t ballast, unsigned seed, double idle, dou
         CHECK(cu.cuMemcpyHtoD_v2(y[k], yw[k], d1_bytes));
         CHECK(cu.cuCtxSetCurrent(g_ctx));
     }
-    size_t n = data / 4;
-    uint32_t *w = malloc(data), *back = malloc(data);
-    if (!w || !back) return 1;
-    fill_pattern(w, n, seed);
-    CHECK(cu.cuMemcpyHtoD_v2(d, w, data));
     /* CUCLIENT_WAKE_WITH_EVENT_QUERY=1: the first call after the idle spell
      * is cuEventQuery, which vgpu does not hook (oversubscription: the
      * driver blocks it while the process is suspended). */
