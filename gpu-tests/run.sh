@@ -8,13 +8,22 @@
 #   gpu-tests/run.sh [SECTION...]           on the real GPU
 #   gpu-tests/run.sh --sim DIR [SECTION...] driver-API sections on the simulator
 #
-# Full logs go to $OUT/logs (default /tmp/vgpu-gpu-out); the table also
-# goes to $OUT/results.tsv.
+# Full logs go to $OUT/logs, packed into $OUT/logs.tgz at the end (default
+# /tmp/vgpu-gpu-out); the table also goes to $OUT/results.tsv. A second
+# call into the same $OUT first moves the last call's logs.tgz and
+# results.tsv aside (logs.1.tgz, results.1.tsv, ...): two sections run
+# one after the other keep both their logs.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export OUT=${OUT:-/tmp/vgpu-gpu-out}
 export VGPU_BIN=${VGPU_BIN:-/tmp/vgpu-bin}
 mkdir -p "$OUT/logs" "$VGPU_BIN"
+if [ -e "$OUT/logs.tgz" ] || [ -s "$OUT/results.tsv" ]; then
+  n=1
+  while [ -e "$OUT/logs.$n.tgz" ] || [ -e "$OUT/results.$n.tsv" ]; do n=$((n + 1)); done
+  [ -e "$OUT/logs.tgz" ] && mv "$OUT/logs.tgz" "$OUT/logs.$n.tgz"
+  [ -s "$OUT/results.tsv" ] && mv "$OUT/results.tsv" "$OUT/results.$n.tsv"
+fi
 : > "$OUT/results.tsv"
 P=$ROOT/tests/programs
 SIM_DIR=""
