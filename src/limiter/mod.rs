@@ -13,6 +13,7 @@
 //! - `launch`: one limited launch: admission, timing sample, probe
 //! - `events`: launch timings with CUDA events, for `estimate`
 //! - `probes`: window timings for the turns, judged by `judge` (pure)
+//! - `windows`: finished probes gathered into the windows they timed (pure)
 //! - `synced`: this thread's last synchronisation, and how long it waited
 //! - `settle`: a paced step's wait, taken at its synchronisation
 //! - `shortfall`: whether a container paced side by side is short of the GPU (pure)
@@ -54,6 +55,7 @@ pub mod synced;
 pub mod tiling;
 pub mod turns;
 pub mod verdicts;
+pub mod windows;
 
 use std::time::Duration;
 

@@ -31,6 +31,7 @@ use super::fill;
 use super::streams::stream_key;
 use super::turns::{self, Probe, StreamKey};
 use super::verdicts;
+use super::windows::{self, Done};
 use crate::attach::Attach;
 use crate::clock;
 use crate::cuda::sys::*;
@@ -72,24 +73,8 @@ pub struct Pending {
     open: Open,
 }
 
-/// A finished probe.
-pub struct Done {
-    dev: EntryIndex,
-    anchor: u64,
-    period: u64,
-    period_ns: u64,
-    opened_ns: u64,
-    probe: Probe,
-}
-
 /// Finished probes are collected at most this often.
 const POLL_EVERY_NS: u64 = 2_000_000;
-/// A window of a `period_ns` period whose probes are not all in by then
-/// is judged without them. (Four periods.)
-fn stale_ns(period_ns: u64) -> u64 {
-    4 * period_ns
-}
-
 /// A thread's open probe, given back when the thread exits with one open:
 /// its two events would otherwise be lost to the pool for good, two for
 /// every thread that ever launched under a limit.
@@ -379,10 +364,12 @@ fn poll(attach: &Attach, now: u64) {
                 .is_ok()
         {
             done.push(Done {
-                dev: o.dev,
-                anchor: o.anchor,
-                period: o.period,
-                period_ns: o.period_ns,
+                window: windows::Window {
+                    dev: o.dev,
+                    anchor: o.anchor,
+                    period: o.period,
+                    period_ns: o.period_ns,
+                },
                 opened_ns: o.opened_ns,
                 probe: Probe {
                     stream: o.key,
@@ -395,16 +382,22 @@ fn poll(attach: &Attach, now: u64) {
         drop_open(*o, GENERATION.load(Ordering::Relaxed));
         false
     });
-    let windows = {
-        let mut probes = PROBES.lock();
-        probes.0.extend(pending);
-        probes.1.extend(
-            done.into_iter()
-                .filter(|d| d.period > process::device(d.dev).limiter.turns.judged()),
-        );
-        note_live_fills(attach, &probes.1, now);
-        ready_windows(&mut probes, now)
-    };
+    let windows =
+        {
+            let mut probes = PROBES.lock();
+            probes.0.extend(pending);
+            probes.1.extend(done.into_iter().filter(|d| {
+                d.window.period > process::device(d.window.dev).limiter.turns.judged()
+            }));
+            note_live_fills(attach, &probes.1, now);
+            let (pending, done) = &mut *probes;
+            let in_flight = |dev, period| {
+                pending
+                    .iter()
+                    .any(|p| p.open.dev == dev && p.open.period == period)
+            };
+            windows::ready(done, in_flight, now)
+        };
     for (w, timings) in windows {
         verdicts::carry_out(
             attach,
@@ -424,89 +417,21 @@ fn poll(attach: &Attach, now: u64) {
 fn note_live_fills(attach: &Attach, done: &[Done], now: u64) {
     let mut seen: Vec<EntryIndex> = Vec::new();
     for d in done {
-        if seen.contains(&d.dev) {
+        let dev = d.window.dev;
+        if seen.contains(&dev) {
             continue;
         }
-        seen.push(d.dev);
-        let entry = attach.region.device(d.dev);
+        seen.push(dev);
+        let entry = attach.region.device(dev);
         if !super::bucket::in_turns(entry, now) {
             continue;
         }
-        let probes = running_window(done, d.dev, now);
+        let probes = windows::running(done, dev, now);
         match fill::live_fill_milli(&probes) {
             Some(f) if f != entry.turn_fill_milli() => entry.set_turn_fill_milli(f),
             _ => {}
         }
     }
-}
-
-/// The finished probes of `dev`'s window that is still running at `now`,
-/// in the order they opened (none once a later window has begun).
-fn running_window(done: &[Done], dev: EntryIndex, now: u64) -> Vec<Probe> {
-    let Some(last) = done
-        .iter()
-        .filter(|d| d.dev == dev)
-        .max_by_key(|d| d.period)
-    else {
-        return Vec::new();
-    };
-    if turns::period_start(last.anchor, now, last.period_ns) > last.period {
-        return Vec::new();
-    }
-    let mut mine: Vec<&Done> = done
-        .iter()
-        .filter(|d| d.dev == dev && d.period == last.period)
-        .collect();
-    mine.sort_by_key(|d| d.opened_ns);
-    mine.iter().map(|d| d.probe).collect()
-}
-
-/// One window of a device's turns: its anchor, the start of its period
-/// and the period's length.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Window {
-    dev: EntryIndex,
-    anchor: u64,
-    period: u64,
-    period_ns: u64,
-}
-
-/// Takes out the windows that can be judged: a later window of the same
-/// device has begun and none of their probes is still in flight (or they
-/// are stale). Each comes with its probes in the order they opened.
-fn ready_windows(probes: &mut (Vec<Pending>, Vec<Done>), now: u64) -> Vec<(Window, Vec<Probe>)> {
-    let (pending, done) = probes;
-    let mut windows: Vec<Window> = done
-        .iter()
-        .filter(|d| {
-            let later = turns::period_start(d.anchor, now, d.period_ns) > d.period;
-            let in_flight = pending
-                .iter()
-                .any(|p| p.open.dev == d.dev && p.open.period == d.period);
-            later && (!in_flight || now.saturating_sub(d.period) > stale_ns(d.period_ns))
-        })
-        .map(|d| Window {
-            dev: d.dev,
-            anchor: d.anchor,
-            period: d.period,
-            period_ns: d.period_ns,
-        })
-        .collect();
-    windows.sort_unstable();
-    windows.dedup();
-    windows
-        .into_iter()
-        .map(|w| {
-            let mut mine: Vec<&Done> = done
-                .iter()
-                .filter(|d| d.dev == w.dev && d.period == w.period)
-                .collect();
-            mine.sort_by_key(|d| d.opened_ns);
-            let timings = mine.iter().map(|d| d.probe).collect();
-            done.retain(|d| !(d.dev == w.dev && d.period == w.period));
-            (w, timings)
-        })
-        .collect()
 }
 
 /// Context `ctx` was destroyed: its probes went with it. (Those other
@@ -519,43 +444,4 @@ pub fn forget_context(ctx: usize) {
             o.set(None);
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limiter::turns::tests::clean;
-
-    const MS: u64 = 1_000_000;
-    const P: u64 = 100 * MS;
-
-    fn done(dev: usize, period: u64, opened_ms: u64, cost_ms: u64) -> Done {
-        Done {
-            dev: EntryIndex::new(dev).unwrap(),
-            anchor: 7 * MS,
-            period,
-            period_ns: P,
-            opened_ns: period + opened_ms * MS,
-            probe: clean(cost_ms),
-        }
-    }
-
-    #[test]
-    fn the_running_window_holds_only_its_own_probes_until_the_next_begins() {
-        let (before, running) = (7 * MS + 10 * P, 7 * MS + 11 * P);
-        let all = [
-            done(0, running, 6, 3),
-            done(0, before, 1, 9),
-            done(1, running, 1, 8),
-            done(0, running, 2, 2),
-        ];
-        let dev = EntryIndex::new(0).unwrap();
-        // Mid-window: device 0's probes of this window, in the order they
-        // opened; not the last window's, nor another device's.
-        let got = running_window(&all, dev, running + 40 * MS);
-        assert_eq!(got, [clean(2), clean(3)]);
-        // Once the next window has begun, this one is for the judge.
-        assert!(running_window(&all, dev, running + P).is_empty());
-        assert!(running_window(&[], dev, running).is_empty());
-    }
 }
