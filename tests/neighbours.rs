@@ -213,6 +213,33 @@ fn share_turns_and_solo(
     share_on(Sim::new(1, "8g"), limits, secs, mode)
 }
 
+/// Containers c0, c1, ... at `limits`, running `mode` for `secs`.
+fn containers_running(sim: &Sim, limits: &[Option<u32>], secs: u32, mode: &str) -> Vec<Child> {
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| container_running(sim, &format!("c{i}"), l, secs, mode))
+        .collect()
+}
+
+/// Waits for [`containers_running`]'s `children`; each one's share of a
+/// `solo` rate, over the run and per second.
+fn shares_of(limits: &[Option<u32>], children: Vec<Child>, solo: f64) -> Vec<Share> {
+    let runs: Vec<Run> = children.into_iter().map(|c| finish(c).ok()).collect();
+    let out: Vec<Share> = limits
+        .iter()
+        .zip(&runs)
+        .map(|(&l, r)| {
+            let secs: Vec<f64> = per_sec(r).iter().map(|s| s / solo).collect();
+            (l, r.f64("rate") / solo, secs)
+        })
+        .collect();
+    for (l, f, secs) in &out {
+        eprintln!("limit {l:?}: {f:.3} of solo ({solo:.0}/s); per second {secs:.3?}");
+    }
+    out
+}
+
 /// [`share_turns_and_solo`] on `sim`.
 fn share_on(
     sim: Sim,
@@ -225,23 +252,8 @@ fn share_on(
     } else {
         solo_rate_jittered(mode, 0)
     };
-    let children: Vec<Child> = limits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| container_running(&sim, &format!("c{i}"), l, secs, mode))
-        .collect();
-    let runs: Vec<Run> = children.into_iter().map(|c| finish(c).ok()).collect();
-    let out: Vec<_> = limits
-        .iter()
-        .zip(&runs)
-        .map(|(&l, r)| {
-            let secs: Vec<f64> = per_sec(r).iter().map(|s| s / solo).collect();
-            (l, r.f64("rate") / solo, secs)
-        })
-        .collect();
-    for (l, f, secs) in &out {
-        eprintln!("limit {l:?}: {f:.3} of solo ({solo:.0}/s); per second {secs:.3?}");
-    }
+    let children = containers_running(&sim, limits, secs, mode);
+    let out = shares_of(limits, children, solo);
     let turns = limits
         .iter()
         .enumerate()
@@ -1045,11 +1057,7 @@ fn thirty_and_sixty_of_short_steps_placed_with_room_keep_nothing_back() {
     let solo = solo_rate_jittered(SYNCED_SHORT, 0);
     let sim = with_a_board();
     let limits = [Some(30), Some(60)];
-    let children: Vec<Child> = limits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| container_running(&sim, &format!("c{i}"), l, 20, SYNCED_SHORT))
-        .collect();
+    let children = containers_running(&sim, &limits, 20, SYNCED_SHORT);
     // What each leaves unspent while both run and are placed, from 8 s
     // to 16 s (at the end the one left alone goes back to its probes).
     let mut unspent: [Vec<f64>; 2] = Default::default();
@@ -1065,19 +1073,7 @@ fn thirty_and_sixty_of_short_steps_placed_with_room_keep_nothing_back() {
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
-    let runs: Vec<Run> = children.into_iter().map(|c| finish(c).ok()).collect();
-    let out: Vec<Share> = limits
-        .iter()
-        .zip(&runs)
-        .map(|(&l, r)| {
-            let secs: Vec<f64> = per_sec(r).iter().map(|s| s / solo).collect();
-            eprintln!(
-                "limit {l:?}: {:.3} of solo; per second {secs:.3?}",
-                r.f64("rate") / solo
-            );
-            (l, r.f64("rate") / solo, secs)
-        })
-        .collect();
+    let out = shares_of(&limits, children, solo);
     assert_each_gets_its_limit(&out);
     // 0.55 ms steps at 60 % ask for 130 ms, and both are placed; the
     // shares leave 6.5 ms after each window, so neither keeps its share
