@@ -23,16 +23,23 @@ impl Node {
     /// (within `within_s`).
     pub fn crowd_out_with(&self, bytes: u64, seen: &str, within_s: f64) -> Child {
         self.settle("a");
+        let a_for = self.spawned.borrow().get("a").map(|t| t.elapsed());
         let b = self.spawn(
             "b",
             &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
             &["hold", &bytes.to_string(), "1.5"],
         );
-        assert!(
-            super::wait_until(within_s, || self.board().contains(seen)),
-            "{}",
-            self.board()
-        );
+        if !super::wait_until(within_s, || self.board().contains(seen)) {
+            let board = self.board();
+            let mut b = b;
+            // (It has given up by now: killed only if it still waits.)
+            let _ = b.kill();
+            let b = super::finish(b);
+            panic!(
+                "the board never showed {seen}: {board}\nb (asked for {bytes}, a had run {a_for:?}): {}\n{}",
+                b.stdout, b.stderr
+            );
+        }
         b
     }
 
