@@ -172,7 +172,7 @@ def retryable(entry, rc, text):
     (101: libtest's own exit status for failed tests; any other is a
     crash, no timing)."""
     names = failed_tests(text)
-    return rc == 101 and entry[2] and names and len(names) == counts_of(text)[1]
+    return bool(rc == 101 and entry[2] and names and len(names) == counts_of(text)[1])
 
 
 def report(entry, ran, lock, results, retries=0):
@@ -186,10 +186,11 @@ def report(entry, ran, lock, results, retries=0):
     if retries > 0 and retryable(entry, rc, text):
         names = failed_tests(text)
         with lock:
-            # (The head of each failure: its whole output is in the log.)
+            # (The head of each failure, enough for the processes' output
+            # an oversubscription test prints: the whole is in the log.)
             print(f"\n===== {label}: first run's failures =====", flush=True)
             for part in text[text.find("failures:"):].split("\n---- ")[1:]:
-                sys.stdout.write("---- " + "\n".join(part.splitlines()[:8]) + "\n")
+                sys.stdout.write("---- " + "\n".join(part.splitlines()[:30]) + "\n")
         start = time.monotonic()
         still = names
         for _ in range(retries):
