@@ -17,11 +17,10 @@ use common::oversub::Node;
 use common::*;
 
 impl Node {
-    /// b asks for 2 GiB, which the card has once a is suspended.
-    fn crowd_out(&self) -> Child {
-        // (The count, not the state: a process whose idle spell ends at
-        // once is restoring by the time a loaded host lists the board.)
-        self.crowd_out_with(2147483648, "suspensions=1", 30.0)
+    /// b asks for 2 GiB (held 1.5 s), which the card has once a is
+    /// suspended.
+    fn crowd_out(&self, a: &mut Child) -> Child {
+        self.crowd_out_by(a, &[], &["hold", "2147483648", "1.5"])
     }
 }
 
@@ -97,8 +96,8 @@ fn an_idle_process_is_suspended_for_a_waiting_one_and_restored_intact_on_its_nex
     let keep = keeper("10");
     // Here NVML answers a suspended process (the restore uses its figure);
     // in the other tests it blocks (the restore judges room from the board).
-    let a = node.spawn("a", &[("SIM_GPU_NVML_LOCKED", "0")], &args(&keep));
-    let b = node.crowd_out();
+    let mut a = node.spawn("a", &[("SIM_GPU_NVML_LOCKED", "0")], &args(&keep));
+    let b = node.crowd_out(&mut a);
     let board = node.board();
     assert!(board.contains("suspensions=1"), "{board}");
     assert!(!board.contains("host_bytes=0\n"), "{board}");
@@ -132,7 +131,7 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
     let node = Node::new();
     let stalled = node.sim.dir.path().join("stalled");
     let keep = keeper("5");
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         &[
             ("SIM_GPU_NVML_STALL_FIRST", stalled.to_str().unwrap()),
@@ -142,7 +141,7 @@ fn a_stuck_or_slow_nvml_child_gets_a_sibling_and_the_process_is_suspended_and_re
         ],
         &args(&keep),
     );
-    let b = node.crowd_out();
+    let b = node.crowd_out(&mut a);
     assert_eq!(finish(b).get("hold_rc"), "0");
     let a = finish(a);
     assert!(stalled.exists(), "no child stalled: {}", a.stderr);
@@ -178,7 +177,7 @@ fn a_checkpointed_process_on_several_cards_restores_where_nvml_children_are_slow
         let node = Node::with_cards(cards, "4g", "3g");
         let keep = keeper("5");
         let others = (cards - 1).to_string();
-        let a = node.spawn(
+        let mut a = node.spawn(
             "a",
             &[
                 ("CUCLIENT_KEEP_DEVICE1", "67108864"),
@@ -188,7 +187,7 @@ fn a_checkpointed_process_on_several_cards_restores_where_nvml_children_are_slow
             ],
             &args(&keep),
         );
-        let b = node.crowd_out();
+        let b = node.crowd_out(&mut a);
         assert_eq!(finish(b).get("hold_rc"), "0");
         let a = finish(a);
         assert_intact(&a);
@@ -222,13 +221,13 @@ fn a_first_call_vgpu_does_not_hook_or_never_sees_restores_the_process_too() {
         let node = Node::new();
         // (Idle 8 s: b, slow to start on a loaded host, finds it idle.)
         let keep = keeper("8");
-        let a = node.spawn_via(
+        let mut a = node.spawn_via(
             path,
             "a",
             &[("CUCLIENT_WAKE_WITH_EVENT_QUERY", "1")],
             &args(&keep),
         );
-        let b = node.crowd_out();
+        let b = node.crowd_out(&mut a);
         let b = finish(b);
         assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
         let a = finish_within(a, 20.0);

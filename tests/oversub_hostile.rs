@@ -68,24 +68,12 @@ fn assert_intact(a: &Run) {
 
 /// Suspends `a` for a neighbour `b` that holds 2 GiB for `hold` seconds
 /// and is never idle long enough to be suspended itself; returns b.
-fn crowd_out(node: &Node, hold: &str) -> Child {
-    node.settle("a");
-    let b = node.spawn(
-        "b",
-        &[
-            ("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000"),
-            ("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000"),
-        ],
+fn crowd_out(node: &Node, a: &mut Child, hold: &str) -> Child {
+    node.crowd_out_by(
+        a,
+        &[("VGPU_OVERSUBSCRIBE_IDLE_MS", "600000")],
         &["hold", "2147483648", hold],
-    );
-    // (The count, not the state: a process whose idle spell ends at once
-    // is restoring by the time a loaded host lists the board.)
-    assert!(
-        wait_until(30.0, || node.board().contains("suspensions=1")),
-        "{}",
-        node.board()
-    );
-    b
+    )
 }
 
 #[test]
@@ -95,14 +83,14 @@ fn a_hostile_free_figure_never_makes_a_process_restore_onto_a_full_card() {
     // and the process's memory was lost.
     let _serial = serial();
     let node = Node::new();
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "20000")],
         &["keep", "67108864", "2147483648", "7", "8"],
     );
     // (a idles 8 s, and b holds 10: a loaded host may take seconds to
     // start b, and a wakes to a full card all the same.)
-    let b = crowd_out(&node, "10");
+    let b = crowd_out(&node, &mut a, "10");
     let liar = node.hostile("figure", "30", &[]);
     let a = finish_within(a, 40.0);
     stop(liar);
@@ -152,14 +140,14 @@ fn held_locks_never_block_a_restore_on_a_card_with_room_for_long() {
     // an empty card.
     let _serial = serial();
     let node = Node::new();
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         // (30 s: on a loaded host the room's NVML figure comes from a
         // slow child, and 12 s ran out once.)
         &[("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "30000")],
         &["keep", "67108864", "2147483648", "7", "8"],
     );
-    let b = crowd_out(&node, "1");
+    let b = crowd_out(&node, &mut a, "1");
     let squatter = node.hostile("locks", "60", &[]);
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
@@ -274,7 +262,7 @@ fn a_claim_that_never_lands_holds_a_restore_up_for_its_bound_only() {
     // pid, and the victim never came back (review of issue 26).
     let _serial = serial();
     let node = Node::new();
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         &[
             ("VGPU_OVERSUBSCRIBE_RESTORE_WAIT_MS", "25000"),
@@ -282,7 +270,7 @@ fn a_claim_that_never_lands_holds_a_restore_up_for_its_bound_only() {
         ],
         &["keep", "67108864", "2147483648", "7", "8"],
     );
-    let b = crowd_out(&node, "1");
+    let b = crowd_out(&node, &mut a, "1");
     let liar = node.hostile("claim", "60", &[]);
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);

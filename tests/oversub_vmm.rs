@@ -19,9 +19,10 @@ use common::*;
 const VMM: (&str, &str) = ("VGPU_OVERSUBSCRIBE_VMM", "true");
 
 impl Node {
-    /// b asks for 2.5 GiB, which the card has once a is suspended.
-    fn crowd_out(&self) -> Child {
-        self.crowd_out_with(2684354560, "suspensions=1", 30.0)
+    /// b asks for 2.5 GiB (held 1.5 s), which the card has once a is
+    /// suspended.
+    fn crowd_out(&self, a: &mut Child) -> Child {
+        self.crowd_out_by(a, &[], &["hold", "2684354560", "1.5"])
     }
 }
 
@@ -40,8 +41,8 @@ fn assert_intact(a: &Run) {
 /// and how many checkpoint-API copies existed while a was suspended.
 fn crowd(env: &[(&str, &str)], data: &str) -> (Run, usize) {
     let node = Node::new();
-    let a = node.spawn("a", env, &keeper(data));
-    let b = node.crowd_out();
+    let mut a = node.spawn("a", env, &keeper(data));
+    let b = node.crowd_out(&mut a);
     let board = node.board();
     assert!(board.contains("suspensions=1"), "{board}");
     let copies = node.host_copies();
@@ -152,7 +153,7 @@ fn with_vmm_a_peer_maps_a_shared_block_while_its_exporter_is_suspended_and_each_
     let (mut out, head, hex) = shared_handle(&mut a);
     assert!(head.contains("share_rc=0"), "{head}");
     // b crowds a out: its 1 GiB goes to the host; the shared block stays.
-    let b = node.crowd_out();
+    let b = node.crowd_out(&mut a);
     assert!(node.board().contains("suspensions=1"));
     // c, another container, maps the block while a is suspended: a's
     // pattern is there, and c writes its own.
@@ -274,7 +275,7 @@ fn with_vmm_a_process_on_two_cards_moves_both_cards_blocks_and_gets_them_back_in
     // and comes back at its address.
     let _serial = serial();
     let node = Node::with_cards(2, "4g", "3g");
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         &[
             VMM,
@@ -284,7 +285,7 @@ fn with_vmm_a_process_on_two_cards_moves_both_cards_blocks_and_gets_them_back_in
         ],
         &keeper("67108864"),
     );
-    let b = node.crowd_out();
+    let b = node.crowd_out(&mut a);
     let b = finish(b);
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
     let a = finish(a);
@@ -322,7 +323,7 @@ fn with_vmm_the_host_arena_is_given_back_once_nobody_asks_for_room() {
     // while a lingers.
     let _serial = serial();
     let node = Node::new();
-    let a = node.spawn(
+    let mut a = node.spawn(
         "a",
         &[
             VMM,
@@ -331,7 +332,7 @@ fn with_vmm_the_host_arena_is_given_back_once_nobody_asks_for_room() {
         ],
         &["keep", "67108864", "1073741824", "7", "8", "0", "3"],
     );
-    let b = finish(node.crowd_out());
+    let b = finish(node.crowd_out(&mut a));
     assert_eq!(b.get("hold_rc"), "0", "{}", b.stderr);
     let a = finish(a);
     assert_intact(&a);

@@ -18,26 +18,30 @@ pub struct Node {
 }
 
 impl Node {
-    /// After a's start, b asks for `bytes` (held 1.5 s) that the card has
-    /// only once a is suspended; returns b once the board shows `seen`
-    /// (within `within_s`).
-    pub fn crowd_out_with(&self, bytes: u64, seen: &str, within_s: f64) -> Child {
+    /// After a's start, b (`env` on top of a 10 s wait for room) runs
+    /// cuclient `b_args` (a `hold` of what the card has only once a is
+    /// suspended); returns b once the board has counted a suspension
+    /// (within 30 s). Where none comes, the test fails with the board and
+    /// both processes' output, a and b stopped.
+    pub fn crowd_out_by(&self, a: &mut Child, env: &[(&str, &str)], b_args: &[&str]) -> Child {
         self.settle("a");
-        let a_for = self.spawned.borrow().get("a").map(|t| t.elapsed());
-        let b = self.spawn(
-            "b",
-            &[("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")],
-            &["hold", &bytes.to_string(), "1.5"],
-        );
-        if !super::wait_until(within_s, || self.board().contains(seen)) {
+        let a_for = self
+            .spawned
+            .borrow()
+            .get("a")
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let mut b_env = vec![("VGPU_OVERSUBSCRIBE_WAIT_MS", "10000")];
+        b_env.extend_from_slice(env);
+        let b = self.spawn("b", &b_env, b_args);
+        // (The count, not the state: a process whose idle spell ends at
+        // once is restoring by the time a loaded host lists the board.)
+        if !super::wait_until(30.0, || self.board().contains("suspensions=1")) {
             let board = self.board();
+            let (a_out, a_err) = stopped(a);
             let mut b = b;
-            // (It has given up by now: killed only if it still waits.)
-            let _ = b.kill();
-            let b = super::finish(b);
+            let (b_out, b_err) = stopped(&mut b);
             panic!(
-                "the board never showed {seen}: {board}\nb (asked for {bytes}, a had run {a_for:?}): {}\n{}",
-                b.stdout, b.stderr
+                "no suspension counted: {board}\na (b came {a_for:.2} s after its spawn):\n{a_out}\n{a_err}\nb:\n{b_out}\n{b_err}"
             );
         }
         b
@@ -184,4 +188,21 @@ impl Node {
     pub fn run(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
         Run::from(self.client(name, env, args).output().unwrap())
     }
+}
+
+/// Kills `child` if it still runs and reads what its pipes hold (a pipe
+/// another reader took reads empty).
+fn stopped(child: &mut Child) -> (String, String) {
+    use std::io::Read;
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(p) = child.stdout.as_mut() {
+        let _ = p.read_to_string(&mut out);
+    }
+    if let Some(p) = child.stderr.as_mut() {
+        let _ = p.read_to_string(&mut err);
+    }
+    (out, err)
 }
