@@ -22,7 +22,7 @@ impl Node {
     /// cuclient `b_args` (a `hold` of what the card has only once a is
     /// suspended); returns b once the board has counted a suspension
     /// (within 30 s). Where none comes, the test fails with the board and
-    /// both processes' output, a and b stopped.
+    /// both processes' output, b's first (the shorter), both stopped.
     pub fn crowd_out_by(&self, a: &mut Child, env: &[(&str, &str)], b_args: &[&str]) -> Child {
         self.settle("a");
         let a_for = self
@@ -41,7 +41,7 @@ impl Node {
             let mut b = b;
             let (b_out, b_err) = stopped(&mut b);
             panic!(
-                "no suspension counted: {board}\na (b came {a_for:.2} s after its spawn):\n{a_out}\n{a_err}\nb:\n{b_out}\n{b_err}"
+                "no suspension counted: {board}\nb (came {a_for:.2} s after a's spawn):\n{b_out}\n{b_err}\na:\n{a_out}\n{a_err}"
             );
         }
         b
