@@ -303,8 +303,10 @@ fn a_checkpoint_that_fails_leaves_the_process_running_and_intact() {
         ("LIBCUDA_LOG_LEVEL", "4"),
     ]);
     assert_intact(&a);
+    // A warning, the first time: a neighbour waits on it.
     assert!(
-        a.stderr.contains("not suspended: the checkpoint failed ("),
+        a.stderr
+            .contains("WARN: CUDA_OVERSUBSCRIBE: not suspended: the checkpoint failed ("),
         "{}",
         a.stderr
     );

@@ -10,7 +10,7 @@
 //! suspension.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use vgpu_shm::board::ProcState;
@@ -33,6 +33,12 @@ use crate::{clock, process};
 
 /// ACTIVITY as the watcher last saw it (when it changed: `LAST_ACTIVE`).
 static SEEN_ACTIVITY: AtomicU64 = AtomicU64::new(0);
+/// A suspension was begun and given up before. The first is a warning: a
+/// neighbour waits for room this process set out to make, and an
+/// operator reading only the neighbour's out of memory otherwise never
+/// learns why (a crowding test on a loaded CI host saw a process idle 31
+/// s beside a waiter, never suspended, and nothing said).
+static GAVE_UP: AtomicBool = AtomicBool::new(false);
 
 /// The threads when the last suspension began (blocked.rs); a forked
 /// child has none of them.
@@ -245,6 +251,9 @@ fn maybe_suspend(attach: &Attach, h: &'static Here, now: u64) -> bool {
         return true;
     }
     if !h.board.reserve_host(h.entry, bytes, s.host_limit) {
+        log::debug!(
+            "CUDA_OVERSUBSCRIBE: not suspended: the board's host memory bound is taken by others' reservations"
+        );
         return true;
     }
     suspend(attach, h, card, bytes, &me.cards, busy, wanted);
@@ -278,7 +287,13 @@ fn suspend(
         STATE.store(RUNNING, Ordering::Release);
         e.release_host_bytes(bytes);
         e.set_state(ProcState::Running, clock::monotonic_ns());
-        log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
+        if GAVE_UP.swap(true, Ordering::Relaxed) {
+            log::info!("CUDA_OVERSUBSCRIBE: not suspended: {why}");
+        } else {
+            log::warn!(
+                "CUDA_OVERSUBSCRIBE: not suspended: {why} (said once; later tries at info level)"
+            );
+        }
     };
     // A busy process goes between its driver calls: from now on its
     // calls wait at the gate (`resume`, while SUSPENDING), those in
