@@ -205,7 +205,7 @@ def report(entry, ran, lock, results, retries=0):
             # output a crowding test prints first: the whole is in the log.)
             print(f"\n===== {label}: first run's failures =====", flush=True)
             for part in text[text.find("failures:"):].split("\n---- ")[1:]:
-                sys.stdout.write("---- " + "\n".join(part.splitlines()[:30]) + "\n")
+                sys.stdout.write("---- " + "\n".join(part.splitlines()[:40]) + "\n")
         start = time.monotonic()
         still = names
         for _ in range(retries):

@@ -21,8 +21,9 @@ impl Node {
     /// After a's start, b (`env` on top of a 10 s wait for room) runs
     /// cuclient `b_args` (a `hold` of what the card has only once a is
     /// suspended); returns b once the board has counted a suspension
-    /// (within 30 s). Where none comes, the test fails with the board and
-    /// both processes' output, b's first (the shorter), both stopped.
+    /// (within 30 s). Where none comes, the test fails with the board,
+    /// where a's watcher thread was, and both processes' output (b's
+    /// first, the shorter), both stopped.
     pub fn crowd_out_by(&self, a: &mut Child, env: &[(&str, &str)], b_args: &[&str]) -> Child {
         self.settle("a");
         let a_for = self
@@ -37,11 +38,12 @@ impl Node {
         // once is restoring by the time a loaded host lists the board.)
         if !super::wait_until(30.0, || self.board().contains("suspensions=1")) {
             let board = self.board();
+            let watcher = thread_stack(a.id(), "vgpu-watcher");
             let (a_out, a_err) = stopped(a);
             let mut b = b;
             let (b_out, b_err) = stopped(&mut b);
             panic!(
-                "no suspension counted: {board}\nb (came {a_for:.2} s after a's spawn):\n{b_out}\n{b_err}\na:\n{a_out}\n{a_err}"
+                "no suspension counted: {board}\na's watcher thread:\n{watcher}\nb (came {a_for:.2} s after a's spawn):\n{b_out}\n{b_err}\na:\n{a_out}\n{a_err}"
             );
         }
         b
@@ -205,4 +207,69 @@ fn stopped(child: &mut Child) -> (String, String) {
         let _ = p.read_to_string(&mut err);
     }
     (out, err)
+}
+
+/// The functions on the stack of `pid`'s thread named `name`, innermost
+/// first, as gdb sees them (attached for a moment), or why not: whether
+/// a process that should have made room had its watcher stuck somewhere.
+fn thread_stack(pid: u32, name: &str) -> String {
+    // vgpu's core runs from a memfd (the bundle), which gdb cannot open:
+    // its symbols come from the rig's copy, at the memfd's load address.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let base = maps
+        .lines()
+        .find(|l| l.contains("memfd:libvgpu_core.so"))
+        .and_then(|l| l.split('-').next());
+    let core = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libvgpu.so"))
+        .map(|p| std::path::Path::new(p).with_file_name("stub/libvgpu_core.so"));
+    let symbols = match (base, core) {
+        (Some(base), Some(core)) => format!("add-symbol-file {} -o 0x{base}", core.display()),
+        _ => "echo".to_string(),
+    };
+    let out = Command::new("timeout")
+        .args(["30", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-iex", "set auto-solib-add off"])
+        .args(["-ex", &symbols, "-ex", "thread apply all bt 10"])
+        .stdin(Stdio::null())
+        .output();
+    let (text, err, status) = match out {
+        Ok(o) => (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.status,
+        ),
+        Err(e) => return format!("(no gdb: {e})"),
+    };
+    let quoted = format!("\"{name}\"");
+    let Some(block) = text
+        .split("\nThread ")
+        .find(|b| b.lines().next().is_some_and(|l| l.contains(&quoted)))
+    else {
+        let why = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return format!("(gdb showed no thread {quoted}: {status}; {why})");
+    };
+    block
+        .lines()
+        .filter_map(|l| {
+            let frame = l.trim_start().strip_prefix('#')?;
+            let (n, rest) = frame.split_once(' ')?;
+            let rest = rest.trim_start();
+            let rest = rest.split_once(" in ").map_or(rest, |(_, f)| f);
+            let func = rest.split(" (").next().unwrap_or(rest);
+            // (Without rustc's hash suffix, and a generic's long tail.)
+            let func = func.rsplit_once("::h").map_or(func, |(f, _)| f);
+            Some(format!(
+                "  #{n} {}",
+                func.chars().take(100).collect::<String>()
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
