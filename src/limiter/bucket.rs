@@ -108,15 +108,15 @@ pub fn admit(entry: &DeviceEntry, least_ns: u64, lease_ns: u64, now: u64) -> Adm
     })
 }
 
-/// The anchor of the turns `entry`'s bucket admits in at `now`: beside
-/// others, where they do not pace side by side (`pacing`); None where it
-/// paces.
 /// Whether `entry`'s launches are admitted in turns at `now` (not alone,
 /// not paced side by side).
 pub fn in_turns(entry: &DeviceEntry, now: u64) -> bool {
     turns_at(entry, now).is_some()
 }
 
+/// The anchor of the turns `entry`'s bucket admits in at `now`: beside
+/// others, where they do not pace side by side (`pacing`); None where it
+/// paces.
 fn turns_at(entry: &DeviceEntry, now: u64) -> Option<u64> {
     let anchor = entry.turns_in_force();
     let beside = anchor != 0 && !entry.alone(now);
